@@ -1,0 +1,29 @@
+"""cg's configuration, as the command line gives it (see cg.tap for the options)."""
+
+import re
+
+import attrs
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '1048576', '64M', '64MiB' or '2G' (binary units)."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (try 64MiB)")
+    return int(match.group(1)) * _UNITS[match.group(2).upper()]
+
+
+@attrs.frozen
+class Config:
+    listen: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1",)
+    anthropic_upstream: str = "https://api.anthropic.com"
+    openai_upstream: str = "https://api.openai.com"
+    max_body: int = 64 << 20
+    upstream_ca: str | None = None
+    connect_timeout: float = 10.0
+    header_timeout: float = 600.0
+    idle_timeout: float = 60.0
+    drain_timeout: float = 30.0

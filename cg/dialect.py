@@ -1,0 +1,75 @@
+"""Which provider a request is for, and how that provider shapes an error.
+
+Routing is by path, as the SDKs build it: ANTHROPIC_BASE_URL=http://cg and
+OPENAI_BASE_URL=http://cg/v1 both work unchanged. An `anthropic-version`
+header wins over the path, because Anthropic serves some of the same paths
+(`/v1/models`).
+"""
+
+import ujson
+
+ANTHROPIC = "anthropic"
+OPENAI = "openai"
+
+_OPENAI_PATHS = (
+    b"/v1/chat/completions",
+    b"/v1/responses",
+    b"/v1/completions",
+    b"/v1/embeddings",
+    b"/v1/models",
+)
+# The endpoints whose responses cg reads (and so must be able to decode).
+_READ_PATHS = (b"/v1/messages", b"/v1/chat/completions")
+
+
+def split_path(uri: bytes) -> bytes:
+    """The path of a request-target, without its query."""
+    return uri.split(b"?", 1)[0]
+
+
+def _under(path: bytes, prefix: bytes) -> bool:
+    return path == prefix or path.startswith(prefix + b"/")
+
+
+def route(uri: bytes, anthropic_version: bool) -> str | None:
+    """The dialect of a request to `uri`, or None when cg does not proxy it."""
+    path = split_path(uri)
+    if anthropic_version or _under(path, b"/v1/messages"):
+        return ANTHROPIC
+    if any(_under(path, p) for p in _OPENAI_PATHS):
+        return OPENAI
+    return None
+
+
+def reads_response(uri: bytes) -> bool:
+    """True for the endpoints whose responses cg parses (usage, tool calls)."""
+    return split_path(uri) in _READ_PATHS
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+    502: "server_error",
+    503: "server_error",
+    504: "timeout",
+}
+
+
+def error_body(dialect: str | None, status: int, message: str) -> bytes:
+    """An error body in the provider's own shape, so its SDK raises cleanly."""
+    if dialect == OPENAI:
+        kind = _OPENAI_TYPES.get(status, "server_error")
+        doc = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    else:
+        kind = _ANTHROPIC_TYPES.get(status, "api_error")
+        doc = {"type": "error", "error": {"type": kind, "message": message}}
+    return ujson.dumps(doc, escape_forward_slashes=False).encode()

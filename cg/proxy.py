@@ -1,0 +1,282 @@
+"""The proxy resource: route a request, forward it, relay the response as it arrives.
+
+One `_Exchange` per client request. Bytes flow through untouched; the upstream
+socket is the registered producer of the client response, so a client that
+stops reading pauses the upstream read, and a client that leaves cancels the
+upstream request.
+"""
+
+import time
+import zlib
+
+import ujson
+from twisted.internet import defer
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.web import resource, server
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+
+from cg import dialect, headers
+from cg.upstream import is_timeout
+
+log = Logger(namespace="cg.proxy")
+
+
+class ProxyResource(resource.Resource):
+    """Answers cg's own endpoints and forwards everything else to the provider."""
+
+    isLeaf = True
+
+    def __init__(self, upstream, stats, upstreams: dict[str, bytes], clock=time.perf_counter):
+        super().__init__()
+        self.upstream = upstream
+        self.stats = stats
+        self.upstreams = upstreams
+        self.clock = clock
+        self._in_flight: set = set()
+        self._drain_waiters: list[defer.Deferred] = []
+
+    def render(self, request):
+        request.responseHeaders.removeHeader(b"server")  # cg adds no headers of its own
+        path = dialect.split_path(request.uri)
+        if path == b"/" and request.method == b"HEAD":
+            return b""  # Claude Code warms its connection with HEAD /
+        if path == b"/healthz" and request.method in (b"GET", b"HEAD"):
+            request.setHeader(b"content-type", b"text/plain")
+            return b"ok\n"
+        if path == b"/stats" and request.method == b"GET":
+            request.setHeader(b"content-type", b"application/json")
+            return ujson.dumps(self.stats.snapshot(), indent=2).encode() + b"\n"
+        which = dialect.route(request.uri, request.requestHeaders.hasHeader(b"anthropic-version"))
+        if which is None:
+            return _error(request, None, 404, "cg does not proxy this path")
+        if request.too_large:
+            self.stats.too_large += 1
+            self.stats.statuses[413] += 1
+            return _error(request, which, 413, "request body is larger than cg's --max-body")
+        _Exchange(self, request, which).start()
+        return server.NOT_DONE_YET
+
+    def started(self, exchange):
+        self._in_flight.add(exchange)
+        self.stats.in_flight = len(self._in_flight)
+
+    def ended(self, exchange):
+        self._in_flight.discard(exchange)
+        self.stats.in_flight = len(self._in_flight)
+        if not self._in_flight:
+            waiters, self._drain_waiters = self._drain_waiters, []
+            for d in waiters:
+                d.callback(None)
+
+    def drained(self) -> defer.Deferred:
+        """Fires once no request is in flight (for a graceful stop)."""
+        if not self._in_flight:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._drain_waiters.append(d)
+        return d
+
+    def abort_all(self):
+        """Cut every exchange still in flight (the drain timeout ran out)."""
+        for exchange in list(self._in_flight):
+            exchange.abort_client()
+
+
+def _error(request, which, status: int, message: str) -> bytes:
+    body = dialect.error_body(which, status, message)
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"content-length", b"%d" % len(body))
+    return body
+
+
+class _Exchange:
+    """One client request and its upstream counterpart."""
+
+    def __init__(self, proxy: ProxyResource, request, which: str):
+        self.proxy = proxy
+        self.request = request
+        self.which = which
+        self.stats = proxy.stats
+        self.clock = proxy.clock
+        self.pending = None  # the upstream request, until its headers arrive
+        self.relay = None  # the upstream body, once it flows
+        self.status = None
+        self.outcome = "ok"
+        self.ended = False
+        self.t_received = self.clock()
+        self.t_sent = self.t_headers = self.t_upstream_first = self.t_client_first = None
+        self.bytes_in = self.bytes_out = 0
+
+    def start(self):
+        request = self.request
+        self.proxy.started(self)
+        self.stats.requests[self.which] += 1
+        body = request.content.getvalue()
+        self.bytes_in = len(body)
+        self.stats.bytes_from_client += len(body)
+        self.decode = dialect.reads_response(request.uri)
+        upstream_headers = headers.request_headers(
+            request.requestHeaders, accept_encoding=b"gzip" if self.decode else None
+        )
+        if not body and request.method in (b"GET", b"HEAD", b"DELETE", b"OPTIONS"):
+            body = None
+        url = self.proxy.upstreams[self.which] + request.uri
+        request.notifyFinish().addErrback(self._client_gone)
+        self.t_sent = self.clock()
+        self.pending = self.proxy.upstream.request(request.method, url, upstream_headers, body)
+        self.stats.bytes_to_upstream += self.bytes_in
+        self.pending.addCallbacks(self._respond, self._upstream_failed)
+        self.pending.addErrback(self._bug)
+
+    def _respond(self, response):
+        self.pending = None
+        self.t_headers = self.clock()
+        self.stats.upstream_ttfb.add(self.t_headers - self.t_sent)
+        decoder = None
+        drop = frozenset()
+        if self.decode and response.headers.getRawHeaders(b"content-encoding") == [b"gzip"]:
+            decoder = zlib.decompressobj(wbits=31)
+            drop = frozenset({b"content-encoding"})
+        self.status = response.code
+        request = self.request
+        request.setResponseCode(response.code, response.phrase)
+        request.responseHeaders = headers.response_headers(response.headers, drop)
+        content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
+        if content_type.startswith(b"text/event-stream"):
+            self.stats.streamed += 1
+        response.deliverBody(_Relay(self, decoder))
+
+    def _upstream_failed(self, failure):
+        self.pending = None
+        if self.ended:
+            return
+        self.stats.upstream_errors += 1
+        status = 504 if is_timeout(failure) else 502
+        reason = failure.getErrorMessage() or failure.type.__name__
+        what = "timed out waiting for" if status == 504 else "could not get a response from"
+        self.outcome = "upstream_error"
+        body = _error(self.request, self.which, status, f"cg {what} the upstream: {reason}")
+        self.status = status
+        self.write(body)
+        self.request.finish()
+        self._end()
+
+    def _bug(self, failure):
+        log.failure("proxying {path} failed", failure, path=self.request.uri)
+        self.abort_client()
+
+    def write(self, data: bytes):
+        if self.t_client_first is None:
+            self.t_client_first = self.clock()
+            before = self.t_sent - self.t_received
+            after = self.t_client_first - (self.t_upstream_first or self.t_client_first)
+            self.stats.added_ttfb.add(before + after)
+        self.bytes_out += len(data)
+        self.stats.bytes_to_client += len(data)
+        self.request.write(data)
+
+    def upstream_data(self, size: int):
+        if self.t_upstream_first is None:
+            self.t_upstream_first = self.clock()
+        self.stats.bytes_from_upstream += size
+
+    def upstream_ended(self, complete: bool):
+        """The upstream body ended; a client response must never look complete if it was cut."""
+        if self.ended:
+            return
+        self.request.unregisterProducer()
+        if not complete:
+            self.stats.upstream_errors += 1
+            self.abort_client("upstream_broke")
+            return
+        if self.t_client_first is None:
+            self.write(b"")
+        self.request.finish()
+        self._end()
+
+    def abort_client(self, outcome: str = "aborted"):
+        """Cut the client's connection, so a truncated response cannot look complete."""
+        if self.ended:
+            return
+        self.ended = True
+        self.outcome = outcome
+        self._stop_upstream()
+        self.request.channel.transport.abortConnection()
+        self._end()
+
+    def _client_gone(self, failure):
+        if self.ended:
+            return
+        self.ended = True
+        self.stats.client_disconnects += 1
+        self.outcome = "client_gone"
+        self._stop_upstream()
+        self._end()
+
+    def _stop_upstream(self):
+        if self.pending is not None:
+            self.pending.cancel()
+        elif self.relay is not None:
+            self.relay.transport.stopProducing()
+
+    def _end(self):
+        self.ended = True
+        self.stats.statuses[self.status or 499] += 1
+        self.proxy.ended(self)
+        ms = _ms
+        log.info(
+            "{method} {path} {status} {outcome} upstream_ms={upstream_ms} ttfb_ms={ttfb_ms} "
+            "in={bytes_in} out={bytes_out}",
+            method=self.request.method.decode("latin-1"),
+            path=self.request.uri.decode("latin-1"),
+            status=self.status or "-",
+            outcome=self.outcome,
+            upstream_ms=ms(self.t_sent, self.t_headers),
+            ttfb_ms=ms(self.t_received, self.t_client_first),
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+        )
+
+
+def _ms(start, end):
+    return "-" if start is None or end is None else f"{(end - start) * 1000:.1f}"
+
+
+class _Relay(Protocol):
+    """Hands each upstream body chunk to the client as it arrives."""
+
+    def __init__(self, exchange: _Exchange, decoder):
+        self.exchange = exchange
+        self.decoder = decoder
+
+    def connectionMade(self):
+        exchange = self.exchange
+        if exchange.ended:
+            self.transport.stopProducing()
+            return
+        exchange.relay = self
+        exchange.request.registerProducer(self.transport, True)
+
+    def dataReceived(self, data):
+        exchange = self.exchange
+        exchange.upstream_data(len(data))
+        if exchange.ended:
+            return
+        if self.decoder is not None:
+            try:
+                data = self.decoder.decompress(data)
+            except zlib.error:
+                self.decoder = None
+                self.transport.stopProducing()
+                return
+        if data:
+            exchange.write(data)
+
+    def connectionLost(self, reason=None):
+        complete = bool(reason.check(ResponseDone, PotentialDataLoss))
+        if self.decoder is not None:
+            complete = complete and self.decoder.eof
+        self.exchange.upstream_ended(complete)

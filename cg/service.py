@@ -1,0 +1,106 @@
+"""The cg service: listening ports, the proxy, and a graceful stop that drains streams."""
+
+from twisted.application import service
+from twisted.internet import defer
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+
+from cg import systemd
+from cg.config import Config
+from cg.proxy import ProxyResource
+from cg.site import Connections, ProxySite
+from cg.stats import Stats
+from cg.upstream import Upstream, load_trust_root
+
+log = Logger(namespace="cg.service")
+
+
+def _base(url: str) -> bytes:
+    return url.rstrip("/").encode("ascii")
+
+
+class CGService(service.Service):
+    """Listens on every --listen endpoint; on stop, stops accepting and drains in-flight responses."""
+
+    name = "cg"
+
+    def __init__(self, config: Config, reactor=None):
+        if reactor is None:
+            from twisted.internet import reactor
+        self.config = config
+        self.reactor = reactor
+        self.stats = Stats()
+
+        def count_retry():
+            self.stats.upstream_retries += 1
+
+        trust_root = load_trust_root(config.upstream_ca) if config.upstream_ca else None
+        self.upstream = Upstream(
+            reactor,
+            connect_timeout=config.connect_timeout,
+            header_timeout=config.header_timeout,
+            idle_timeout=config.idle_timeout,
+            trust_root=trust_root,
+            on_retry=count_retry,
+        )
+        self.resource = ProxyResource(
+            self.upstream,
+            self.stats,
+            {"anthropic": _base(config.anthropic_upstream), "openai": _base(config.openai_upstream)},
+        )
+        self.site = ProxySite(self.resource, config.max_body)
+        self.site.noisy = False
+        self.connections = Connections(self.site)
+        self.connections.noisy = False
+        self.ports: list = []
+        self._listening = None
+
+    def privilegedStartService(self):
+        super().privilegedStartService()
+        failures = []
+        self._listen().addErrback(failures.append)
+        if failures:  # a port that cannot be bound ends twistd with the reason
+            failures[0].raiseException()
+
+    def startService(self):
+        super().startService()
+        self._listen().addCallback(lambda _: systemd.notify(b"READY=1"))
+
+    def _listen(self) -> defer.Deferred:
+        if self._listening is None:
+            listens = [serverFromString(self.reactor, d).listen(self.connections) for d in self.config.listen]
+            self._listening = defer.gatherResults(listens, consumeErrors=True)
+            self._listening.addCallback(self.ports.extend)
+            self._listening.addCallback(self._announce)
+        return self._listening
+
+    def _announce(self, _):
+        for port in self.ports:
+            log.info("cg listening on {address}", address=port.getHost())
+
+    def stopService(self):
+        """Stop accepting, let in-flight responses finish (up to drain_timeout), then cut them."""
+        super().stopService()
+        systemd.notify(b"STOPPING=1")
+        stopped = [defer.maybeDeferred(port.stopListening) for port in self.ports]
+        del self.ports[:]
+        self._listening = None
+        in_flight = self.stats.in_flight
+        if in_flight:
+            log.info("cg draining {n} in-flight requests", n=in_flight)
+        timer = self.reactor.callLater(self.config.drain_timeout, self._cut)
+
+        def closed(_):
+            if timer.active():
+                timer.cancel()
+            return self.upstream.close()
+
+        drain = self.resource.drained()
+        drain.addCallback(lambda _: self.connections.close_all())
+        drain.addCallback(closed)
+        return defer.gatherResults([*stopped, drain])
+
+    def _cut(self):
+        """The drain timeout ran out: cut what is still open."""
+        self.resource.abort_all()
+        self.connections.abort_all()

@@ -1,0 +1,649 @@
+"""A scripted fake Anthropic/OpenAI API: a real twisted.web server for tests and benchmarks.
+
+Like ``treq.testing`` it ships with the package, so the proxy's tests, its benchmarks and
+downstream users all drive the same fake. Replies are queued in order (``FakeUpstream.enqueue``);
+when the queue is empty a default reply is derived from the request. Every request is recorded
+byte for byte (``FakeUpstream.received``) so tests can check what the proxy really forwarded.
+
+Run ``python -m cg.testing --port 0`` to serve it from a separate process (it prints
+``listening <port>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip as _gzip
+import itertools
+import math
+import zlib
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import ujson
+from attrs import define, field, frozen
+from attrs.validators import gt, in_
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.interfaces import IListeningPort, IPushProducer, IReactorTCP
+from twisted.web.http import HTTPChannel
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+from zope.interface import implementer
+
+__all__ = [
+    "HELLO",
+    "FakeUpstream",
+    "Flood",
+    "JSONReply",
+    "Received",
+    "Reset",
+    "SSEReply",
+    "Stall",
+    "anthropic_message",
+    "anthropic_stream_events",
+    "anthropic_text_block",
+    "default_reply",
+    "openai_completion",
+    "openai_stream_events",
+    "sse_event",
+]
+
+HELLO = "Hello from the fake upstream"
+_CREATED = 1_700_000_000  # fixed OpenAI "created" so replies are byte-for-byte reproducible
+
+HeaderPairs = Sequence[tuple[str | bytes, str | bytes]]
+
+
+def _dumps(obj: object) -> bytes:
+    """Compact JSON the way the providers (and Claude Code) write it: no spaces, raw UTF-8."""
+    return ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode()
+
+
+def _b(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders
+
+
+def sse_event(name: str | None, data: dict | list | str) -> bytes:
+    """One framed SSE event; ``name=None`` omits the event line, as OpenAI does."""
+    payload = data.encode() if isinstance(data, str) else _dumps(data)
+    head = b"" if name is None else b"event: " + name.encode() + b"\n"
+    return head + b"data: " + payload + b"\n\n"
+
+
+def anthropic_message(
+    text: str = HELLO,
+    id: str = "msg_fake",
+    model: str = "claude-sonnet-4-5",
+    stop_reason: str = "end_turn",
+    usage: dict | None = None,
+    content: list | None = None,
+) -> dict:
+    """A non-streaming Messages API response; ``content`` defaults to one text block."""
+    return {
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}] if content is None else content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": usage
+        if usage is not None
+        else {
+            "input_tokens": 10,
+            "output_tokens": 5,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
+
+
+def anthropic_text_block(index: int, texts: Sequence[str]) -> list[bytes]:
+    """The events of one streamed text block at ``index``: start, a text_delta per text, stop."""
+    return [
+        sse_event(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        *(
+            sse_event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "text_delta", "text": t},
+                },
+            )
+            for t in texts
+        ),
+        sse_event("content_block_stop", {"type": "content_block_stop", "index": index}),
+    ]
+
+
+def anthropic_stream_events(
+    texts: Sequence[str] = ("Hello", " world"),
+    id: str = "msg_fake",
+    model: str = "claude-sonnet-4-5",
+    stop_reason: str = "end_turn",
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    blocks: Sequence[Sequence[bytes]] | None = None,
+) -> list[bytes]:
+    """A complete Messages stream; ``blocks`` (each a block's events) replaces the one text block."""
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": input_tokens,
+                "output_tokens": 1,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        },
+    }
+    delta = {
+        "type": "message_delta",
+        "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+        "usage": {"output_tokens": output_tokens},
+    }
+    if blocks is None:
+        blocks = [anthropic_text_block(0, texts)]
+    return [
+        sse_event("message_start", start),
+        sse_event("ping", {"type": "ping"}),
+        *itertools.chain.from_iterable(blocks),
+        sse_event("message_delta", delta),
+        sse_event("message_stop", {"type": "message_stop"}),
+    ]
+
+
+def openai_completion(
+    text: str = HELLO,
+    id: str = "chatcmpl-fake",
+    model: str = "gpt-4.1-mini",
+    finish_reason: str = "stop",
+    usage: dict | None = None,
+) -> dict:
+    """A non-streaming chat.completion."""
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": _CREATED,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "finish_reason": finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": usage
+        if usage is not None
+        else {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+def openai_stream_events(
+    texts: Sequence[str] = ("Hello", " world"),
+    id: str = "chatcmpl-fake",
+    model: str = "gpt-4.1-mini",
+    finish_reason: str = "stop",
+    include_usage: bool = True,
+    prompt_tokens: int = 10,
+    completion_tokens: int = 5,
+) -> list[bytes]:
+    """A chat.completion.chunk stream: role, content fragments, finish, [usage], ``[DONE]``."""
+
+    def chunk(choices: list, usage: dict | None = None) -> bytes:
+        body = {"id": id, "object": "chat.completion.chunk", "created": _CREATED, "model": model}
+        body["choices"] = choices
+        if include_usage:  # real OpenAI adds "usage": null to every chunk only when asked
+            body["usage"] = usage
+        return sse_event(None, body)
+
+    def choice(delta: dict, finish: str | None = None) -> list:
+        return [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+
+    events = [chunk(choice({"role": "assistant", "content": ""}))]
+    events += [chunk(choice({"content": t})) for t in texts]
+    events.append(chunk(choice({}, finish_reason)))
+    if include_usage:
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        events.append(chunk([], usage))
+    events.append(sse_event(None, "[DONE]"))
+    return events
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests as received
+
+
+@define
+class Received:
+    """One request as the fake saw it, for asserting what a proxy really forwarded."""
+
+    method: bytes
+    path: bytes  # with the query string, exactly as on the request line
+    headers: list[tuple[bytes, bytes]]  # in arrival order, names lower-cased, values as sent
+    body: bytes
+    connection: int  # serial number of the TCP connection, from 1
+    nth_on_connection: int  # 1 for the first request on its connection
+    finished: Deferred = field(eq=False, repr=False)  # fires "done" or "lost"
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of header ``name`` (case-insensitive), or None."""
+        name = name.lower()
+        return next((v for n, v in self.headers if n == name), None)
+
+    def json(self) -> object:
+        """The body parsed as JSON."""
+        return ujson.loads(self.body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replies. Each one's play(request, upstream) answers a twisted.web request.
+
+
+def _start_response(
+    request: Request, status: int, defaults: HeaderPairs, headers: HeaderPairs
+) -> None:
+    """Set status and headers; a name given in ``headers`` replaces that default entirely."""
+    request.setResponseCode(status)
+    given = {_b(name).lower() for name, _ in headers}
+    for name, value in defaults:
+        if _b(name) not in given:
+            request.responseHeaders.setRawHeaders(_b(name), [_b(value)])
+    for name, value in headers:
+        request.responseHeaders.addRawHeader(_b(name), _b(value))
+
+
+@frozen
+class JSONReply:
+    """A complete JSON response (dict/list serialized compactly, bytes sent as is)."""
+
+    body: dict | list | bytes
+    status: int = 200
+    headers: HeaderPairs = field(default=(), converter=tuple)
+    gzip: bool = False
+
+    def play(self, request: Request, upstream: FakeUpstream) -> None:
+        body = self.body if isinstance(self.body, bytes) else _dumps(self.body)
+        defaults = [(b"content-type", b"application/json")]
+        if self.gzip:
+            body = _gzip.compress(body, mtime=0)
+            defaults.append((b"content-encoding", b"gzip"))
+        defaults.append((b"content-length", b"%d" % len(body)))
+        _start_response(request, self.status, defaults, self.headers)
+        request.write(body)
+        request.finish()
+
+
+@frozen
+class SSEReply:
+    """A timed event stream; ``end`` says how it stops: finish, TCP reset, or silence forever."""
+
+    events: Sequence[bytes] = field(converter=tuple)
+    delay: float = 0.0
+    first_delay: float = 0.0
+    status: int = 200
+    headers: HeaderPairs = field(default=(), converter=tuple)
+    gzip: bool = False
+    end: Literal["close", "reset", "stall"] = field(
+        default="close", validator=in_(("close", "reset", "stall"))
+    )
+
+    def play(self, request: Request, upstream: FakeUpstream) -> None:
+        defaults = [(b"content-type", b"text/event-stream")]
+        if self.gzip:
+            defaults.append((b"content-encoding", b"gzip"))
+        _start_response(request, self.status, defaults, self.headers)
+        request.write(b"")  # headers go out now, as a provider's do, before the first event
+        _SSEPlayback(self, request, upstream.reactor).start()
+
+
+class _SSEPlayback:
+    """Writes one SSEReply's events on reactor timers; stops if the client goes away."""
+
+    def __init__(self, reply: SSEReply, request: Request, reactor) -> None:
+        self._reply = reply
+        self._request = request
+        self._reactor = reactor
+        self._next = 0
+        self._call = None
+        # wbits=31: gzip framing, as Content-Encoding: gzip requires.
+        self._zip = zlib.compressobj(wbits=31) if reply.gzip else None
+
+    def start(self) -> None:
+        self._request.notifyFinish().addErrback(self._lost)
+        self._call = self._reactor.callLater(self._reply.first_delay, self._step)
+
+    def _lost(self, _reason) -> None:
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+
+    def _step(self) -> None:
+        events = self._reply.events
+        if self._next < len(events):
+            event = events[self._next]
+            self._next += 1
+            if self._zip is not None:
+                # A sync flush makes each event decodable on arrival instead of at the end.
+                event = self._zip.compress(event) + self._zip.flush(zlib.Z_SYNC_FLUSH)
+            self._request.write(event)
+        if self._next < len(events):
+            self._call = self._reactor.callLater(self._reply.delay, self._step)
+            return
+        self._call = None
+        if self._reply.end == "close":
+            if self._zip is not None:
+                self._request.write(self._zip.flush())
+            self._request.finish()
+        elif self._reply.end == "reset":
+            # On the next reactor turn, once the last event has left Twisted's write buffer
+            # (abortConnection drops whatever is still in it).
+            self._call = self._reactor.callLater(0, self._request.channel.transport.abortConnection)
+        # "stall": leave the response open and silent.
+
+
+@frozen
+class Reset:
+    """Abort the TCP connection as soon as the request arrives: no response byte at all."""
+
+    def play(self, request: Request, upstream: FakeUpstream) -> None:
+        request.channel.transport.abortConnection()
+
+
+@frozen
+class Stall:
+    """Never answer; the connection stays open until the client or ``stop()`` closes it."""
+
+    def play(self, request: Request, upstream: FakeUpstream) -> None:
+        pass
+
+
+@frozen
+class Flood:
+    """``total_bytes`` of valid SSE ping events, written only as fast as the client reads."""
+
+    total_bytes: int
+    chunk_size: int = field(default=65536, validator=gt(0))
+
+    def play(self, request: Request, upstream: FakeUpstream) -> None:
+        _start_response(request, 200, [(b"content-type", b"text/event-stream")], ())
+        _FloodProducer(self, request, upstream).start()
+
+
+_PING = b'event: ping\ndata: {"type":"ping"}\n'
+
+
+def _flood_chunk(size: int) -> bytes:
+    """``size`` bytes of SSE: ``:`` comment lines, then a ping event (if it fits) and a blank line.
+
+    The padding goes first: before a field line, even a 1-byte piece (a bare newline) only
+    ends an empty event, so every chunk stays valid SSE whatever its size.
+    """
+    event = _PING if size > len(_PING) else b""
+    pad = size - len(event) - 1
+    lines = []
+    while pad > 0:
+        n = min(pad, 1024)
+        lines.append(b":" + b"." * (n - 2) + b"\n" if n >= 2 else b"\n")
+        pad -= n
+    return b"".join(lines) + event + b"\n"
+
+
+@implementer(IPushProducer)
+class _FloodProducer:
+    """Push producer for one Flood: the transport pauses it when its buffer is full."""
+
+    def __init__(self, reply: Flood, request: Request, upstream: FakeUpstream) -> None:
+        self._request = request
+        self._upstream = upstream
+        self._left = reply.total_bytes
+        self._chunk = _flood_chunk(reply.chunk_size)
+        self._paused = False
+        self._stopped = False
+
+    def start(self) -> None:
+        self._request.notifyFinish().addErrback(lambda _: self.stopProducing())
+        self._request.registerProducer(self, True)
+        self._pump()
+
+    def _pump(self) -> None:
+        while self._left and not self._paused and not self._stopped:
+            chunk = self._chunk if self._left >= len(self._chunk) else _flood_chunk(self._left)
+            self._left -= len(chunk)
+            self._upstream.flood_bytes_written += len(chunk)
+            self._request.write(chunk)  # may call pauseProducing() before it returns
+        if not self._left and not self._stopped:
+            self._stopped = True
+            self._request.unregisterProducer()
+            self._request.finish()
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        self._pump()
+
+    def stopProducing(self) -> None:
+        self._stopped = True
+
+
+Reply = JSONReply | SSEReply | Reset | Stall | Flood
+
+
+# ---------------------------------------------------------------------------------------------
+# Default replies
+
+
+def _fake_texts(n: int) -> list[str]:
+    """``n`` non-empty fragments of HELLO (repeated when ``n`` exceeds its length)."""
+    text = " ".join([HELLO] * max(1, math.ceil(n / len(HELLO))))
+    return [text[len(text) * i // n : len(text) * (i + 1) // n] for i in range(n)]
+
+
+def default_reply(received: Received) -> Reply:
+    """What the fake answers when nothing is queued: a plausible reply for the path and body.
+
+    Streams can be shaped per request (for benchmarks) with ``x-fake-events``,
+    ``x-fake-delay-ms`` and ``x-fake-first-delay-ms``.
+    """
+    try:
+        body = ujson.loads(received.body)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {}
+    model = body.get("model")
+    model_kw = {"model": model} if isinstance(model, str) else {}
+    path = received.path.split(b"?", 1)[0]
+    if path == b"/v1/messages/count_tokens":
+        return JSONReply({"input_tokens": 10})
+    anthropic = path == b"/v1/messages" or path.startswith(b"/v1/messages/")
+    openai = path == b"/v1/chat/completions"
+    if body.get("stream") is True and (anthropic or openai):
+        texts = _fake_texts(int(received.header(b"x-fake-events") or 3))
+        if anthropic:
+            events = anthropic_stream_events(texts, **model_kw)
+        else:
+            options = body.get("stream_options")
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            events = openai_stream_events(texts, include_usage=include_usage, **model_kw)
+        return SSEReply(
+            events,
+            delay=float(received.header(b"x-fake-delay-ms") or 0) / 1000,
+            first_delay=float(received.header(b"x-fake-first-delay-ms") or 0) / 1000,
+        )
+    if anthropic:
+        return JSONReply(anthropic_message(**model_kw))
+    if openai:
+        return JSONReply(openai_completion(**model_kw))
+    return JSONReply({"ok": True})
+
+
+# ---------------------------------------------------------------------------------------------
+# The server
+
+
+class _Request(Request):
+    """Keeps the header lines as they arrived (twisted.web's Headers merge and reorder them)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.raw_headers: list[tuple[bytes, bytes]] = []
+
+
+class _Channel(HTTPChannel):
+    """An HTTP/1.1 connection that the fake numbers, counts requests on and can abort.
+
+    HTTPChannel.connectionMade already sets TCP_NODELAY, so each SSE write leaves at once.
+    """
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.upstream: FakeUpstream = self.factory.upstream
+        self.serial = self.upstream._connected(self)
+        self.requests_seen = 0
+        self.closed: Deferred[None] = Deferred()
+
+    def connectionLost(self, reason) -> None:
+        self.upstream._channels.discard(self)
+        super().connectionLost(reason)
+        self.closed.callback(None)
+
+    def headerReceived(self, line: bytes) -> bool:
+        ok = super().headerReceived(line)
+        if ok:
+            name, value = line.split(b":", 1)
+            self.requests[-1].raw_headers.append((name.lower(), value.strip(b" \t")))
+        return ok
+
+
+class _Root(Resource):
+    isLeaf = True
+
+    def __init__(self, upstream: FakeUpstream) -> None:
+        super().__init__()
+        self._upstream = upstream
+
+    def render(self, request: _Request):
+        self._upstream._handle(request)
+        return NOT_DONE_YET
+
+
+class _Site(Site):
+    protocol = _Channel  # plain HTTP/1.1, no h2 negotiation wrapper: we need the channel itself
+
+    def __init__(self, upstream: FakeUpstream, reactor) -> None:
+        super().__init__(_Root(upstream), requestFactory=_Request, reactor=reactor)
+        self.upstream = upstream
+
+
+@define(eq=False)
+class FakeUpstream:
+    """A fake provider API on a real TCP port, answering from a FIFO of scripted replies.
+
+    ``reset_reused_connections`` is a budget: while positive, a request that is not the first on
+    its connection gets the connection aborted (as a server closing an idle keep-alive
+    connection would) and the budget drops by one. Such requests are recorded but use no reply.
+    """
+
+    default_reply: Callable[[Received], Reply] = default_reply
+    reset_reused_connections: int = 0
+    received: list[Received] = field(factory=list, init=False)
+    flood_bytes_written: int = field(default=0, init=False)  # by Flood replies, cumulative
+    reactor: IReactorTCP | None = field(default=None, init=False)
+    url: str | None = field(default=None, init=False)
+    _queue: deque[Reply] = field(factory=deque, init=False)
+    _port: IListeningPort | None = field(default=None, init=False)
+    _channels: set[_Channel] = field(factory=set, init=False)
+    _serials: itertools.count = field(factory=lambda: itertools.count(1), init=False)
+
+    def listen(
+        self, reactor: IReactorTCP, port: int = 0, interface: str = "127.0.0.1"
+    ) -> IListeningPort:
+        """Start serving; returns the IListeningPort and sets ``url``."""
+        self.reactor = reactor
+        self._port = reactor.listenTCP(port, _Site(self, reactor), interface=interface)
+        host = f"[{interface}]" if ":" in interface else interface
+        self.url = f"http://{host}:{self._port.getHost().port}"
+        return self._port
+
+    def enqueue(self, *replies: Reply) -> None:
+        """Script the replies of the next requests, in order, whatever their path."""
+        self._queue.extend(replies)
+
+    def stop(self) -> Deferred[None]:
+        """Stop listening and abort every open connection; fires once all are closed."""
+        waits = []
+        if self._port is not None:
+            waits.append(self._port.stopListening())
+            self._port = None
+        for channel in list(self._channels):
+            channel.transport.abortConnection()
+            waits.append(channel.closed)
+        return gatherResults(waits).addCallback(lambda _: None)
+
+    def _connected(self, channel: _Channel) -> int:
+        self._channels.add(channel)
+        return next(self._serials)
+
+    def _handle(self, request: _Request) -> None:
+        channel = request.channel
+        channel.requests_seen += 1
+        received = Received(
+            method=request.method,
+            path=request.uri,
+            headers=request.raw_headers,
+            body=request.content.read(),
+            connection=channel.serial,
+            nth_on_connection=channel.requests_seen,
+            finished=request.notifyFinish().addCallbacks(lambda _: "done", lambda _: "lost"),
+        )
+        self.received.append(received)
+        if received.nth_on_connection >= 2 and self.reset_reused_connections > 0:
+            self.reset_reused_connections -= 1
+            Reset().play(request, self)
+            return
+        reply = self._queue.popleft() if self._queue else self.default_reply(received)
+        reply.play(request, self)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Serve the fake with default replies until SIGTERM/SIGINT (for benchmark processes)."""
+    parser = argparse.ArgumentParser(prog="python -m cg.testing", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--interface", default="127.0.0.1")
+    args = parser.parse_args(argv)
+    # Imported here: importing cg.testing must not install the global reactor.
+    from twisted.internet import reactor
+
+    port = FakeUpstream().listen(reactor, args.port, args.interface)
+    print(f"listening {port.getHost().port}", flush=True)
+    reactor.run()
+
+
+if __name__ == "__main__":
+    main()

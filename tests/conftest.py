@@ -1,0 +1,76 @@
+"""Shared fixtures: a fake provider on 127.0.0.1 and cg in-process in front of it."""
+
+import attrs
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+
+from cg.config import Config
+from cg.service import CGService
+from cg.testing import FakeUpstream
+
+
+@attrs.define
+class RunningCG:
+    service: CGService
+
+    @property
+    def port(self) -> int:
+        return self.service.ports[0].getHost().port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def stats(self):
+        return self.service.stats
+
+    def stop(self):
+        return self.service.stopService()
+
+
+def start_cg(**overrides) -> RunningCG:
+    config = Config(listen=("tcp:0:interface=127.0.0.1",), **overrides)
+    service = CGService(config, reactor)
+    service.privilegedStartService()
+    service.startService()
+    return RunningCG(service)
+
+
+@pytest.fixture
+def fake():
+    upstream = FakeUpstream()
+    upstream.listen(reactor)
+    yield upstream
+    pytest_twisted.blockon(upstream.stop())
+
+
+@pytest.fixture
+def fake_openai():
+    upstream = FakeUpstream()
+    upstream.listen(reactor)
+    yield upstream
+    pytest_twisted.blockon(upstream.stop())
+
+
+@pytest.fixture
+def make_cg():
+    """Start cg with config overrides; every instance is stopped after the test."""
+    started = []
+
+    def make(**overrides) -> RunningCG:
+        running = start_cg(**overrides)
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        if running.service.running:
+            pytest_twisted.blockon(running.stop())
+
+
+@pytest.fixture
+def cg(make_cg, fake, fake_openai) -> RunningCG:
+    """cg with the Anthropic upstream at `fake` and the OpenAI one at `fake_openai`."""
+    return make_cg(anthropic_upstream=fake.url, openai_upstream=fake_openai.url)

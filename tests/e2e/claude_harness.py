@@ -1,0 +1,573 @@
+"""Claude Code end to end: install the CLI, run it headless, script the fake provider's replies.
+
+The pieces, each usable on its own by later scenarios:
+
+- ``install_claude()``: ``npm install`` the CLI once into a cache directory kept between runs.
+- ``run_claude()``: run ``claude -p … --output-format stream-json`` as a child process of the
+  reactor (so cg and the fake, which live on the same reactor, keep serving), bounded by a timeout.
+- ``Script``: the fake's ``default_reply``. It parses each request and asks a ``decide`` function
+  for the reply; ``decide`` returns a ``Turn`` (text and tool_use blocks, rendered as a valid
+  Messages stream, or as a JSON message when the request is not streaming), any cg.testing reply,
+  or None for the default (a short text stream, good for side requests).
+- ``bash_round_trip()``: the first scenario's ``decide``: a Bash tool_use, then a final answer
+  that quotes the tool_result it got back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import ProcessProtocol
+
+from cg.testing import (
+    JSONReply,
+    Received,
+    SSEReply,
+    anthropic_message,
+    anthropic_stream_events,
+    anthropic_text_block,
+    default_reply,
+    sse_event,
+)
+
+PACKAGE = "@anthropic-ai/claude-code"
+NPM_INSTALL_TIMEOUT = 300.0
+CLAUDE_TIMEOUT = 120.0
+
+# What the issue asks for: no telemetry, updates, error reports or other traffic besides the API.
+QUIET_ENV = {
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Installing the CLI
+
+
+def package_spec() -> str:
+    """``@anthropic-ai/claude-code``, or ``…@VERSION`` when CG_E2E_CLAUDE_CODE_VERSION pins one."""
+    version = os.environ.get("CG_E2E_CLAUDE_CODE_VERSION", "").strip()
+    return f"{PACKAGE}@{version}" if version else PACKAGE
+
+
+def npm_dir() -> Path:
+    """The npm prefix the CLI lives in: $CG_E2E_NPM_DIR, else a per-user cache directory."""
+    explicit = os.environ.get("CG_E2E_NPM_DIR", "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache"
+    version = os.environ.get("CG_E2E_CLAUDE_CODE_VERSION", "").strip()
+    return Path(cache) / "cg-e2e" / (f"claude-code-{version}" if version else "claude-code")
+
+
+def claude_binary(prefix: Path) -> Path:
+    return prefix / "node_modules" / ".bin" / "claude"
+
+
+def claude_version(binary: Path, timeout: float = 60.0) -> str | None:
+    """``claude --version``'s output, or None when the binary is missing or does not run."""
+    if not os.access(binary, os.X_OK):
+        return None
+    try:
+        with tempfile.TemporaryDirectory(prefix="cg-e2e-home-") as home:
+            done = _run_bounded([str(binary), "--version"], timeout, env=_bare_env(Path(home)))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else None
+
+
+class InstallError(Exception):
+    pass
+
+
+def install_claude(prefix: Path | None = None, timeout: float = NPM_INSTALL_TIMEOUT) -> tuple[Path, str, bool]:
+    """Make sure the CLI is installed under ``prefix``; returns (binary, version, installed_now).
+
+    Runs before cg and the fake start, so blocking here holds up nothing. The install goes to a
+    staging directory that is renamed into place only once the CLI runs, so an install that was
+    killed half-way is never mistaken for a good one (and concurrent runs don't mix files).
+    """
+    prefix = npm_dir() if prefix is None else prefix
+    binary = claude_binary(prefix)
+    version = claude_version(binary)
+    if version is not None:
+        return binary, version, False
+    npm = shutil.which("npm")
+    if npm is None:
+        raise InstallError("npm is not on PATH")
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=prefix.name + ".installing-", dir=prefix.parent))
+    try:
+        argv = [npm, "install", "--prefix", str(staging), "--no-audit", "--no-fund", "--loglevel=http"]
+        try:
+            done = _run_bounded([*argv, package_spec()], timeout)
+        except subprocess.TimeoutExpired as e:
+            raise InstallError(f"{' '.join(argv)} took more than {timeout:.0f}s:\n{_tail(e.output, e.stderr)}") from e
+        if done.returncode != 0:
+            raise InstallError(f"{' '.join(argv)} exited {done.returncode}:\n{_tail(done.stdout, done.stderr)}")
+        version = claude_version(claude_binary(staging))
+        if version is None:
+            raise InstallError(f"npm installed {package_spec()} but {claude_binary(staging)} --version fails")
+        theirs = claude_version(binary)
+        if theirs is not None:  # a concurrent run installed it meanwhile: keep theirs
+            return binary, theirs, True
+        if prefix.exists():  # a broken earlier install
+            shutil.rmtree(prefix, ignore_errors=True)
+        try:
+            staging.rename(prefix)
+        except OSError:
+            # Another run installed it meanwhile: use theirs if it works.
+            version = claude_version(binary)
+            if version is None:
+                raise InstallError(f"could not move the new install into {prefix}") from None
+        return binary, version, True
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run_bounded(argv: Sequence[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run in its own session, killing the whole process group on timeout.
+
+    Blocking: only for use while nothing else needs the reactor (installing, --version).
+    """
+    with subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, env=env,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(out: bytes | None, err: bytes | None, limit: int = 4000) -> str:
+    text = (out or b"").decode(errors="replace") + (err or b"").decode(errors="replace")
+    return text[-limit:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running the CLI
+
+
+def _bare_env(home: Path) -> dict[str, str]:
+    """A minimal environment: nothing of the caller's ANTHROPIC_*/CLAUDE_* or proxies leaks in."""
+    env = {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "NO_COLOR": "1",
+    }
+    shell = shutil.which("bash")
+    if shell:
+        env["SHELL"] = shell  # the Bash tool needs bash (or zsh)
+    return env
+
+
+def claude_env(home: Path, base_url: str, api_key: str = "sk-ant-cg-e2e-not-a-real-key", **extra: str) -> dict:
+    """The environment of a headless run through cg at ``base_url`` with a fresh ``home``."""
+    for sub in (".config", ".cache", ".local/share", ".local/state", "tmp"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    env = _bare_env(home)
+    env.update(
+        XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        XDG_DATA_HOME=str(home / ".local/share"),
+        XDG_STATE_HOME=str(home / ".local/state"),
+        TMPDIR=str(home / "tmp"),
+        ANTHROPIC_BASE_URL=base_url,
+        ANTHROPIC_API_KEY=api_key,
+        **QUIET_ENV,
+    )
+    env.update(extra)
+    return env
+
+
+@attrs.define
+class ClaudeRun:
+    """One finished (or killed) run of the CLI."""
+
+    argv: list[str]
+    exit_code: int | None
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool
+    seconds: float
+
+    def messages(self) -> list[dict]:
+        """The stream-json lines that parse as JSON objects, in order."""
+        out = []
+        for line in self.stdout.decode(errors="replace").splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                out.append(doc)
+        return out
+
+    def result(self) -> dict | None:
+        """The final ``{"type": "result", …}`` message, or None."""
+        results = [m for m in self.messages() if m.get("type") == "result"]
+        return results[-1] if results else None
+
+    def describe(self, limit: int = 6000) -> str:
+        out = self.stdout.decode(errors="replace")
+        err = self.stderr.decode(errors="replace")
+        status = "killed after timeout" if self.timed_out else f"exit={self.exit_code} signal={self.signal}"
+        return (
+            f"$ {' '.join(self.argv)}\n{status} in {self.seconds:.1f}s\n"
+            f"--- stdout (last {limit} chars)\n{out[-limit:]}\n--- stderr (last {limit} chars)\n{err[-limit:]}"
+        )
+
+
+class _Collector(ProcessProtocol):
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.err: list[bytes] = []
+        self.ended: Deferred = Deferred()
+
+    def connectionMade(self) -> None:
+        self.transport.closeStdin()  # -p with an open stdin would wait for input on it
+
+    def outReceived(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def errReceived(self, data: bytes) -> None:
+        self.err.append(data)
+
+    def processEnded(self, reason) -> None:
+        self.ended.callback(reason.value)
+
+
+def run_claude(
+    binary: Path, args: Sequence[str], env: dict, cwd: Path, timeout: float = CLAUDE_TIMEOUT
+) -> Deferred[ClaudeRun]:
+    """Run the CLI under the reactor; fires with a ClaudeRun (never errbacks on a bad exit).
+
+    It runs in a session of its own (setsid), so a timeout kills it and everything it started.
+    """
+    setsid = shutil.which("setsid")
+    argv = [str(binary), *args]
+    spawn_argv = [setsid, *argv] if setsid else argv
+    proto = _Collector()
+    started = time.monotonic()
+    # The child is not a process-group leader, so setsid(1) execs in place: same pid, own group.
+    transport = reactor.spawnProcess(proto, spawn_argv[0], spawn_argv, env=env, path=str(cwd))
+    pid = transport.pid
+    state = {"timed_out": False}
+
+    def kill() -> None:
+        state["timed_out"] = True
+        if setsid:
+            _killpg(pid)
+        else:
+            transport.signalProcess("KILL")
+
+    watchdog = reactor.callLater(timeout, kill)
+
+    def ended(reason) -> ClaudeRun:
+        if watchdog.active():
+            watchdog.cancel()
+        if setsid:
+            _killpg(pid)  # whatever it left running in its session
+        return ClaudeRun(
+            argv=argv,
+            exit_code=getattr(reason, "exitCode", None),
+            signal=getattr(reason, "signal", None),
+            stdout=b"".join(proto.out),
+            stderr=b"".join(proto.err),
+            timed_out=state["timed_out"],
+            seconds=time.monotonic() - started,
+        )
+
+    return proto.ended.addCallback(ended)
+
+
+# ---------------------------------------------------------------------------------------------
+# What Claude Code sent
+
+
+@attrs.frozen
+class ToolResult:
+    tool_use_id: str
+    text: str  # the content, text blocks joined
+    is_error: bool
+
+
+def _text_of(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return ""
+
+
+def _blocks(message: dict) -> list[dict]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+@attrs.frozen
+class ClaudeRequest:
+    """One request as Claude Code sent it (through cg), parsed."""
+
+    received: Received
+    path: str  # without the query string
+    query: str
+    body: dict
+
+    @classmethod
+    def parse(cls, received: Received) -> ClaudeRequest:
+        path, _, query = received.path.decode("latin-1").partition("?")
+        try:
+            body = json.loads(received.body) if received.body else {}
+        except ValueError:
+            body = {}
+        return cls(received, path, query, body if isinstance(body, dict) else {})
+
+    @property
+    def streaming(self) -> bool:
+        return self.body.get("stream") is True
+
+    @property
+    def model(self) -> str:
+        model = self.body.get("model")
+        return model if isinstance(model, str) else "claude-sonnet-4-5"
+
+    @property
+    def tool_names(self) -> list[str]:
+        tools = self.body.get("tools")
+        return [t.get("name", "?") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+
+    @property
+    def is_main_loop(self) -> bool:
+        """The agent loop's own call (it offers Bash); side requests send ``tools: []`` or none."""
+        return self.path == "/v1/messages" and "Bash" in self.tool_names
+
+    @property
+    def messages(self) -> list[dict]:
+        messages = self.body.get("messages")
+        return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+
+    def last_user_message(self) -> dict | None:
+        """The last ``role: "user"`` message (``role: "system"`` entries may come after it)."""
+        return next((m for m in reversed(self.messages) if m.get("role") == "user"), None)
+
+    def tool_results(self) -> list[ToolResult]:
+        """The tool_result blocks of the last user message."""
+        message = self.last_user_message()
+        if message is None:
+            return []
+        return [
+            ToolResult(str(b.get("tool_use_id")), _text_of(b.get("content")), bool(b.get("is_error")))
+            for b in _blocks(message)
+            if b.get("type") == "tool_result"
+        ]
+
+    def prompt(self) -> str:
+        """The text of the first user message (the ``-p`` prompt, with Claude Code's additions)."""
+        first = next((m for m in self.messages if m.get("role") == "user"), None)
+        return "" if first is None else "\n".join(b.get("text", "") for b in _blocks(first) if b.get("type") == "text")
+
+    def summary(self) -> str:
+        """One line for logs: what a request was, without its 70 KB of tool definitions."""
+        r = self.received
+        head = f"{r.method.decode()} {r.path.decode('latin-1')} conn={r.connection}#{r.nth_on_connection}"
+        if not self.body:
+            return f"{head} body={len(r.body)}B"
+        roles = ",".join(str(m.get("role")) for m in self.messages)
+        last = self.last_user_message()
+        last_types = ",".join(str(b.get("type")) for b in _blocks(last)) if last else "-"
+        return (
+            f"{head} body={len(r.body)}B keys={list(self.body)} model={self.body.get('model')} "
+            f"stream={self.body.get('stream', '<absent>')} tools={len(self.tool_names)} "
+            f"max_tokens={self.body.get('max_tokens')} roles=[{roles}] last_user=[{last_types}] "
+            f"beta={(r.header(b'anthropic-beta') or b'-').decode()} ua={(r.header(b'user-agent') or b'-').decode()}"
+        )
+
+
+def describe_received(received: Sequence[Received]) -> str:
+    return "\n".join(f"  {i}: {ClaudeRequest.parse(r).summary()}" for i, r in enumerate(received)) or "  (none)"
+
+
+# ---------------------------------------------------------------------------------------------
+# What the fake answers
+
+
+@attrs.frozen
+class Text:
+    text: str
+
+
+@attrs.frozen
+class ToolUse:
+    id: str
+    name: str
+    input: dict
+
+
+Block = Text | ToolUse
+
+
+def _split(text: str, parts: int = 3) -> list[str]:
+    """``text`` in up to ``parts`` non-empty pieces, so every block really streams."""
+    n = max(1, min(parts, len(text)))
+    return [text[len(text) * i // n : len(text) * (i + 1) // n] for i in range(n)] if text else [""]
+
+
+def tool_use_block_events(index: int, block: ToolUse) -> list[bytes]:
+    """A streamed tool_use: input ``{}`` in the start (Claude Code ignores it), then the real input
+    as input_json_delta fragments (first ``""``, as the API does), then the stop."""
+    raw = json.dumps(block.input, separators=(",", ":"), ensure_ascii=False)
+    start = {
+        "type": "content_block_start",
+        "index": index,
+        "content_block": {"type": "tool_use", "id": block.id, "name": block.name, "input": {}},
+    }
+    deltas = [
+        sse_event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": p}},
+        )
+        for p in ["", *_split(raw)]
+    ]
+    return [sse_event("content_block_start", start), *deltas, sse_event("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+
+@attrs.frozen
+class Turn:
+    """One assistant reply; rendered for the request it answers (stream or JSON, its model)."""
+
+    blocks: Sequence[Block] = attrs.field(converter=tuple)
+    stop_reason: str | None = None  # default: tool_use if a block is one, else end_turn
+    input_tokens: int = 100
+    output_tokens: int = 20
+
+    def reply(self, request: ClaudeRequest) -> JSONReply | SSEReply:
+        stop = self.stop_reason or ("tool_use" if any(isinstance(b, ToolUse) for b in self.blocks) else "end_turn")
+        msg_id = f"msg_cge2e_{len(request.received.body):x}_{request.received.connection}"
+        if not request.streaming:  # Claude Code's fallback after a failed stream: no "stream" key
+            content = [
+                {"type": "text", "text": b.text}
+                if isinstance(b, Text)
+                else {"type": "tool_use", "id": b.id, "name": b.name, "input": b.input}
+                for b in self.blocks
+            ]
+            usage = {
+                "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            }
+            return JSONReply(
+                anthropic_message(id=msg_id, model=request.model, stop_reason=stop, usage=usage, content=content)
+            )
+        blocks = [
+            anthropic_text_block(i, _split(b.text)) if isinstance(b, Text) else tool_use_block_events(i, b)
+            for i, b in enumerate(self.blocks)
+        ]
+        return SSEReply(
+            anthropic_stream_events(
+                id=msg_id,
+                model=request.model,
+                stop_reason=stop,
+                input_tokens=self.input_tokens,
+                output_tokens=self.output_tokens,
+                blocks=blocks,
+            )
+        )
+
+
+SIDE_REPLY = "cg e2e side reply"
+
+Decision = Turn | JSONReply | SSEReply | None
+
+
+@attrs.define
+class Script:
+    """A FakeUpstream ``default_reply`` that asks ``decide`` what to answer to each request.
+
+    ``decide(request)`` sees every ``/v1/messages`` request; returning None gives the default
+    (a short text turn: fine for title generation and other side requests). count_tokens gets a
+    plausible count, anything else cg.testing's default. ``log`` keeps (request, what was
+    answered) for assertions and failure messages.
+    """
+
+    decide: Callable[[ClaudeRequest], Decision]
+    log: list[tuple[ClaudeRequest, str]] = attrs.Factory(list)
+
+    def __call__(self, received: Received):
+        request = ClaudeRequest.parse(received)
+        if request.path == "/v1/messages/count_tokens":
+            self.log.append((request, "count_tokens"))
+            return JSONReply({"input_tokens": max(1, len(received.body) // 4)})
+        if request.path != "/v1/messages":
+            self.log.append((request, "default"))
+            return default_reply(received)
+        decision = self.decide(request)
+        if decision is None:
+            decision = Turn([Text(SIDE_REPLY)], input_tokens=20, output_tokens=5)
+            what = "side"
+        else:
+            what = "scripted"
+        self.log.append((request, what))
+        return decision.reply(request) if isinstance(decision, Turn) else decision
+
+    def main_loop_requests(self) -> list[ClaudeRequest]:
+        return [r for r, _ in self.log if r.is_main_loop]
+
+    def describe(self) -> str:
+        return "\n".join(f"  {i}: [{what}] {r.summary()}" for i, (r, what) in enumerate(self.log)) or "  (none)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenarios
+
+
+def bash_round_trip(command: str, tool_use_id: str, answer: Callable[[str], str]) -> Callable[[ClaudeRequest], Decision]:
+    """Main loop: no tool_result yet → a Bash tool_use running ``command``; the tool_result back →
+    the final answer ``answer(output)``. Side requests → the default."""
+
+    def decide(request: ClaudeRequest) -> Decision:
+        if not request.is_main_loop:
+            return None
+        results = [r for r in request.tool_results() if r.tool_use_id == tool_use_id]
+        if results:
+            return Turn([Text(answer(results[-1].text))])
+        return Turn(
+            [
+                Text("I'll run the command."),
+                ToolUse(tool_use_id, "Bash", {"command": command, "description": "Print the cg e2e marker"}),
+            ]
+        )
+
+    return decide

@@ -1,0 +1,45 @@
+"""Fixtures for the Claude Code end-to-end tests (tests/conftest.py gives ``fake`` and ``make_cg``)."""
+
+import os
+import shutil
+import time
+
+import pytest
+from claude_harness import InstallError, install_claude, npm_dir
+
+
+@pytest.fixture(scope="session")
+def claude_bin():
+    """The Claude Code CLI, installed once into a cache kept between runs (see claude_harness).
+
+    Skips unless CG_E2E is set (``tox -e e2e`` sets it) and npm is on PATH, so the default tox
+    envs, which collect tests/ too, skip these tests at once.
+    """
+    if not os.environ.get("CG_E2E"):
+        pytest.skip("end-to-end test: set CG_E2E=1 (tox -e e2e) to run Claude Code through cg")
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not on PATH: cannot install the Claude Code CLI")
+    started = time.monotonic()
+    try:
+        binary, version, installed_now = install_claude()
+    except InstallError as e:
+        pytest.fail(f"installing Claude Code into {npm_dir()} failed: {e}", pytrace=False)
+    how = "installed" if installed_now else "cached"
+    print(f"\nClaude Code {version} ({how} at {binary}, {time.monotonic() - started:.1f}s)")
+    return binary
+
+
+@pytest.fixture
+def claude_home(tmp_path):
+    """A fresh HOME for one run (settings, sessions and caches land here, not in the real HOME)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return home
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    """An empty project directory for Claude Code to run in (its Bash tool's cwd)."""
+    work = tmp_path / "project"
+    work.mkdir()
+    return work

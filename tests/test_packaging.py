@@ -1,0 +1,28 @@
+"""The installed package, as a user gets it: `twistd cg --help` from outside the checkout."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+
+
+def test_twistd_lists_and_documents_cg(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    listed = subprocess.run([TWISTD, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0
+    assert any(line.split()[:1] == ["cg"] for line in listed.stdout.splitlines()), listed.stdout
+    helped = subprocess.run([TWISTD, "cg", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    for option in (
+        "--listen",
+        "--anthropic-upstream",
+        "--openai-upstream",
+        "--max-body",
+        "--upstream-ca",
+        "--connect-timeout",
+        "--header-timeout",
+        "--drain-timeout",
+    ):
+        assert option in helped.stdout
