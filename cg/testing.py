@@ -77,7 +77,7 @@ def sse_event(name: str | None, data: dict | list | str) -> bytes:
 def anthropic_message(
     text: str = HELLO,
     id: str = "msg_fake",
-    model: str = "claude-sonnet-4-5",
+    model: str = "claude-opus-4-8",
     stop_reason: str = "end_turn",
     usage: dict | None = None,
     content: list | None = None,
@@ -131,7 +131,7 @@ def anthropic_text_block(index: int, texts: Sequence[str]) -> list[bytes]:
 def anthropic_stream_events(
     texts: Sequence[str] = ("Hello", " world"),
     id: str = "msg_fake",
-    model: str = "claude-sonnet-4-5",
+    model: str = "claude-opus-4-8",
     stop_reason: str = "end_turn",
     input_tokens: int = 10,
     output_tokens: int = 5,
@@ -582,13 +582,21 @@ class FakeUpstream:
     _serials: itertools.count = field(factory=lambda: itertools.count(1), init=False)
 
     def listen(
-        self, reactor: IReactorTCP, port: int = 0, interface: str = "127.0.0.1"
+        self, reactor: IReactorTCP, port: int = 0, interface: str = "127.0.0.1", tls=None
     ) -> IListeningPort:
-        """Start serving; returns the IListeningPort and sets ``url``."""
+        """Start serving; returns the IListeningPort and sets ``url``.
+
+        ``tls``, a TLS context factory (e.g. ``ssl.CertificateOptions``), serves HTTPS.
+        """
         self.reactor = reactor
-        self._port = reactor.listenTCP(port, _Site(self, reactor), interface=interface)
+        site = _Site(self, reactor)
+        if tls is None:
+            self._port = reactor.listenTCP(port, site, interface=interface)
+        else:
+            self._port = reactor.listenSSL(port, site, tls, interface=interface)
         host = f"[{interface}]" if ":" in interface else interface
-        self.url = f"http://{host}:{self._port.getHost().port}"
+        scheme = "http" if tls is None else "https"
+        self.url = f"{scheme}://{host}:{self._port.getHost().port}"
         return self._port
 
     def enqueue(self, *replies: Reply) -> None:

@@ -40,7 +40,7 @@ def openai_client(cg, **kw):
     return openai.OpenAI(base_url=cg.url + "/v1", api_key="sk-test", max_retries=0, **kw)
 
 
-REQUEST = {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "hi é/<>"}]}
+REQUEST = {"model": "claude-opus-4-8", "max_tokens": 64, "messages": [{"role": "user", "content": "hi é/<>"}]}
 
 
 @inlineCallbacks

@@ -361,7 +361,7 @@ class ClaudeRequest:
     @property
     def model(self) -> str:
         model = self.body.get("model")
-        return model if isinstance(model, str) else "claude-sonnet-4-5"
+        return model if isinstance(model, str) else "claude-opus-4-8"
 
     @property
     def tool_names(self) -> list[str]:

@@ -1,0 +1,273 @@
+"""The compaction pipeline: rewrite the tool results in a request body so it carries less.
+
+Pure: bytes in, bytes out. Only tool results are touched (Anthropic `tool_result` blocks in user
+messages, OpenAI `role: "tool"` messages); every other byte reaches the provider as the client sent
+it, and a result gets the same bytes on every turn (see components.py), so the provider's prompt
+cache stays valid. Anything unexpected means "no change": compaction never fails a request.
+"""
+
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import attrs
+
+from cg import jsonbytes
+from cg.components import DEFAULT_COMPONENTS, Component, Context, Outcome
+from cg.jsonbytes import EACH, StringStyle
+from cg.markers import EXPAND_TOOL, marker, marker_id
+from cg.tokens import estimate_tokens
+
+# The body is parsed once, walking in Python only as deep as each message; a message whose result
+# changes is walked again down to where result text sits: Anthropic content[].content (a string or
+# text blocks), OpenAI content (a string or text parts).
+_BODY_SPINE = {"messages": {EACH: {}}}
+_MESSAGE_SPINE = {"content": {EACH: {"content": {EACH: {"text": {}}}, "text": {}}}}
+
+
+@attrs.frozen(cache_hash=True)
+class CompactConfig:
+    """What the pipeline runs, and its thresholds. Frozen and hashable: it is part of every memo key."""
+
+    components: tuple[Component, ...] = DEFAULT_COMPONENTS
+    keep_tools: frozenset[str] = attrs.field(default=frozenset({"Read"}), converter=frozenset)
+    offload_min_tokens: int = 2000
+    offload_head_lines: int = 40
+    offload_tail_lines: int = 20
+    offload_max_line_chars: int = 500
+    offload_max_error_lines: int = 20
+    dedup_min_tokens: int = 100
+
+
+@attrs.frozen
+class Change:
+    """One component's rewrite of one tool result (one line of the change log)."""
+
+    message_index: int
+    block_index: int | None
+    part_index: int | None
+    tool_name: str | None
+    component: str
+    lossy: bool
+    marker_id: str | None
+    tokens_before: int
+    tokens_after: int
+
+
+@attrs.frozen
+class Compaction:
+    """The body to forward; `originals` (marker ID -> original) must be stored before it is sent."""
+
+    body: bytes
+    changed: bool
+    originals: dict[str, bytes]
+    changes: list[Change]
+
+
+@attrs.frozen
+class _Step:
+    component: str
+    lossy: bool
+    tokens_before: int
+    tokens_after: int
+
+
+@attrs.frozen
+class _Decision:
+    text: str | None
+    steps: tuple[_Step, ...]
+
+
+class Memo:
+    """Decisions already made, so a re-sent history costs a hash and a lookup per result.
+
+    Keyed by (marker ID, tool name, config, lossy, seen earlier in the request): everything a
+    decision depends on. Bounded in entries and in stored text, least recently used out first.
+    """
+
+    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20):
+        self._decisions: OrderedDict[tuple, _Decision] = OrderedDict()
+        self._chars = 0
+        self._max_entries = max_entries
+        self._max_chars = max_chars
+
+    def __len__(self) -> int:
+        return len(self._decisions)
+
+    def get(self, key: tuple) -> _Decision | None:
+        decision = self._decisions.get(key)
+        if decision is not None:
+            self._decisions.move_to_end(key)
+        return decision
+
+    def put(self, key: tuple, decision: _Decision) -> None:
+        if key in self._decisions:
+            return
+        self._decisions[key] = decision
+        self._chars += len(decision.text or "")
+        while len(self._decisions) > self._max_entries or self._chars > self._max_chars:
+            _, evicted = self._decisions.popitem(last=False)
+            self._chars -= len(evicted.text or "")
+
+
+@attrs.frozen
+class _ToolResult:
+    path: tuple  # from its message to the result's string
+    text: str
+    tool_name: str | None
+    message_index: int
+    block_index: int | None
+    part_index: int | None
+
+
+def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
+            memo: Memo | None = None) -> Compaction:
+    """Compact the tool results of a /v1/messages ("anthropic") or /v1/chat/completions ("openai") body.
+
+    Lossy components run only when `lossy` (the request can answer expand calls). When nothing
+    changes, the returned body is the very bytes object passed in.
+    """
+    unchanged = Compaction(body=body, changed=False, originals={}, changes=[])
+    try:
+        doc = body.decode("utf-8")
+        parsed, spans = jsonbytes.load(doc, _BODY_SPINE)
+    except ValueError:
+        return unchanged
+    messages = parsed.get("messages") if isinstance(parsed, dict) else None
+    if not isinstance(messages, list):
+        return unchanged
+    edits, originals, changes = [], {}, []
+    message_spans: dict[int, dict[tuple, jsonbytes.Span]] = {}
+    for result, original, result_id, decision in _decisions(messages, dialect, config, lossy, memo):
+        if result.message_index not in message_spans:
+            message_start = spans[("messages", result.message_index)][0]
+            message_spans[result.message_index] = jsonbytes.spans_below(doc, message_start, _MESSAGE_SPINE)
+        start, end = message_spans[result.message_index][result.path]
+        edits.append(((start, end), StringStyle.of(doc[start:end], result.text).encode(decision.text)))
+        changes += [
+            Change(message_index=result.message_index, block_index=result.block_index,
+                   part_index=result.part_index, tool_name=result.tool_name, component=step.component,
+                   lossy=step.lossy, marker_id=result_id if step.lossy else None,
+                   tokens_before=step.tokens_before, tokens_after=step.tokens_after)
+            for step in decision.steps
+        ]
+        if any(step.lossy for step in decision.steps):
+            originals[result_id] = original
+    if not edits:
+        return unchanged
+    new_body = jsonbytes.splice(doc, edits).encode("utf-8")
+    return Compaction(body=new_body, changed=True, originals=originals, changes=changes)
+
+
+def _decisions(messages: list, dialect: str, config: CompactConfig, lossy: bool,
+               memo: Memo | None) -> Iterator[tuple[_ToolResult, bytes, str, _Decision]]:
+    """Each tool result that changes, with its original, marker ID and decision."""
+    seen: set[str] = set()
+    for result in _FIND_RESULTS[dialect](messages):
+        if result.tool_name == EXPAND_TOOL:
+            continue  # what the model asked to see again stays as it is
+        try:
+            original = result.text.encode("utf-8")
+        except UnicodeEncodeError:
+            continue  # a lone surrogate: no exact original to give back
+        result_id = marker_id(original)
+        key = (result_id, result.tool_name, config, lossy, result_id in seen)
+        decision = memo.get(key) if memo is not None else None
+        if decision is None:
+            decision = _decide(result, original, result_id, seen, config, lossy)
+            if memo is not None:
+                memo.put(key, decision)
+        seen.add(result_id)
+        if decision.text is not None:
+            yield result, original, result_id, decision
+
+
+def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[str],
+            config: CompactConfig, lossy: bool) -> _Decision:
+    """Run the components in order; keep each rewrite only if it is valid and saves tokens."""
+    ctx = Context(
+        tool_name=result.tool_name, message_index=result.message_index, block_index=result.block_index,
+        part_index=result.part_index, original=original, marker_id=result_id, earlier=earlier, config=config,
+    )
+    text, tokens, steps = result.text, estimate_tokens(result.text), []
+    for component in config.components:
+        if component.lossy and not lossy:
+            continue
+        try:
+            outcome = component.apply(text, ctx)
+        except Exception:  # noqa: BLE001, S112 -- fail open: a bug costs its saving, not the request
+            continue
+        if outcome is None or not _keeps_contract(component, outcome, ctx):
+            continue
+        after = estimate_tokens(outcome.text)
+        if after < tokens:
+            steps.append(_Step(component.name, component.lossy, tokens, after))
+            text, tokens = outcome.text, after
+    return _Decision(text if steps else None, tuple(steps))
+
+
+def _keeps_contract(component: Component, outcome: Outcome, ctx: Context) -> bool:
+    """A lossy rewrite must carry the original and show the marker that gets it back."""
+    if not isinstance(outcome.text, str):
+        return False
+    if not component.lossy:
+        return outcome.original is None and outcome.marker_id is None
+    return (outcome.original == ctx.original and outcome.marker_id == ctx.marker_id
+            and marker(ctx.marker_id) in outcome.text)
+
+
+def _anthropic_results(messages: list) -> Iterator[_ToolResult]:
+    tool_names: dict[str, str] = {}
+    for message_index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        role = message.get("role")
+        for block_index, block in enumerate(content):
+            if not isinstance(block, dict):
+                continue
+            if role == "assistant" and block.get("type") == "tool_use":
+                _remember(tool_names, block.get("id"), block.get("name"))
+            elif role == "user" and block.get("type") == "tool_result":
+                yield from _result_texts(
+                    block.get("content"), ("content", block_index, "content"),
+                    _look_up(tool_names, block.get("tool_use_id")), message_index, block_index,
+                )
+
+
+def _openai_results(messages: list) -> Iterator[_ToolResult]:
+    tool_names: dict[str, str] = {}
+    for message_index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "assistant" and isinstance(message.get("tool_calls"), list):
+            for call in message["tool_calls"]:
+                if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                    _remember(tool_names, call.get("id"), call["function"].get("name"))
+        elif message.get("role") == "tool":
+            yield from _result_texts(
+                message.get("content"), ("content",),
+                _look_up(tool_names, message.get("tool_call_id")), message_index, None,
+            )
+
+
+_FIND_RESULTS = {"anthropic": _anthropic_results, "openai": _openai_results}
+
+
+def _result_texts(content, path, tool_name, message_index, block_index) -> Iterator[_ToolResult]:
+    """A result's text: its string content, or each text part of a list (other parts stay)."""
+    if isinstance(content, str):
+        yield _ToolResult(path, content, tool_name, message_index, block_index, None)
+    elif isinstance(content, list):
+        for part_index, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                yield _ToolResult(path + (part_index, "text"), part["text"], tool_name, message_index,
+                                  block_index, part_index)
+
+
+def _remember(tool_names: dict[str, str], call_id, name) -> None:
+    if isinstance(call_id, str) and isinstance(name, str):
+        tool_names[call_id] = name
+
+
+def _look_up(tool_names: dict[str, str], call_id) -> str | None:
+    return tool_names.get(call_id) if isinstance(call_id, str) else None

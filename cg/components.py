@@ -1,0 +1,223 @@
+"""The compaction components: each rewrites one tool result's text, or leaves it alone.
+
+A component's output must be a pure function of the text, the tool's name, the configuration and
+whether the same content came earlier in the request: the pipeline memoizes on exactly those, and
+the provider's cache depends on the same result getting the same bytes on every turn.
+"""
+
+import json
+import re
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Protocol
+
+import attrs
+
+from cg.markers import EXPAND_TOOL, marker
+from cg.tokens import estimate_tokens
+
+if TYPE_CHECKING:
+    from cg.compact import CompactConfig
+
+
+@attrs.frozen
+class Outcome:
+    """A component's new text; a lossy one also carries what expand must return, and its ID."""
+
+    text: str
+    original: bytes | None = None
+    marker_id: str | None = None
+
+
+@attrs.frozen
+class Context:
+    """What a component may know about the result it rewrites.
+
+    `earlier` holds the marker IDs of the results before this one in the request; the memo keys on
+    "is this result's ID in it", so that membership is all a component may read from it. The
+    position is informational: the memo does not key on it.
+    """
+
+    tool_name: str | None
+    message_index: int
+    block_index: int | None
+    part_index: int | None
+    original: bytes
+    marker_id: str
+    earlier: AbstractSet[str]
+    config: "CompactConfig"
+
+
+class Component(Protocol):
+    """A rewrite of one tool result; `apply` returns None for "no change"."""
+
+    name: str
+    lossy: bool
+
+    def apply(self, text: str, ctx: Context) -> Outcome | None: ...
+
+
+_ESCAPE_SEQUENCE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor movement, erasing
+    r"|\x1b\][^\x07\x1b\n]*(?:\x07|\x1b\\)"  # OSC (titles, hyperlinks), ended by BEL or ST
+    r"|\x1b[PX^_][^\x1b\n]*\x1b\\"  # DCS, SOS, PM and APC strings
+    r"|\x1b[ -/]*[0-~]"  # single-character and character-set sequences (ESC 7, ESC ( B)
+    r"|\x1b"  # a lone ESC that starts nothing: removed so a second pass finds nothing new
+)
+# What rewrites a line in place: carriage return, erase in line (EL), cursor to column 1 (CHA).
+_CURSOR_CODE = re.compile(r"\x1b\[[0-2]?K|\x1b\[[01]?G")
+_LINE_CONTROL = re.compile(r"(\r|\x1b\[[0-2]?K|\x1b\[[01]?G)")
+
+
+class TextClean:
+    """Terminal output as a terminal would finally show it: no escape codes, no progress redraws.
+
+    Nothing else changes: CRLF endings, trailing spaces and blank lines stay (diffs, Markdown and
+    Edit arguments depend on them).
+    """
+
+    name = "textclean"
+    lossy = False
+
+    def apply(self, text: str, ctx: Context) -> Outcome | None:
+        if text.count("\r") != text.count("\r\n") or _CURSOR_CODE.search(text):
+            cleaned = "\n".join(_clean_line(line) for line in text.split("\n"))
+        elif "\x1b" in text:
+            cleaned = _ESCAPE_SEQUENCE.sub("", text)
+        else:
+            return None
+        return Outcome(cleaned) if cleaned != text else None
+
+
+def _clean_line(line: str) -> str:
+    ending = "\r" if line.endswith("\r") else ""  # a CRLF line ending stays
+    line = line[: len(line) - len(ending)]
+    if not _LINE_CONTROL.search(line):
+        return _ESCAPE_SEQUENCE.sub("", line) + ending
+    screen, column = "", 0
+    for index, piece in enumerate(_LINE_CONTROL.split(line)):
+        if index % 2 == 0:  # text: written over the line from the cursor on
+            piece = _ESCAPE_SEQUENCE.sub("", piece)
+            if piece:
+                screen = screen[:column].ljust(column) + piece + screen[column + len(piece):]
+                column += len(piece)
+        elif piece == "\r" or piece.endswith("G"):
+            column = 0
+        elif piece in ("\x1b[K", "\x1b[0K"):
+            screen = screen[:column]
+        elif piece == "\x1b[1K":
+            screen = " " * column + screen[column:]
+        else:  # ESC [2K: the whole line (a later write still starts at the cursor)
+            screen = ""
+    return screen + ending
+
+
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^ \t\n\r"]+')
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+class JsonFormat:
+    """A result that is one pretty-printed JSON object or array, without its insignificant whitespace.
+
+    Token by token, so every number, escape and duplicate key keeps its exact spelling.
+    """
+
+    name = "jsonformat"
+    lossy = False
+
+    def apply(self, text: str, ctx: Context) -> Outcome | None:
+        document = text.strip(" \t\n\r")
+        if not document.startswith(("{", "[")):
+            return None
+        try:
+            json.loads(document, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):
+            return None
+        compacted = "".join(_JSON_TOKEN.findall(document))
+        return Outcome(compacted) if compacted != text else None
+
+
+class Dedup:
+    """A result identical to an earlier one in the request: a one-line pointer to it."""
+
+    name = "dedup"
+    lossy = True
+
+    def apply(self, text: str, ctx: Context) -> Outcome | None:
+        if ctx.marker_id not in ctx.earlier or estimate_tokens(text) < ctx.config.dedup_min_tokens:
+            return None
+        pointer = (
+            f"[cg: identical to an earlier tool result in this conversation, {marker(ctx.marker_id)}; "
+            f'call {EXPAND_TOOL} with id "{ctx.marker_id}" to read it here]'
+        )
+        return Outcome(pointer, ctx.original, ctx.marker_id)
+
+
+_ERROR_LINE = re.compile(
+    r"(?m)^(?:E\s.*|.*(?:\b(?i:error|errors|fail|fails|failed|failure|failures|fatal|panic|panicked"
+    r"|traceback)\b|\w(?:Error|Exception)\b).*)$"
+)
+
+
+class Offload:
+    """A large result: its head and tail lines, error-like lines from between, and a notice saying
+    how much is elided and how to get it back."""
+
+    name = "offload"
+    lossy = True
+
+    def apply(self, text: str, ctx: Context) -> Outcome | None:
+        config = ctx.config
+        tokens = estimate_tokens(text)
+        if ctx.tool_name in config.keep_tools or tokens <= config.offload_min_tokens:
+            return None
+        lines = text.split("\n")
+        middle_start = min(len(lines), config.offload_head_lines)
+        tail_start = max(middle_start, len(lines) - config.offload_tail_lines)
+        head = [self._cap(line, config) for line in lines[:middle_start]]
+        tail = [self._cap(line, config) for line in lines[tail_start:]]
+        errors = [
+            f"{middle_start + number}: {self._cap(line, config)}"
+            for number, line in _error_lines(lines[middle_start:tail_start], config.offload_max_error_lines)
+        ]
+        kept = head + errors + tail
+        elided_tokens = tokens - estimate_tokens("\n".join(kept))
+        if elided_tokens < config.offload_min_tokens // 2:
+            return None  # not worth an expand call
+        if tail_start > middle_start:
+            what = f"lines {middle_start + 1}-{tail_start} of {len(lines)} elided"
+        else:
+            what = "long lines shortened"
+        notice = (
+            f"[cg: {what} (~{elided_tokens} tokens); the full output is {marker(ctx.marker_id)}: "
+            f'call {EXPAND_TOOL} with id "{ctx.marker_id}" to read it.'
+            + (" Error-like lines from the elided part follow, with their line numbers." if errors else "")
+            + "]"
+        )
+        return Outcome("\n".join(head + [notice] + errors + tail), ctx.original, ctx.marker_id)
+
+    @staticmethod
+    def _cap(line: str, config: "CompactConfig") -> str:
+        limit = config.offload_max_line_chars
+        if len(line) <= limit:
+            return line
+        return f"{line[:limit]} [cg: {len(line) - limit} more characters]"
+
+
+def _error_lines(lines: list[str], limit: int) -> list[tuple[int, str]]:
+    """The first `limit` lines that look like errors, failures or tracebacks, numbered from 1."""
+    text = "\n".join(lines)
+    found = []
+    number, counted_to = 1, 0
+    for match in _ERROR_LINE.finditer(text):
+        if len(found) == limit:
+            break
+        number += text.count("\n", counted_to, match.start())
+        counted_to = match.start()
+        found.append((number, match[0]))
+    return found
+
+
+DEFAULT_COMPONENTS = (TextClean(), JsonFormat(), Dedup(), Offload())

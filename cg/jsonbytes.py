@@ -1,0 +1,177 @@
+"""Byte-preserving edits of JSON request bodies.
+
+The provider's prompt cache is keyed on the exact bytes cg forwards, so cg never re-serializes a body.
+It parses the document once with the stdlib's C scanner, walking in Python only the "spine" it may
+edit (so it knows the span of every value there), and later splices new JSON strings into those
+spans, encoded the way the client encoded the strings they replace.
+
+Offsets are str offsets. The pipeline decodes a body as UTF-8: decoding valid UTF-8 and encoding it
+back is the identity, so everything outside the spliced spans comes back as the client's exact bytes.
+(A Latin-1 view of the bytes, as markers.py uses, makes the offsets byte offsets.)
+"""
+
+import json
+import re
+
+import attrs
+
+EACH = object()
+"""Spine key standing for every item of an array."""
+
+Span = tuple[int, int]
+
+_scan_value = json.decoder.JSONDecoder().scan_once
+_scan_string = json.decoder.scanstring
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def load(doc: str, spine: dict) -> tuple[object, dict[tuple, Span]]:
+    """Parse doc like json.loads; also return the span of every value the spine reaches, by path.
+
+    A spine is a nested dict: an object key (or EACH for array items) maps to the spine below it;
+    `{}` records a value's span without descending. Raises ValueError on anything that is not one
+    JSON document.
+    """
+    spans: dict[tuple, Span] = {}
+    try:
+        value, end = _parse(doc, _skip(doc, 0), spine, (), spans)
+        if _skip(doc, end) != len(doc):
+            raise ValueError("trailing data after the JSON document")
+    except (IndexError, StopIteration, RecursionError) as error:
+        raise ValueError("not a JSON document") from error
+    return value, spans
+
+
+def spans_below(doc: str, start: int, spine: dict) -> dict[tuple, Span]:
+    """The spans the spine reaches below the (already parsed) value at `start`, by relative path.
+
+    Lets a caller walk only the parts of a document it is about to edit.
+    """
+    spans: dict[tuple, Span] = {}
+    _parse(doc, start, spine, (), spans)
+    return spans
+
+
+def splice(doc: str, edits: list[tuple[Span, str]]) -> str:
+    """doc with each (non-overlapping) span replaced by its new text."""
+    pieces = []
+    position = 0
+    for (start, end), text in sorted(edits, key=lambda edit: edit[0]):
+        pieces += (doc[position:start], text)
+        position = end
+    pieces.append(doc[position:])
+    return "".join(pieces)
+
+
+def _skip(doc: str, pos: int) -> int:
+    if doc[pos:pos + 1] in (" ", "\t", "\n", "\r"):
+        return _WHITESPACE.match(doc, pos).end()
+    return pos
+
+
+def _parse(doc: str, pos: int, spine: dict, path: tuple, spans: dict) -> tuple[object, int]:
+    opener = doc[pos]
+    if opener == "{" and spine:
+        value, end = _parse_object(doc, pos, spine, path, spans)
+    elif opener == "[" and EACH in spine:
+        value, end = _parse_array(doc, pos, spine[EACH], path, spans)
+    else:
+        value, end = _scan_value(doc, pos)
+    spans[path] = (pos, end)
+    return value, end
+
+
+def _parse_object(doc, pos, spine, path, spans):
+    members = {}
+    pos = _skip(doc, pos + 1)
+    if doc[pos] == "}":
+        return members, pos + 1
+    while True:
+        if doc[pos] != '"':
+            raise ValueError(f"expected a key at {pos}")
+        key, pos = _scan_string(doc, pos + 1)
+        pos = _skip(doc, pos)
+        if doc[pos] != ":":
+            raise ValueError(f"expected ':' at {pos}")
+        pos = _skip(doc, pos + 1)
+        below = spine.get(key)
+        if below is None:
+            members[key], pos = _scan_value(doc, pos)
+        else:
+            members[key], pos = _parse(doc, pos, below, path + (key,), spans)
+        pos = _skip(doc, pos)
+        if doc[pos] == "}":
+            return members, pos + 1
+        if doc[pos] != ",":
+            raise ValueError(f"expected ',' or '}}' at {pos}")
+        pos = _skip(doc, pos + 1)
+
+
+def _parse_array(doc, pos, spine, path, spans):
+    items = []
+    pos = _skip(doc, pos + 1)
+    if doc[pos] == "]":
+        return items, pos + 1
+    while True:
+        value, pos = _parse(doc, pos, spine, path + (len(items),), spans)
+        items.append(value)
+        pos = _skip(doc, pos)
+        if doc[pos] == "]":
+            return items, pos + 1
+        if doc[pos] != ",":
+            raise ValueError(f"expected ',' or ']' at {pos}")
+        pos = _skip(doc, pos + 1)
+
+
+_HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+@attrs.frozen
+class StringStyle:
+    """How a client spells JSON strings, so a spliced string looks like its neighbours.
+
+    JavaScript's JSON.stringify and Python's json.dumps(ensure_ascii=False) agree byte for byte;
+    Python's default escapes non-ASCII, PHP escapes "/", Go escapes <, > and & (and U+2028/9).
+    """
+
+    ascii_only: bool = False
+    escape_slash: bool = False
+    escape_html: bool = False
+
+    @classmethod
+    def of(cls, literal: str, text: str) -> "StringStyle":
+        """The style of `literal`, the client's spelling of `text` (quotes included).
+
+        A literal shows only what its text contains: one without a slash says nothing about
+        slashes, but a replacement made from that text has none either. (The markers cg adds bring
+        "<" and ">": with no evidence they go raw, the same JSON, found either way.) A few C-speed
+        scans only, since literals can be megabytes long.
+        """
+        slash = literal.find("/")
+        return cls(
+            ascii_only=literal.isascii() and not text.isascii(),
+            escape_slash=slash > 0 and _escaped(literal, slash),
+            escape_html=any(char in text and char not in literal for char in "<>&"),
+        )
+
+    def encode(self, text: str) -> str:
+        """text as a JSON string literal in this style (always valid UTF-8 once encoded)."""
+        literal = json.dumps(text, ensure_ascii=self.ascii_only)
+        if not literal.isascii():
+            try:
+                literal.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate can only travel escaped
+                literal = json.dumps(text)
+        if self.escape_slash:
+            literal = literal.replace("/", "\\/")
+        if self.escape_html:
+            literal = re.sub("[<>&\u2028\u2029]", lambda match: _HTML_ESCAPES[match[0]], literal)
+        return literal
+
+
+def _escaped(literal: str, index: int) -> bool:
+    """Whether the character at index follows an escaping backslash (an odd number of them)."""
+    start = index
+    while literal[start - 1] == "\\":
+        start -= 1
+    return (index - start) % 2 == 1

@@ -1,0 +1,784 @@
+"""The durable store behind ``<<cg:ID>>`` markers, and of frozen repair texts.
+
+cg may only send a marker upstream once the original it stands for is committed here: a
+marker whose original is lost is context the model can never get back. Everything that can
+fail does so as ``StoreError`` (or a ``None`` read), so the proxy can fail open: forward
+without lossy compaction instead of erroring to the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sqlite3
+import threading
+import time
+import urllib.request
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+
+import attrs
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import Attribute, Interface, implementer
+
+log = Logger()
+
+DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
+# Evict down to this share of max_bytes, so a full store does not evict on every put.
+EVICT_TO = 0.9
+# Seconds between flushes of batched last-use times (and checks for changes made by
+# another connection, e.g. ``cg-store purge``).
+FLUSH_INTERVAL = 2.0
+# (tenant, id) pairs remembered as committed; ~200 bytes each.
+KNOWN_MAX = 50_000
+# Seconds to wait before trying again to open a store that failed to open.
+REOPEN_AFTER = 30.0
+# Seconds SQLite waits on a lock held by another connection before failing.
+BUSY_TIMEOUT = 5.0
+SCHEMA_VERSION = 1
+
+
+class StoreError(Exception):
+    """The store could not do what was asked; the caller fails open."""
+
+
+@attrs.define
+class StoreStats:
+    """Counters for /stats. ``writes`` counts originals written, not calls."""
+
+    writes: int = 0
+    write_errors: int = 0
+    reads: int = 0
+    hits: int = 0
+    misses: int = 0
+    read_errors: int = 0
+    evictions: int = 0
+
+
+@attrs.frozen
+class StoreInfo:
+    """What ``cg-store info`` and /stats show. ``oldest_use`` is a Unix time, or None if empty."""
+
+    entries: int
+    bytes: int
+    oldest_use: float | None
+    frozen_entries: int
+    frozen_bytes: int
+
+
+class IStore(Interface):
+    """Originals by (tenant, id), and frozen repair texts by (tenant, key).
+
+    The seam for other backends: every method but ``known`` and ``touch`` returns a
+    Deferred, and none blocks the reactor thread. Ids stored under one tenant are
+    invisible under every other.
+    """
+
+    stats = Attribute("A StoreStats, updated on the reactor thread.")
+
+    def put(tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
+        """Store originals (id -> exact bytes); fire once committed, with the ids that were
+        written (ids already stored are not rewritten). Errback with StoreError if not
+        committed."""
+
+    def known(tenant: str, ids: Iterable[str]) -> set[str]:
+        """Synchronously: which of ``ids`` are known to be committed. Only ids outside this
+        set need a ``put``."""
+
+    def touch(tenant: str, ids: Iterable[str]) -> None:
+        """Record that ``ids`` were used (for LRU), off the request path."""
+
+    def get(tenant: str, id: str) -> Deferred[bytes | None]:
+        """The original, or None if unknown, evicted, or the store is broken."""
+
+    def freeze(tenant: str, key: str, text: bytes) -> Deferred[bytes]:
+        """Keep ``text`` under ``key`` unless something is there already; fire with what is
+        stored, so every replay is identical. Errback with StoreError."""
+
+    def frozen(tenant: str, key: str) -> Deferred[bytes | None]:
+        """The text frozen under ``key``, or None. Errback with StoreError if the store
+        cannot tell (so the caller does not mistake a broken store for "never frozen")."""
+
+    def info() -> Deferred[StoreInfo]:
+        """Sizes and ages."""
+
+    def purge(older_than_days: float | None) -> Deferred[int]:
+        """Delete originals and frozen texts unused for that long (all if None); fire with
+        how many were deleted."""
+
+    def close() -> Deferred[None]:
+        """Flush pending last-use times and release the store."""
+
+
+def _describe(error: BaseException) -> StoreError:
+    return (
+        error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
+    )
+
+
+class SQLiteDB:
+    """Synchronous SQL over one connection.
+
+    ``SQLiteStore`` uses it on its worker thread only (connections are thread-bound and
+    writes must be serialized); ``cg-store`` uses it directly, with no reactor.
+    ``total`` (bytes of originals and frozen texts) is kept in step with the tables so a
+    put need not sum them.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, max_bytes: int, clock: Callable[[], float]):
+        self.conn = conn
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.total = self._sum()
+        self._data_version = self._version()
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        *,
+        clock: Callable[[], float] = time.time,
+        create: bool = True,
+    ) -> SQLiteDB:
+        """Open (with ``create``: first create, mode 0600, in a 0700 directory) the file.
+
+        Raises StoreError. SQLite gives the -wal and -shm files the database file's mode
+        (and, running as root, its owner), so they are 0600 too.
+        """
+        path = os.path.abspath(path)
+        conn = None
+        try:
+            if create:
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            # mode=rw: never let sqlite create the file (it would with the umask's mode).
+            uri = "file:" + urllib.request.pathname2url(path) + "?mode=rw"
+            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None)
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes on a new file
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StoreError(f"cannot switch {path} to WAL mode (got {mode})")
+            conn.execute("PRAGMA synchronous = FULL")  # a put's commit survives power loss
+            conn.execute("PRAGMA journal_size_limit = 67108864")
+            _migrate(conn, path)
+            return cls(conn, max_bytes, clock)
+        except Exception as e:
+            if conn is not None:
+                conn.close()
+            raise StoreError(f"cannot open store {path}: {_describe(e)}") from e
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        total = self.total
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.total = total
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+            raise
+
+    def _sum(self) -> int:
+        return self.conn.execute(
+            "SELECT (SELECT coalesce(sum(size), 0) FROM originals)"
+            " + (SELECT coalesce(sum(size), 0) FROM frozen)"
+        ).fetchone()[0]
+
+    def _version(self) -> int:
+        return self.conn.execute("PRAGMA data_version").fetchone()[0]
+
+    def changed_elsewhere(self) -> bool:
+        """Whether another connection committed since the last check (our own commits
+        don't count); if so, ``total`` is recounted."""
+        version = self._version()
+        if version == self._data_version:
+            return False
+        self._data_version = version
+        self.total = self._sum()
+        return True
+
+    def put(self, tenant: str, originals: dict[str, bytes]) -> tuple[set[str], list, int]:
+        """Write the new originals and refresh the others' last use.
+
+        Returns (ids written, (tenant, id) of originals evicted, number of entries evicted).
+        """
+        now = self.clock()
+        written = set()
+        with self._transaction():
+            for id_, body in originals.items():
+                if not self.conn.execute(
+                    "UPDATE originals SET last_used = ? WHERE tenant = ? AND id = ?",
+                    (now, tenant, id_),
+                ).rowcount:
+                    self.conn.execute(
+                        "INSERT INTO originals (tenant, id, size, last_used, body) VALUES (?, ?, ?, ?, ?)",
+                        (tenant, id_, len(body), now, body),
+                    )
+                    self.total += len(body)
+                    written.add(id_)
+            evicted, count = self._evict(protect_originals={(tenant, i) for i in originals})
+        return written, evicted, count
+
+    def freeze(self, tenant: str, key: str, text: bytes) -> tuple[bytes, list, int]:
+        """Returns (the stored text, evicted originals, number of entries evicted)."""
+        now = self.clock()
+        with self._transaction():
+            if not self.conn.execute(
+                "UPDATE frozen SET last_used = ? WHERE tenant = ? AND key = ?", (now, tenant, key)
+            ).rowcount:
+                self.conn.execute(
+                    "INSERT INTO frozen (tenant, key, size, last_used, body) VALUES (?, ?, ?, ?, ?)",
+                    (tenant, key, len(text), now, text),
+                )
+                self.total += len(text)
+            stored = self.frozen(tenant, key)
+            evicted, count = self._evict(protect_frozen={(tenant, key)})
+        return stored, evicted, count
+
+    def _evict(self, protect_originals=frozenset(), protect_frozen=frozenset()) -> tuple[list, int]:
+        """Least recently used originals first; frozen texts only once no original is left,
+        because dropping one changes bytes a provider has cached."""
+        if self.total <= self.max_bytes:
+            return [], 0
+        originals = self._drop("originals", "id", protect_originals)
+        frozen = self._drop("frozen", "key", protect_frozen)
+        return originals, len(originals) + len(frozen)
+
+    def _drop(self, table: str, key: str, protect) -> list[tuple[str, str]]:
+        target = self.max_bytes * EVICT_TO
+        victims = []
+        rows = self.conn.execute(
+            f"SELECT rowid, tenant, {key}, size FROM {table} ORDER BY last_used, rowid"
+        )
+        for rowid, tenant, name, size in rows:
+            if self.total <= target:
+                break
+            if (tenant, name) not in protect:
+                victims.append((rowid, tenant, name))
+                self.total -= size
+        rows.close()
+        self.conn.executemany(f"DELETE FROM {table} WHERE rowid = ?", [(v[0],) for v in victims])
+        return [(tenant, name) for _, tenant, name in victims]
+
+    def touch(self, keys: Iterable[tuple[str, str, str]]) -> None:
+        """Set last use to now for ("originals" | "frozen", tenant, id-or-key) triples."""
+        now = self.clock()
+        by_table: dict[str, list] = {"originals": [], "frozen": []}
+        for table, tenant, name in keys:
+            by_table[table].append((now, tenant, name))
+        with self._transaction():
+            self.conn.executemany(
+                "UPDATE originals SET last_used = ? WHERE tenant = ? AND id = ?",
+                by_table["originals"],
+            )
+            self.conn.executemany(
+                "UPDATE frozen SET last_used = ? WHERE tenant = ? AND key = ?", by_table["frozen"]
+            )
+
+    def get(self, tenant: str, id_: str) -> bytes | None:
+        row = self.conn.execute(
+            "SELECT body FROM originals WHERE tenant = ? AND id = ?", (tenant, id_)
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def frozen(self, tenant: str, key: str) -> bytes | None:
+        row = self.conn.execute(
+            "SELECT body FROM frozen WHERE tenant = ? AND key = ?", (tenant, key)
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def recent(self, limit: int) -> list[tuple[str, str]]:
+        """(tenant, id) of the ``limit`` most recently used originals, oldest first."""
+        rows = self.conn.execute(
+            "SELECT tenant, id FROM originals ORDER BY last_used DESC, rowid DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return rows[::-1]
+
+    def info(self) -> StoreInfo:
+        entries, size, oldest = self.conn.execute(
+            "SELECT count(*), coalesce(sum(size), 0), min(last_used) FROM originals"
+        ).fetchone()
+        frozen_entries, frozen_size = self.conn.execute(
+            "SELECT count(*), coalesce(sum(size), 0) FROM frozen"
+        ).fetchone()
+        return StoreInfo(entries, size, oldest, frozen_entries, frozen_size)
+
+    def purge(self, older_than_days: float | None) -> int:
+        if older_than_days is None:
+            where, args = "", ()
+        else:
+            where, args = " WHERE last_used < ?", (self.clock() - older_than_days * 86400,)
+        with self._transaction():
+            count = sum(
+                self.conn.execute(f"DELETE FROM {t}{where}", args).rowcount
+                for t in ("originals", "frozen")
+            )
+            self.total = self._sum()
+        # Give the space back to the disk. executescript: execute() would free one page only.
+        self.conn.executescript("PRAGMA incremental_vacuum;")
+        return count
+
+
+def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version == SCHEMA_VERSION:
+        return
+    if version != 0:
+        raise StoreError(f"{path} has schema version {version}; this cg knows {SCHEMA_VERSION}")
+    # body last: an eviction scan reads size and last_used without walking a blob's pages.
+    conn.executescript(
+        f"""
+        BEGIN IMMEDIATE;
+        CREATE TABLE IF NOT EXISTS originals (
+            tenant TEXT NOT NULL, id TEXT NOT NULL, size INTEGER NOT NULL,
+            last_used REAL NOT NULL, body BLOB NOT NULL, PRIMARY KEY (tenant, id));
+        CREATE INDEX IF NOT EXISTS originals_by_use ON originals (last_used);
+        CREATE TABLE IF NOT EXISTS frozen (
+            tenant TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL,
+            last_used REAL NOT NULL, body BLOB NOT NULL, PRIMARY KEY (tenant, key));
+        CREATE INDEX IF NOT EXISTS frozen_by_use ON frozen (last_used);
+        PRAGMA user_version = {SCHEMA_VERSION};
+        COMMIT;
+        """
+    )
+
+
+@attrs.define
+class _Known:
+    """Bounded LRU set of (tenant, id) known to be committed. Reactor thread only."""
+
+    limit: int
+    _keys: OrderedDict[tuple[str, str], None] = attrs.Factory(OrderedDict)
+
+    def check(self, tenant: str, ids: Iterable[str]) -> set[str]:
+        found = set()
+        for id_ in ids:
+            if (tenant, id_) in self._keys:
+                self._keys.move_to_end((tenant, id_))
+                found.add(id_)
+        return found
+
+    def add(self, keys: Iterable[tuple[str, str]]) -> None:
+        for key in keys:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+        while len(self._keys) > self.limit:
+            self._keys.popitem(last=False)
+
+    def discard(self, keys: Iterable[tuple[str, str]]) -> None:
+        for key in keys:
+            self._keys.pop(key, None)
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+
+@attrs.define
+class _Worker:
+    """The thread-side half of SQLiteStore: owns the connection and the pending last-use
+    times. Nothing here is touched from the reactor thread except ``queue``; results and
+    notices go back through ``deliver`` (``reactor.callFromThread``)."""
+
+    path: str
+    max_bytes: int
+    clock: Callable[[], float]
+    flush_interval: float
+    known: _Known
+    deliver: Callable[..., None]
+    log_error: Callable[[str], None]  # called through deliver
+    report: Callable[[str], None]  # a failed background write, called through deliver
+    queue: queue.SimpleQueue = attrs.Factory(queue.SimpleQueue)
+    db: SQLiteDB | None = None
+    open_error: str = ""
+    reopen_at: float = 0.0
+    pending: set[tuple[str, str, str]] = attrs.Factory(set)
+
+    def run(self) -> None:
+        self._open()
+        next_flush = time.monotonic() + self.flush_interval
+        while True:
+            try:
+                fn, args, d = self.queue.get(timeout=max(0.0, next_flush - time.monotonic()))
+            except queue.Empty:
+                fn = None
+            if fn is not None:
+                try:
+                    result = fn(*args)
+                except Exception as e:  # noqa: BLE001 -- the thread must outlive any failure
+                    self.deliver(d.errback, Failure(_describe(e)))
+                else:
+                    if d is not None:
+                        self.deliver(d.callback, result)
+                if fn == self.stop:
+                    return
+            if time.monotonic() >= next_flush:
+                next_flush = time.monotonic() + self.flush_interval
+                self._background(self._flush)
+
+    def _open(self) -> None:
+        self.reopen_at = time.monotonic() + REOPEN_AFTER
+        try:
+            db = SQLiteDB.open(self.path, self.max_bytes, clock=self.clock)
+        except StoreError as e:
+            self.open_error = str(e)
+            self.deliver(self.log_error, self.open_error)
+            return
+        self.db = db
+        # What is stored is known without a put: the first request after a restart
+        # need not wait for the database.
+        self._background(lambda: self.deliver(self.known.add, db.recent(self.known.limit)))
+
+    def _db(self) -> SQLiteDB:
+        """The open database, in step with changes other connections made (``cg-store
+        purge``, another cg on the same file): after one, forget what we knew."""
+        if self.db is None and time.monotonic() >= self.reopen_at:
+            self._open()
+        if self.db is None:
+            raise StoreError(self.open_error)
+        if self.db.changed_elsewhere():
+            self.deliver(self.known.clear)
+        return self.db
+
+    def _flush(self) -> None:
+        if self.db is None:
+            self.pending.clear()  # touches are best effort; the open error is logged already
+            return
+        db = self._db()
+        if self.pending:
+            keys, self.pending = self.pending, set()
+            db.touch(keys)
+
+    def _background(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 -- fail open, whatever the cause
+            self.deliver(self.report, str(_describe(e)))
+
+    # Jobs: run on this thread, in the order the reactor submitted them.
+
+    def note(self, table: str, tenant: str, ids: tuple[str, ...]) -> None:
+        self.pending.update((table, tenant, id_) for id_ in ids)
+
+    def put(self, tenant: str, originals: dict[str, bytes]):
+        self._flush()  # so eviction sees the last uses the proxy reported before this put
+        return self._db().put(tenant, originals)
+
+    def freeze(self, tenant: str, key: str, text: bytes):
+        self._flush()
+        return self._db().freeze(tenant, key, text)
+
+    def get(self, tenant: str, id_: str) -> bytes | None:
+        body = self._db().get(tenant, id_)
+        if body is not None:
+            self.pending.add(("originals", tenant, id_))
+        return body
+
+    def frozen(self, tenant: str, key: str) -> bytes | None:
+        text = self._db().frozen(tenant, key)
+        if text is not None:
+            self.pending.add(("frozen", tenant, key))
+        return text
+
+    def info(self) -> StoreInfo:
+        return self._db().info()
+
+    def purge(self, older_than_days: float | None) -> int:
+        self._flush()
+        return self._db().purge(older_than_days)
+
+    def stop(self) -> None:
+        self._background(self._flush)
+        if self.db is not None:
+            db, self.db = self.db, None
+            self._background(db.close)
+
+
+@implementer(IStore)
+@attrs.define
+class SQLiteStore:
+    """IStore on a local SQLite file (WAL), all SQL on one dedicated thread.
+
+    Construction never raises: a store that cannot open logs why and answers StoreError
+    (puts) or None (gets), so cg keeps proxying without lossy compaction. It tries to open
+    again at most every REOPEN_AFTER seconds.
+    """
+
+    path: str
+    max_bytes: int = DEFAULT_MAX_BYTES
+    reactor: object = None
+    clock: Callable[[], float] = time.time
+    flush_interval: float = FLUSH_INTERVAL
+    known_max: int = KNOWN_MAX
+    stats: StoreStats = attrs.field(factory=StoreStats, init=False)
+    _known: _Known = attrs.field(init=False)
+    _worker: _Worker = attrs.field(init=False)
+    _stopped: Deferred | None = attrs.field(default=None, init=False)
+    _last_error: str | None = attrs.field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.reactor is None:
+            from twisted.internet import reactor
+
+            self.reactor = reactor
+        self._known = _Known(self.known_max)
+        self._worker = _Worker(
+            path=os.path.expanduser(self.path),
+            max_bytes=self.max_bytes,
+            clock=self.clock,
+            flush_interval=self.flush_interval,
+            known=self._known,
+            deliver=self.reactor.callFromThread,
+            log_error=self._log,
+            report=self._background_error,
+        )
+        threading.Thread(target=self._worker.run, name="cg-store", daemon=True).start()
+
+    def _submit(self, fn: Callable, *args) -> Deferred:
+        if self._stopped is not None:
+            return fail(StoreError("store is closed"))
+        d: Deferred = Deferred()
+        self._worker.queue.put((fn, args, d))
+        return d
+
+    def _log(self, error: str) -> None:
+        """Log each new error once, not once per request."""
+        if error != self._last_error:
+            self._last_error = error
+            log.error("cg store {path}: {error}", path=self.path, error=error)
+
+    def _background_error(self, error: str) -> None:
+        self.stats.write_errors += 1
+        self._log(error)
+
+    def _write_failed(self, failure: Failure) -> Failure:
+        self.stats.write_errors += 1
+        self._log(str(failure.value))
+        return failure
+
+    def _wrote(self, evicted: list, count: int) -> None:
+        self._last_error = None
+        self._known.discard(evicted)
+        self.stats.evictions += count
+
+    def put(self, tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
+        if not originals:
+            return succeed(set())
+        originals = dict(originals)  # the caller may reuse its dict before the commit
+
+        def done(result):
+            written, evicted, count = result
+            self._wrote(evicted, count)
+            self._known.add((tenant, id_) for id_ in originals)
+            self.stats.writes += len(written)
+            return written
+
+        return self._submit(self._worker.put, tenant, originals).addCallbacks(
+            done, self._write_failed
+        )
+
+    def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
+        return self._known.check(tenant, ids)
+
+    def touch(self, tenant: str, ids: Iterable[str]) -> None:
+        if self._stopped is None:
+            self._worker.queue.put((self._worker.note, ("originals", tenant, tuple(ids)), None))
+
+    def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
+        self.stats.reads += 1
+
+        def done(body):
+            if body is None:
+                self.stats.misses += 1
+            else:
+                self.stats.hits += 1
+            return body
+
+        def failed(failure):
+            self.stats.read_errors += 1
+            self._log(str(failure.value))
+
+        return self._submit(self._worker.get, tenant, id).addCallbacks(done, failed)
+
+    def freeze(self, tenant: str, key: str, text: bytes) -> Deferred[bytes]:
+        def done(result):
+            stored, evicted, count = result
+            self._wrote(evicted, count)
+            return stored
+
+        return self._submit(self._worker.freeze, tenant, key, text).addCallbacks(
+            done, self._write_failed
+        )
+
+    def frozen(self, tenant: str, key: str) -> Deferred[bytes | None]:
+        def failed(failure):
+            self.stats.read_errors += 1
+            self._log(str(failure.value))
+            return failure
+
+        return self._submit(self._worker.frozen, tenant, key).addErrback(failed)
+
+    def info(self) -> Deferred[StoreInfo]:
+        return self._submit(self._worker.info)
+
+    def purge(self, older_than_days: float | None = None) -> Deferred[int]:
+        def done(count):
+            self._known.clear()  # a cache: refilled by the next puts, which rewrite nothing
+            return count
+
+        return self._submit(self._worker.purge, older_than_days).addCallbacks(
+            done, self._write_failed
+        )
+
+    def close(self) -> Deferred[None]:
+        if self._stopped is None:
+            self._stopped = Deferred()
+            self._worker.queue.put((self._worker.stop, (), self._stopped))
+        d: Deferred = Deferred()
+        self._stopped.addBoth(lambda result: d.callback(None) or result)
+        return d
+
+
+@implementer(IStore)
+@attrs.define
+class MemoryStore:
+    """IStore in process memory, for tests: nothing survives, every Deferred has fired."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    clock: Callable[[], float] = time.time
+    stats: StoreStats = attrs.field(factory=StoreStats, init=False)
+    # Both least recently used first; values are (body, last use).
+    _originals: OrderedDict[tuple[str, str], tuple[bytes, float]] = attrs.field(
+        factory=OrderedDict, init=False
+    )
+    _frozen: OrderedDict[tuple[str, str], tuple[bytes, float]] = attrs.field(
+        factory=OrderedDict, init=False
+    )
+    _total: int = attrs.field(default=0, init=False)
+
+    def _use(self, table: OrderedDict, key: tuple[str, str]) -> None:
+        table[key] = (table[key][0], self.clock())
+        table.move_to_end(key)
+
+    def _evict(self, protect: set) -> None:
+        """Same policy as SQLiteDB._evict: originals by LRU, frozen texts last."""
+        if self._total <= self.max_bytes:
+            return
+        for table in (self._originals, self._frozen):
+            for key in list(table):
+                if self._total <= self.max_bytes * EVICT_TO:
+                    return
+                if key not in protect:
+                    self._total -= len(table.pop(key)[0])
+                    self.stats.evictions += 1
+
+    def put(self, tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
+        written = set()
+        for id_, body in originals.items():
+            key = (tenant, id_)
+            if key in self._originals:
+                self._use(self._originals, key)
+            else:
+                self._originals[key] = (bytes(body), self.clock())
+                self._total += len(body)
+                written.add(id_)
+        self._evict({(tenant, id_) for id_ in originals})
+        self.stats.writes += len(written)
+        return succeed(written)
+
+    def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
+        return {id_ for id_ in ids if (tenant, id_) in self._originals}
+
+    def touch(self, tenant: str, ids: Iterable[str]) -> None:
+        for id_ in ids:
+            if (tenant, id_) in self._originals:
+                self._use(self._originals, (tenant, id_))
+
+    def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
+        self.stats.reads += 1
+        if (tenant, id) not in self._originals:
+            self.stats.misses += 1
+            return succeed(None)
+        self.stats.hits += 1
+        self._use(self._originals, (tenant, id))
+        return succeed(self._originals[tenant, id][0])
+
+    def freeze(self, tenant: str, key: str, text: bytes) -> Deferred[bytes]:
+        if (tenant, key) in self._frozen:
+            self._use(self._frozen, (tenant, key))
+        else:
+            self._frozen[tenant, key] = (bytes(text), self.clock())
+            self._total += len(text)
+            self._evict({(tenant, key)})
+        return succeed(self._frozen[tenant, key][0])
+
+    def frozen(self, tenant: str, key: str) -> Deferred[bytes | None]:
+        if (tenant, key) not in self._frozen:
+            return succeed(None)
+        self._use(self._frozen, (tenant, key))
+        return succeed(self._frozen[tenant, key][0])
+
+    def info(self) -> Deferred[StoreInfo]:
+        uses = [used for _, used in self._originals.values()]
+        return succeed(
+            StoreInfo(
+                entries=len(self._originals),
+                bytes=sum(len(body) for body, _ in self._originals.values()),
+                oldest_use=min(uses, default=None),
+                frozen_entries=len(self._frozen),
+                frozen_bytes=sum(len(body) for body, _ in self._frozen.values()),
+            )
+        )
+
+    def purge(self, older_than_days: float | None = None) -> Deferred[int]:
+        cutoff = None if older_than_days is None else self.clock() - older_than_days * 86400
+        count = 0
+        for table in (self._originals, self._frozen):
+            for key, (body, used) in list(table.items()):
+                if cutoff is None or used < cutoff:
+                    del table[key]
+                    self._total -= len(body)
+                    count += 1
+        return succeed(count)
+
+    def close(self) -> Deferred[None]:
+        return succeed(None)
+
+
+def parse_store_url(url: str) -> tuple[str, str]:
+    """``sqlite:PATH`` -> ("sqlite", PATH with ~ expanded); ``memory:`` -> ("memory", "")."""
+    scheme, sep, rest = url.partition(":")
+    if sep and scheme == "memory" and not rest:
+        return "memory", ""
+    if sep and scheme == "sqlite" and rest:
+        return "sqlite", os.path.expanduser(rest)
+    raise ValueError(f"unknown store URL {url!r}: use sqlite:PATH or memory:")
+
+
+def store_from_url(url: str, reactor=None, max_bytes: int = DEFAULT_MAX_BYTES) -> IStore:
+    """The store for ``--store URL``. Raises ValueError on a malformed URL (a usage error),
+    never on a store that fails to open (that fails open, at run time)."""
+    scheme, path = parse_store_url(url)
+    if scheme == "memory":
+        return MemoryStore(max_bytes)
+    return SQLiteStore(path, max_bytes, reactor)
+
+
+def default_store_url(environ: dict[str, str] | None = None) -> str:
+    """systemd's StateDirectory= (the first, if several), else the XDG per-user state dir."""
+    env = os.environ if environ is None else environ
+    state = env.get("STATE_DIRECTORY", "").split(":")[0]
+    if state:
+        return "sqlite:" + os.path.join(state, "store.sqlite3")
+    xdg = env.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(xdg):  # the XDG spec says to ignore relative paths
+        xdg = os.path.join(os.path.expanduser("~"), ".local", "state")
+    return "sqlite:" + os.path.join(xdg, "cg", "store.sqlite3")

@@ -1,0 +1,95 @@
+"""``cg-store``: look into cg's store of originals, or empty it.
+
+Works on the SQLite file directly and synchronously (no reactor): SQLite lets it run
+beside a live cg, which notices a purge within a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sqlite3
+import sys
+import time
+
+from cg.store import SQLiteDB, StoreError, StoreInfo, default_store_url, parse_store_url
+
+
+def _days(text: str) -> float:
+    try:
+        days = float(text)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"not a number of days: {text!r}")
+    return days
+
+
+def _size(n: int) -> str:
+    value, units = float(n), ["KiB", "MiB", "GiB"]
+    unit = "bytes"
+    while value >= 1024 and units:
+        value, unit = value / 1024, units.pop(0)
+    return f"{n} bytes" if unit == "bytes" else f"{n} bytes, {value:.1f} {unit}"
+
+
+def _when(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    stamp = datetime.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+    return f"{stamp} ({(now - ts) / 86400:.1f} days ago)"
+
+
+def _print_info(path: str, info: StoreInfo) -> None:
+    print(f"store:   {path}")
+    print(f"entries: {info.entries} ({_size(info.bytes)})")
+    print(f"oldest:  {_when(info.oldest_use, time.time())}")
+    print(f"frozen:  {info.frozen_entries} ({_size(info.frozen_bytes)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="cg-store", description="Show or purge cg's store of elided originals."
+    )
+    parser.add_argument(
+        "--store",
+        metavar="URL",
+        help=f"sqlite:PATH (default: {default_store_url()}, as for cg itself)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("info", help="entries, bytes and the oldest last use")
+    purge = commands.add_parser(
+        "purge", help="delete originals and frozen repairs (all, or those unused for DAYS)"
+    )
+    purge.add_argument("--older-than", metavar="DAYS", type=_days)
+    args = parser.parse_args(argv)
+
+    try:
+        scheme, path = parse_store_url(args.store or default_store_url())
+    except ValueError as e:
+        parser.error(str(e))
+    if scheme != "sqlite":
+        parser.error("only a sqlite: store outlives the process that made it")
+    # Never create one: run as root, it would be a file the cg service cannot open.
+    if not os.path.isfile(path):
+        print(f"cg-store: no store at {path}", file=sys.stderr)
+        return 1
+    try:
+        db = SQLiteDB.open(path, create=False)
+        try:
+            if args.command == "info":
+                _print_info(path, db.info())
+            else:
+                count = db.purge(args.older_than)
+                print(f"purged {count} entries from {path}")
+        finally:
+            db.close()
+    except (StoreError, sqlite3.Error) as e:
+        print(f"cg-store: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,479 @@
+"""The store: every original behind a marker must come back, across restarts and failures."""
+
+import os
+import sqlite3
+import stat
+import threading
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+from twisted.logger import LogLevel, globalLogPublisher
+from zope.interface.verify import verifyObject
+
+import cg.store
+from cg.store import (
+    IStore,
+    MemoryStore,
+    SQLiteDB,
+    SQLiteStore,
+    StoreError,
+    default_store_url,
+    store_from_url,
+)
+
+DAY = 86400.0
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_700_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def closing():
+    """Close every SQLiteStore a test opened (their threads hold the files)."""
+    stores = []
+    yield stores.append
+    for store in stores:
+        pytest_twisted.blockon(store.close())
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return str(tmp_path / "state" / "store.sqlite3")
+
+
+@pytest.fixture
+def sqlite_store(db_path, closing):
+    def make(path=db_path, **kwargs):
+        store = SQLiteStore(path, **kwargs)
+        closing(store)
+        return store
+
+    return make
+
+
+@pytest.fixture(params=["sqlite", "memory"])
+def make_store(request, sqlite_store):
+    """Both implementations must keep the same contract."""
+
+    def make(max_bytes=cg.store.DEFAULT_MAX_BYTES, clock=None):
+        clock = clock or FakeClock()
+        if request.param == "memory":
+            return MemoryStore(max_bytes, clock=clock)
+        return sqlite_store(max_bytes=max_bytes, clock=clock)
+
+    return make
+
+
+async def sync(store):
+    """Wait until the worker has done everything submitted before."""
+    await store.info()
+
+
+async def wait_for(predicate, timeout=5.0):
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        await deferLater(reactor, 0.02, lambda: None)
+    raise AssertionError("condition not reached")
+
+
+def rows(path, sql):
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def errors_logged():
+    events = []
+
+    def observer(event):
+        if event.get("log_namespace") == "cg.store" and event["log_level"] is LogLevel.error:
+            events.append(event)
+
+    globalLogPublisher.addObserver(observer)
+    yield events
+    globalLogPublisher.removeObserver(observer)
+
+
+def test_both_implement_the_interface(db_path, closing):
+    store = SQLiteStore(db_path)
+    closing(store)
+    assert verifyObject(IStore, store)
+    assert verifyObject(IStore, MemoryStore())
+
+
+# The contract, on both stores
+
+
+@pytest_twisted.ensureDeferred
+async def test_put_writes_only_new_ids(make_store):
+    store = make_store()
+    assert await store.put("", {"a": b"A", "b": b"B"}) == {"a", "b"}
+    assert await store.put("", {"a": b"A", "b": b"B", "c": b"C"}) == {"c"}
+    assert await store.put("", {}) == set()
+    assert store.stats.writes == 3
+    assert store.known("", ["a", "b", "c", "d"]) == {"a", "b", "c"}
+    assert (await store.info()).entries == 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_get_returns_exact_bytes(make_store):
+    store = make_store()
+    body = bytes(range(256)) * 4000 + b"\r\n\x1b[0m\xff"
+    await store.put("", {"x": body})
+    assert await store.get("", "x") == body
+    assert await store.get("", "missing") is None
+    assert (store.stats.reads, store.stats.hits, store.stats.misses) == (2, 1, 1)
+
+
+@pytest_twisted.ensureDeferred
+async def test_tenants_do_not_see_each_other(make_store):
+    store = make_store()
+    await store.put("tenant-a", {"x": b"secret of a"})
+    assert await store.get("tenant-b", "x") is None
+    assert await store.get("", "x") is None
+    assert store.known("tenant-b", ["x"]) == set()
+    # The same id under another tenant is a separate entry, not a rewrite of a's.
+    assert await store.put("tenant-b", {"x": b"secret of b"}) == {"x"}
+    assert await store.get("tenant-a", "x") == b"secret of a"
+    assert await store.get("tenant-b", "x") == b"secret of b"
+
+
+@pytest_twisted.ensureDeferred
+async def test_eviction_is_least_recently_used(make_store):
+    clock = FakeClock()
+    store = make_store(max_bytes=1000, clock=clock)
+    for name in "abc":
+        await store.put("", {name: name.encode() * 300})
+        clock.advance(1)
+    store.touch("", ["a"])  # a is now the most recently used: b goes first
+    clock.advance(1)
+    await store.put("", {"d": b"d" * 300})  # 1200 bytes > 1000: evict down to 900
+    assert await store.get("", "b") is None
+    for name in "acd":
+        assert await store.get("", name) == name.encode() * 300
+    assert store.known("", "abcd") == {"a", "c", "d"}
+    assert store.stats.evictions == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_read_counts_as_a_use(make_store):
+    clock = FakeClock()
+    store = make_store(max_bytes=1000, clock=clock)
+    for name in "abc":
+        await store.put("", {name: b"." * 300})
+        clock.advance(1)
+    assert await store.get("", "a") is not None
+    clock.advance(1)
+    await store.put("", {"d": b"." * 300})
+    assert await store.get("", "b") is None
+    assert await store.get("", "a") is not None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_put_never_evicts_its_own_originals(make_store):
+    store = make_store(max_bytes=1000)
+    await store.put("", {"old": b"o" * 100})
+    assert await store.put("", {"huge": b"h" * 5000, "small": b"s"}) == {"huge", "small"}
+    assert await store.get("", "huge") == b"h" * 5000
+    assert await store.get("", "small") == b"s"
+    assert await store.get("", "old") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_freeze_first_wins(make_store):
+    store = make_store()
+    assert await store.frozen("", "toolu_1") is None
+    assert await store.freeze("", "toolu_1", b"the original") == b"the original"
+    assert await store.freeze("", "toolu_1", b"not available") == b"the original"
+    assert await store.frozen("", "toolu_1") == b"the original"
+    assert await store.frozen("other", "toolu_1") is None
+    assert await store.freeze("other", "toolu_1", b"other's") == b"other's"
+    assert (await store.info()).frozen_entries == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_frozen_texts_are_evicted_after_every_original(make_store):
+    clock = FakeClock()
+    store = make_store(max_bytes=1000, clock=clock)
+    await store.freeze("", "toolu_old", b"f" * 100)  # the least recently used entry
+    clock.advance(1)
+    for name in "abcd":
+        await store.put("", {name: b"." * 300})
+        clock.advance(1)
+    assert await store.frozen("", "toolu_old") == b"f" * 100
+    assert await store.get("", "a") is None
+    # Only frozen texts left over budget: the least recently used of them goes.
+    for key in ("toolu_1", "toolu_2", "toolu_3"):
+        await store.freeze("", key, b"f" * 400)
+        clock.advance(1)
+    info = await store.info()
+    assert info.entries == 0
+    assert await store.frozen("", "toolu_old") is None
+    assert await store.frozen("", "toolu_3") == b"f" * 400
+
+
+@pytest_twisted.ensureDeferred
+async def test_purge(make_store):
+    clock = FakeClock()
+    store = make_store(clock=clock)
+    await store.put("", {"old": b"o"})
+    await store.freeze("", "toolu_old", b"f")
+    clock.advance(10 * DAY)
+    await store.put("", {"new": b"n"})
+    assert await store.purge(5) == 2
+    assert await store.get("", "old") is None
+    assert await store.frozen("", "toolu_old") is None
+    assert await store.get("", "new") == b"n"
+    assert "old" not in store.known("", ["old"])
+    assert await store.put("", {"old": b"o"}) == {"old"}
+    assert await store.purge(None) == 2
+    assert (await store.info()).entries == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_info(make_store):
+    clock = FakeClock()
+    store = make_store(clock=clock)
+    empty = await store.info()
+    assert (empty.entries, empty.bytes, empty.oldest_use, empty.frozen_entries) == (0, 0, None, 0)
+    first_use = clock.now
+    await store.put("", {"a": b"12345"})
+    clock.advance(5)
+    await store.put("t", {"b": b"123"})
+    await store.freeze("", "toolu_1", b"xy")
+    info = await store.info()
+    assert (info.entries, info.bytes, info.oldest_use) == (2, 8, first_use)
+    assert (info.frozen_entries, info.frozen_bytes) == (1, 2)
+
+
+# SQLite only
+
+
+@pytest_twisted.ensureDeferred
+async def test_originals_survive_a_restart(db_path, sqlite_store):
+    first = sqlite_store()
+    body = os.urandom(300_000)
+    await first.put("t", {"x": body})
+    await first.freeze("t", "toolu_1", b"repair")
+    await first.close()
+
+    second = sqlite_store()
+    assert await second.get("t", "x") == body
+    assert await second.frozen("t", "toolu_1") == b"repair"
+    # What was stored before is known without a put, and a put rewrites nothing.
+    assert second.known("t", ["x"]) == {"x"}
+    assert await second.put("t", {"x": body}) == set()
+    assert second.stats.writes == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_known_is_bounded(db_path, sqlite_store):
+    clock = FakeClock()
+    store = sqlite_store(known_max=3, clock=clock)
+    for name in "abcde":
+        await store.put("", {name: b"."})
+        clock.advance(1)
+    assert store.known("", "abcde") == {"c", "d", "e"}
+    await store.close()
+    # Rebuilt at open from the most recently used entries, within the bound.
+    reopened = sqlite_store(known_max=2)
+    await sync(reopened)
+    assert reopened.known("", "abcde") == {"d", "e"}
+    assert await reopened.put("", {"a": b"."}) == set()  # still stored: not rewritten
+
+
+@pytest_twisted.ensureDeferred
+async def test_touch_is_batched_off_the_request_path(db_path, sqlite_store):
+    clock = FakeClock()
+    store = sqlite_store(clock=clock, flush_interval=3600)
+    await store.put("", {"a": b"."})
+    put_time = clock.now
+    clock.advance(60)
+    store.touch("", ["a"])
+    await sync(store)
+    assert rows(db_path, "SELECT last_used FROM originals") == [(put_time,)]
+    await store.close()  # pending uses are flushed on close
+    assert rows(db_path, "SELECT last_used FROM originals") == [(put_time + 60,)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_touch_is_flushed_by_the_timer(db_path, sqlite_store):
+    clock = FakeClock()
+    store = sqlite_store(clock=clock, flush_interval=0.05)
+    await store.put("", {"a": b"."})
+    clock.advance(60)
+    store.touch("", ["a"])
+    await wait_for(lambda: rows(db_path, "SELECT last_used FROM originals") == [(clock.now,)])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_purge_from_elsewhere_is_noticed(db_path, sqlite_store):
+    store = sqlite_store(flush_interval=0.05)
+    await store.put("", {"a": b"."})
+    assert store.known("", ["a"]) == {"a"}
+    other = SQLiteDB.open(db_path, create=False)  # as cg-store purge does
+    assert other.purge(None) == 1
+    other.close()
+    await wait_for(lambda: not store.known("", ["a"]))
+    assert await store.put("", {"a": b"."}) == {"a"}
+    assert await store.get("", "a") == b"."
+
+
+@pytest_twisted.ensureDeferred
+async def test_files_are_private(tmp_path, sqlite_store):
+    path = tmp_path / "new" / "dir" / "store.sqlite3"
+    old_umask = os.umask(0)  # without explicit modes everything would be world-readable
+    try:
+        store = sqlite_store(str(path))
+        await store.put("", {"a": b"secret"})
+        modes = {
+            name: stat.S_IMODE(os.stat(path.parent / name).st_mode)
+            for name in os.listdir(path.parent)
+        }
+    finally:
+        os.umask(old_umask)
+    assert modes == {
+        "store.sqlite3": 0o600,
+        "store.sqlite3-wal": 0o600,
+        "store.sqlite3-shm": 0o600,
+    }
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+
+
+@pytest_twisted.ensureDeferred
+async def test_all_sqlite_work_runs_on_one_worker_thread(db_path, monkeypatch, sqlite_store):
+    threads = set()
+    real_connect = sqlite3.connect
+
+    def connect(*args, **kwargs):
+        conn = real_connect(*args, **kwargs)
+        conn.set_trace_callback(lambda sql: threads.add(threading.get_ident()))
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    store = sqlite_store(flush_interval=0.01)
+    await store.put("", {"a": b"."})
+    store.known("", ["a"])
+    store.touch("", ["a"])
+    await store.get("", "a")
+    await store.freeze("", "k", b".")
+    await store.frozen("", "k")
+    await store.info()
+    await store.purge(1)
+    await deferLater(reactor, 0.05, lambda: None)  # a timer flush
+    await store.close()
+    assert len(threads) == 1
+    assert threading.get_ident() not in threads
+
+
+@pytest.mark.parametrize("broken", ["garbage", "under_a_file"])
+@pytest_twisted.ensureDeferred
+async def test_a_broken_store_fails_open(tmp_path, sqlite_store, errors_logged, broken):
+    if broken == "garbage":
+        path = tmp_path / "store.sqlite3"
+        garbage = b"this is not a database\x00" * 1000
+        path.write_bytes(garbage)
+    else:  # root ignores permission bits: a regular file where a directory should be
+        (tmp_path / "blocker").write_bytes(b"")
+        path = tmp_path / "blocker" / "store.sqlite3"
+    store = sqlite_store(str(path))  # does not raise
+
+    for _ in range(2):
+        with pytest.raises(StoreError):
+            await store.put("", {"a": b"."})
+        assert await store.get("", "a") is None
+    assert store.known("", ["a"]) == set()
+    store.touch("", ["a"])
+    for call in (store.freeze("", "k", b"."), store.frozen("", "k"), store.info(), store.purge(1)):
+        with pytest.raises(StoreError):
+            await call
+    assert store.stats.write_errors == 4  # two puts, a freeze, a purge
+    assert store.stats.read_errors == 3  # two gets, a frozen
+    assert store.stats.writes == 0
+    assert len(errors_logged) == 1  # logged once, not once per request
+    await store.close()
+    if broken == "garbage":
+        assert path.read_bytes() == garbage  # failing open destroys nothing
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_failed_to_open_recovers(tmp_path, monkeypatch, sqlite_store):
+    monkeypatch.setattr(cg.store, "REOPEN_AFTER", 0.0)
+    blocker = tmp_path / "blocker"
+    blocker.write_bytes(b"")
+    store = sqlite_store(str(blocker / "store.sqlite3"))
+    with pytest.raises(StoreError):
+        await store.put("", {"a": b"."})
+    blocker.unlink()
+    assert await store.put("", {"a": b"."}) == {"a"}
+    assert await store.get("", "a") == b"."
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_locked_store_fails_the_put(db_path, monkeypatch, sqlite_store):
+    monkeypatch.setattr(cg.store, "BUSY_TIMEOUT", 0.1)
+    store = sqlite_store()
+    await store.put("", {"a": b"."})
+    lock = sqlite3.connect(db_path, timeout=0)
+    lock.execute("BEGIN EXCLUSIVE")  # another writer holds the lock past the busy timeout
+    try:
+        with pytest.raises(StoreError, match="locked"):
+            await store.put("", {"b": b"."})
+    finally:
+        lock.rollback()
+        lock.close()
+    assert store.known("", ["a", "b"]) == {"a"}
+    assert store.stats.write_errors == 1
+    assert await store.put("", {"b": b"."}) == {"b"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_closed_store_refuses_work(sqlite_store):
+    store = sqlite_store()
+    await store.close()
+    await store.close()  # twice is fine
+    with pytest.raises(StoreError):
+        await store.put("", {"a": b"."})
+    store.touch("", ["a"])
+
+
+# URLs
+
+
+def test_store_from_url(tmp_path, closing):
+    assert isinstance(store_from_url("memory:", reactor), MemoryStore)
+    store = store_from_url(f"sqlite:{tmp_path}/s.sqlite3", reactor, max_bytes=5)
+    closing(store)
+    assert isinstance(store, SQLiteStore)
+    assert (store.path, store.max_bytes) == (f"{tmp_path}/s.sqlite3", 5)
+    for bad in ("", "sqlite:", "memory:x", "redis://host", str(tmp_path)):
+        with pytest.raises(ValueError):
+            store_from_url(bad, reactor)
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"STATE_DIRECTORY": "/var/lib/cg", "XDG_STATE_HOME": "/x"}, "/var/lib/cg/store.sqlite3"),
+        ({"STATE_DIRECTORY": "/var/lib/cg:/var/lib/other"}, "/var/lib/cg/store.sqlite3"),
+        ({"XDG_STATE_HOME": "/home/u/.state"}, "/home/u/.state/cg/store.sqlite3"),
+        ({"XDG_STATE_HOME": "relative"}, "~/.local/state/cg/store.sqlite3"),
+        ({}, "~/.local/state/cg/store.sqlite3"),
+    ],
+)
+def test_default_store_url(environ, expected):
+    assert default_store_url(environ) == "sqlite:" + os.path.expanduser(expected)

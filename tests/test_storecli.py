@@ -1,0 +1,122 @@
+"""cg-store on real files: what an operator sees, and what it must never do to a store."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cg.store import SQLiteDB
+from cg.storecli import main
+
+DAY = 86400.0
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A store with an original and a frozen repair last used 10 days ago, and a fresh one."""
+    path = tmp_path / "store.sqlite3"
+    old = SQLiteDB.open(str(path), clock=lambda: time.time() - 10 * DAY)
+    old.put("", {"old": b"o" * 1000})
+    old.freeze("", "toolu_1", b"repair")
+    old.close()
+    new = SQLiteDB.open(str(path))
+    new.put("t", {"new": b"n" * 2000})
+    new.close()
+    return path
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_info(store, capsys):
+    code, out, err = run(capsys, "--store", f"sqlite:{store}", "info")
+    assert (code, err) == (0, "")
+    assert f"store:   {store}\n" in out
+    assert "entries: 2 (3000 bytes, 2.9 KiB)\n" in out
+    assert "frozen:  1 (6 bytes)\n" in out
+    assert out.endswith(" (10.0 days ago)\nfrozen:  1 (6 bytes)\n")  # the oldest last use
+
+
+def test_purge_older_than(store, capsys):
+    code, out, _ = run(capsys, "--store", f"sqlite:{store}", "purge", "--older-than", "5")
+    assert code == 0
+    assert out == f"purged 2 entries from {store}\n"
+    db = SQLiteDB.open(str(store), create=False)
+    assert (db.get("", "old"), db.frozen("", "toolu_1")) == (None, None)
+    assert db.get("t", "new") == b"n" * 2000
+    db.close()
+
+
+def test_purge_everything_gives_the_space_back(tmp_path, capsys):
+    path = tmp_path / "store.sqlite3"
+    db = SQLiteDB.open(str(path))
+    for i in range(20):
+        db.put("", {str(i): os.urandom(100_000)})
+    db.close()
+    assert path.stat().st_size > 2_000_000
+    code, out, _ = run(capsys, "--store", f"sqlite:{path}", "purge")
+    assert (code, out) == (0, f"purged 20 entries from {path}\n")
+    assert path.stat().st_size < 200_000
+    assert "entries: 0 (0 bytes)" in run(capsys, "--store", f"sqlite:{path}", "info")[1]
+
+
+def test_default_store_is_cg_s(store, monkeypatch, capsys):
+    state = store.parent / "cg"
+    state.mkdir()
+    store.rename(state / "store.sqlite3")
+    monkeypatch.delenv("STATE_DIRECTORY", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(store.parent))
+    code, out, _ = run(capsys, "info")
+    assert code == 0
+    assert "entries: 2 " in out
+
+
+def test_a_missing_store_is_not_created(tmp_path, capsys):
+    path = tmp_path / "nothing" / "store.sqlite3"
+    code, out, err = run(capsys, "--store", f"sqlite:{path}", "info")
+    assert (code, out) == (1, "")
+    assert f"no store at {path}" in err
+    assert not path.parent.exists()
+
+
+def test_a_corrupt_store_is_an_error_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "store.sqlite3"
+    path.write_bytes(b"garbage" * 1000)
+    code, out, err = run(capsys, "--store", f"sqlite:{path}", "purge")
+    assert (code, out) == (1, "")
+    assert err.startswith("cg-store: cannot open store") and "Traceback" not in err
+    assert path.read_bytes() == b"garbage" * 1000
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--store", "memory:", "info"],
+        ["--store", "redis://x", "info"],
+        ["purge", "--older-than", "-1"],
+        ["purge", "--older-than", "nan"],
+        [],
+    ],
+)
+def test_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    assert "usage: cg-store" in capsys.readouterr().err
+
+
+def test_runs_as_a_program(store):
+    result = subprocess.run(
+        [sys.executable, "-m", "cg.storecli", "--store", f"sqlite:{store}", "info"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "entries: 2 " in result.stdout
