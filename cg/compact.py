@@ -20,7 +20,7 @@ from cg.tokens import estimate_tokens
 # The body is parsed once, walking in Python only as deep as each message; a message whose result
 # changes is walked again down to where result text sits: Anthropic content[].content (a string or
 # text blocks), OpenAI content (a string or text parts).
-_BODY_SPINE = {"messages": {EACH: {}}}
+_BODY_SPINE = {"messages": {EACH: {}}, "tools": {}}
 _MESSAGE_SPINE = {"content": {EACH: {"content": {EACH: {"text": {}}}, "text": {}}}}
 
 
@@ -51,6 +51,7 @@ class Change:
     marker_id: str | None
     tokens_before: int
     tokens_after: int
+    content_id: str  # the original's marker ID even when no marker is shown: counts unique savings
 
 
 @attrs.frozen
@@ -119,27 +120,55 @@ class _ToolResult:
     part_index: int | None
 
 
-def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
-            memo: Memo | None = None) -> Compaction:
-    """Compact the tool results of a /v1/messages ("anthropic") or /v1/chat/completions ("openai") body.
+@attrs.frozen
+class ParsedBody:
+    """A request body parsed once, with the spans of its messages and its tools array.
 
-    Lossy components run only when `lossy` (the request can answer expand calls). When nothing
-    changes, the returned body is the very bytes object passed in.
+    Every stage that edits the body (compaction, tool injection) works from this one parse
+    and returns span edits; `apply` splices them all at once.
     """
-    unchanged = Compaction(body=body, changed=False, originals={}, changes=[])
-    try:
-        doc = body.decode("utf-8")
-        parsed, spans = jsonbytes.load(doc, _BODY_SPINE)
-    except ValueError:
-        return unchanged
-    messages = parsed.get("messages") if isinstance(parsed, dict) else None
+
+    raw: bytes
+    doc: str
+    value: dict
+    spans: dict[tuple, jsonbytes.Span]
+
+    @classmethod
+    def parse(cls, raw: bytes) -> "ParsedBody | None":
+        """None for anything that is not a JSON object (it is then forwarded untouched)."""
+        try:
+            doc = raw.decode("utf-8")
+            value, spans = jsonbytes.load(doc, _BODY_SPINE)
+        except ValueError:
+            return None
+        return cls(raw, doc, value, spans) if isinstance(value, dict) else None
+
+    def apply(self, edits: list[tuple[jsonbytes.Span, str]]) -> bytes:
+        """The body with `edits` spliced in; the very same bytes object when there are none."""
+        return jsonbytes.splice(self.doc, edits).encode("utf-8") if edits else self.raw
+
+
+@attrs.frozen
+class Plan:
+    """Compaction as span edits of a ParsedBody, with the originals to stash first."""
+
+    edits: list[tuple[jsonbytes.Span, str]]
+    originals: dict[str, bytes]
+    changes: list[Change]
+
+
+def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool,
+         memo: Memo | None = None) -> Plan:
+    """The edits that compact the tool results of `body`; no edits when nothing changes."""
+    messages = body.value.get("messages")
     if not isinstance(messages, list):
-        return unchanged
+        return Plan([], {}, [])
     edits, originals, changes = [], {}, []
     message_spans: dict[int, dict[tuple, jsonbytes.Span]] = {}
+    doc = body.doc
     for result, original, result_id, decision in _decisions(messages, dialect, config, lossy, memo):
         if result.message_index not in message_spans:
-            message_start = spans[("messages", result.message_index)][0]
+            message_start = body.spans[("messages", result.message_index)][0]
             message_spans[result.message_index] = jsonbytes.spans_below(doc, message_start, _MESSAGE_SPINE)
         start, end = message_spans[result.message_index][result.path]
         edits.append(((start, end), StringStyle.of(doc[start:end], result.text).encode(decision.text)))
@@ -147,15 +176,27 @@ def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
             Change(message_index=result.message_index, block_index=result.block_index,
                    part_index=result.part_index, tool_name=result.tool_name, component=step.component,
                    lossy=step.lossy, marker_id=result_id if step.lossy else None,
-                   tokens_before=step.tokens_before, tokens_after=step.tokens_after)
+                   tokens_before=step.tokens_before, tokens_after=step.tokens_after, content_id=result_id)
             for step in decision.steps
         ]
         if any(step.lossy for step in decision.steps):
             originals[result_id] = original
-    if not edits:
-        return unchanged
-    new_body = jsonbytes.splice(doc, edits).encode("utf-8")
-    return Compaction(body=new_body, changed=True, originals=originals, changes=changes)
+    return Plan(edits, originals, changes)
+
+
+def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
+            memo: Memo | None = None) -> Compaction:
+    """Compact the tool results of a /v1/messages ("anthropic") or /v1/chat/completions ("openai") body.
+
+    Lossy components run only when `lossy` (the request can answer expand calls). When nothing
+    changes, the returned body is the very bytes object passed in.
+    """
+    parsed = ParsedBody.parse(body)
+    if parsed is None:
+        return Compaction(body=body, changed=False, originals={}, changes=[])
+    edits = plan(parsed, dialect, config, lossy, memo)
+    return Compaction(body=parsed.apply(edits.edits), changed=bool(edits.edits),
+                      originals=edits.originals, changes=edits.changes)
 
 
 def _decisions(messages: list, dialect: str, config: CompactConfig, lossy: bool,

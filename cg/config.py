@@ -27,3 +27,11 @@ class Config:
     header_timeout: float = 600.0
     idle_timeout: float = 60.0
     drain_timeout: float = 30.0
+    store: str | None = None  # None: cg.store.default_store_url()
+    store_max_mb: int = 1024
+    tenant: str = "none"
+    expand: bool = False
+    observe: bool = False
+    offload_min_tokens: int = 2000
+    keep_tools: tuple[str, ...] = ("Read",)
+    disabled_components: tuple[str, ...] = ()

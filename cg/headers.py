@@ -15,8 +15,9 @@ _HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-# Framing and routing that the upstream client recomputes for its own leg.
-_REQUEST_LOCAL = frozenset({b"host", b"content-length", b"expect"})
+# Framing and routing that the upstream client recomputes for its own leg, and
+# cg's own request header (x-cg-bypass: 1 sends a request exactly as received).
+_REQUEST_LOCAL = frozenset({b"host", b"content-length", b"expect", b"x-cg-bypass"})
 # Framing the server recomputes for the client leg (bodies may be decoded).
 _RESPONSE_LOCAL = frozenset({b"content-length"})
 

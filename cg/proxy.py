@@ -28,11 +28,26 @@ class ProxyResource(resource.Resource):
 
     isLeaf = True
 
-    def __init__(self, upstream, stats, upstreams: dict[str, bytes], clock=time.perf_counter):
+    def __init__(
+        self,
+        upstream,
+        stats,
+        upstreams: dict[str, bytes],
+        *,
+        rewriter=None,
+        store=None,
+        tenant_of=None,
+        observe: bool = False,
+        clock=time.perf_counter,
+    ):
         super().__init__()
         self.upstream = upstream
         self.stats = stats
         self.upstreams = upstreams
+        self.rewriter = rewriter
+        self.store = store
+        self.tenant_of = tenant_of
+        self.observe = observe
         self.clock = clock
         self._in_flight: set = set()
         self._drain_waiters: list[defer.Deferred] = []
@@ -57,6 +72,40 @@ class ProxyResource(resource.Resource):
             return _error(request, which, 413, "request body is larger than cg's --max-body")
         _Exchange(self, request, which).start()
         return server.NOT_DONE_YET
+
+    def prepare(self, request, body: bytes) -> defer.Deferred:
+        """The body to forward: rewritten, with every new original stored first.
+
+        Fails open: a body cg cannot parse goes as it came, and when the store
+        cannot keep an original the request goes without lossy compaction.
+        """
+        if request.requestHeaders.getRawHeaders(b"x-cg-bypass") == [b"1"]:
+            self.stats.bypassed += 1
+            return defer.succeed(body)
+        rewrite = self.rewriter.rewrite(body, request.uri) if self.rewriter else None
+        if rewrite is None:
+            return defer.succeed(body)
+        if self.observe or not rewrite.originals:
+            return defer.succeed(self._chosen(body, rewrite))
+        tenant = self.tenant_of(request.requestHeaders)
+        known = self.store.known(tenant, rewrite.originals)
+        if known:
+            self.store.touch(tenant, known)
+        new = {i: original for i, original in rewrite.originals.items() if i not in known}
+        if not new:
+            return defer.succeed(self._chosen(body, rewrite))
+
+        def unstored(failure):
+            self.stats.compaction.store_fail_open += 1
+            log.warn("store failed ({why}): forwarding without lossy compaction", why=failure.getErrorMessage())
+            return self._chosen(body, self.rewriter.rewrite(body, request.uri, lossy=False))
+
+        stored = self.store.put(tenant, new)
+        return stored.addCallbacks(lambda _: self._chosen(body, rewrite), unstored)
+
+    def _chosen(self, body: bytes, rewrite) -> bytes:
+        self.stats.compaction.record(rewrite.changes, rewrite.injected)
+        return body if self.observe else rewrite.body
 
     def started(self, exchange):
         self._in_flight.add(exchange)
@@ -121,13 +170,21 @@ class _Exchange:
         upstream_headers = headers.request_headers(
             request.requestHeaders, accept_encoding=b"gzip" if self.decode else None
         )
+        request.notifyFinish().addErrback(self._client_gone)
+        prepared = self.proxy.prepare(request, body)
+        prepared.addCallback(self._forward, upstream_headers)
+        prepared.addErrback(self._bug)
+
+    def _forward(self, body: bytes, upstream_headers):
+        if self.ended:  # the client left while cg was storing originals
+            return
+        request = self.request
         if not body and request.method in (b"GET", b"HEAD", b"DELETE", b"OPTIONS"):
             body = None
         url = self.proxy.upstreams[self.which] + request.uri
-        request.notifyFinish().addErrback(self._client_gone)
         self.t_sent = self.clock()
         self.pending = self.proxy.upstream.request(request.method, url, upstream_headers, body)
-        self.stats.bytes_to_upstream += self.bytes_in
+        self.stats.bytes_to_upstream += len(body or b"")
         self.pending.addCallbacks(self._respond, self._upstream_failed)
         self.pending.addErrback(self._bug)
 

@@ -6,10 +6,15 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from cg import systemd
+from cg.compact import CompactConfig
+from cg.components import DEFAULT_COMPONENTS
 from cg.config import Config
 from cg.proxy import ProxyResource
+from cg.rewrite import RewriteConfig, Rewriter
 from cg.site import Connections, ProxySite
 from cg.stats import Stats
+from cg.store import default_store_url, store_from_url
+from cg.tenant import parse_tenant
 from cg.upstream import Upstream, load_trust_root
 
 log = Logger(namespace="cg.service")
@@ -17,6 +22,18 @@ log = Logger(namespace="cg.service")
 
 def _base(url: str) -> bytes:
     return url.rstrip("/").encode("ascii")
+
+
+def rewrite_config(config: Config) -> RewriteConfig:
+    components = tuple(c for c in DEFAULT_COMPONENTS if c.name not in config.disabled_components)
+    return RewriteConfig(
+        compact=CompactConfig(
+            components=components,
+            keep_tools=frozenset(config.keep_tools),
+            offload_min_tokens=config.offload_min_tokens,
+        ),
+        expand=config.expand,
+    )
 
 
 class CGService(service.Service):
@@ -43,10 +60,18 @@ class CGService(service.Service):
             trust_root=trust_root,
             on_retry=count_retry,
         )
+        self.store = store_from_url(
+            config.store or default_store_url(), reactor, max_bytes=config.store_max_mb << 20
+        )
+        self.stats.store = self.store.stats
         self.resource = ProxyResource(
             self.upstream,
             self.stats,
             {"anthropic": _base(config.anthropic_upstream), "openai": _base(config.openai_upstream)},
+            rewriter=Rewriter(rewrite_config(config)),
+            store=self.store,
+            tenant_of=parse_tenant(config.tenant),
+            observe=config.observe,
         )
         self.site = ProxySite(self.resource, config.max_body)
         self.site.noisy = False
@@ -93,7 +118,7 @@ class CGService(service.Service):
         def closed(_):
             if timer.active():
                 timer.cancel()
-            return self.upstream.close()
+            return defer.gatherResults([self.upstream.close(), self.store.close()])
 
         drain = self.resource.drained()
         drain.addCallback(lambda _: self.connections.close_all())

@@ -53,6 +53,9 @@ class Stats:
     bytes_to_client: int = 0
     added_ttfb: LatencyWindow = attrs.field(factory=LatencyWindow)
     upstream_ttfb: LatencyWindow = attrs.field(factory=LatencyWindow)
+    bypassed: int = 0
+    compaction: "CompactionStats" = attrs.field(factory=lambda: CompactionStats())
+    store: object = None  # the store's own counters (cg.store.StoreStats), when there is one
 
     def snapshot(self) -> dict:
         return {
@@ -72,4 +75,61 @@ class Stats:
             "bytes_from_upstream": self.bytes_from_upstream,
             "added_ttfb": self.added_ttfb.summary(),
             "upstream_ttfb": self.upstream_ttfb.summary(),
+            "bypassed": self.bypassed,
+            "compaction": self.compaction.snapshot(),
+            "store": attrs.asdict(self.store) if self.store is not None else None,
+        }
+
+
+@attrs.define
+class ComponentStats:
+    acted: int = 0
+    saved_tokens: int = 0
+
+
+@attrs.define
+class CompactionStats:
+    """What compaction did to forwarded requests (or, in observe mode, would have done)."""
+
+    requests_rewritten: int = 0
+    requests_injected: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    saved_unique: int = 0
+    store_fail_open: int = 0
+    components: dict = attrs.field(factory=dict)
+    _seen: set = attrs.field(factory=set)
+    _seen_max: int = 200_000
+
+    def record(self, changes, injected: bool) -> None:
+        self.requests_injected += injected
+        if not changes:
+            return
+        self.requests_rewritten += 1
+        for change in changes:
+            saved = change.tokens_before - change.tokens_after
+            self.tokens_before += change.tokens_before
+            self.tokens_after += change.tokens_after
+            component = self.components.setdefault(change.component, ComponentStats())
+            component.acted += 1
+            component.saved_tokens += saved
+            key = (change.component, change.content_id)
+            if key not in self._seen:
+                if len(self._seen) >= self._seen_max:  # bounded: the figure becomes a lower bound
+                    self._seen.clear()
+                self._seen.add(key)
+                self.saved_unique += saved
+
+    def snapshot(self) -> dict:
+        saved = self.tokens_before - self.tokens_after
+        return {
+            "requests_rewritten": self.requests_rewritten,
+            "requests_injected": self.requests_injected,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "saved_tokens": saved,
+            "saved_tokens_unique": self.saved_unique,
+            "savings_pct": round(100 * saved / self.tokens_before, 2) if self.tokens_before else 0.0,
+            "store_fail_open": self.store_fail_open,
+            "components": {name: attrs.asdict(c) for name, c in sorted(self.components.items())},
         }

@@ -2,8 +2,12 @@
 
 from twisted.python import usage
 
+from cg.components import DEFAULT_COMPONENTS
 from cg.config import Config, parse_size
 from cg.service import CGService
+from cg.tenant import parse_tenant
+
+_COMPONENTS = [c.name for c in DEFAULT_COMPONENTS]
 
 _DEFAULTS = Config()
 DEFAULT_LISTEN = _DEFAULTS.listen[0]
@@ -51,19 +55,81 @@ class Options(usage.Options):
             "On SIGTERM, seconds to let in-flight responses finish before cutting them.",
             float,
         ],
+        [
+            "store",
+            None,
+            None,
+            "Where originals live: sqlite:PATH or memory: (tests). [default: sqlite: under "
+            "$STATE_DIRECTORY, else ~/.local/state/cg/store.sqlite3]",
+        ],
+        ["store-max-mb", None, _DEFAULTS.store_max_mb, "Store size; least recently used out first.", int],
+        [
+            "tenant",
+            None,
+            _DEFAULTS.tenant,
+            "Who may read whose originals: none, credential (a hash of the API key) or "
+            "header:NAME (set by a gateway in front of cg).",
+        ],
+        [
+            "expand",
+            None,
+            "off",
+            "on: add the context_guru_expand tool to requests that declare tools, and only there "
+            "run lossy compaction (offload, dedup). off: reformat only.",
+        ],
+        [
+            "mode",
+            None,
+            "forward",
+            "forward: send the rewritten request. observe: decide everything and record what "
+            "would be saved, but forward the original bytes.",
+        ],
+        [
+            "offload-min-tokens",
+            None,
+            _DEFAULTS.offload_min_tokens,
+            "Offload tool results larger than this (estimated tokens).",
+            int,
+        ],
+        [
+            "keep-tools",
+            None,
+            ",".join(_DEFAULTS.keep_tools),
+            "Comma-separated tools whose results are never offloaded.",
+        ],
     ]
 
     def __init__(self):
         super().__init__()
         self["listen"] = []
+        self["disable"] = []
 
     def opt_listen(self, description):
         """Endpoint to listen on (strports description); repeatable. [default: tcp:8080:interface=127.0.0.1] Under systemd socket activation: systemd:domain=INET:index=0"""
         self["listen"].append(description)
 
+    def opt_disable(self, component):
+        if component not in _COMPONENTS:
+            raise usage.UsageError(f"--disable takes one of {', '.join(_COMPONENTS)}")
+        self["disable"].append(component)
+
+    opt_disable.__doc__ = (
+        "Switch off a compaction component; repeatable. Components, in order: "
+        + ", ".join(_COMPONENTS)
+        + " (textclean and jsonformat reformat losslessly; dedup and offload are lossy, "
+        "resolvable through context_guru_expand)."
+    )
+
     def postOptions(self):
         if not self["listen"]:
             self["listen"] = [DEFAULT_LISTEN]
+        for option, allowed in (("expand", ("on", "off")), ("mode", ("forward", "observe"))):
+            if self[option] not in allowed:
+                raise usage.UsageError(f"--{option} must be one of {', '.join(allowed)}")
+        try:
+            parse_tenant(self["tenant"])
+        except ValueError as error:
+            raise usage.UsageError(str(error)) from error
 
     def config(self) -> Config:
         return Config(
@@ -76,6 +142,14 @@ class Options(usage.Options):
             header_timeout=self["header-timeout"],
             idle_timeout=self["idle-timeout"],
             drain_timeout=self["drain-timeout"],
+            store=self["store"],
+            store_max_mb=self["store-max-mb"],
+            tenant=self["tenant"],
+            expand=self["expand"] == "on",
+            observe=self["mode"] == "observe",
+            offload_min_tokens=self["offload-min-tokens"],
+            keep_tools=tuple(t for t in self["keep-tools"].split(",") if t),
+            disabled_components=tuple(self["disable"]),
         )
 
 

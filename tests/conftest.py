@@ -31,7 +31,7 @@ class RunningCG:
 
 
 def start_cg(**overrides) -> RunningCG:
-    config = Config(listen=("tcp:0:interface=127.0.0.1",), **overrides)
+    config = Config(listen=("tcp:0:interface=127.0.0.1",), **{"store": "memory:", **overrides})
     service = CGService(config, reactor)
     service.privilegedStartService()
     service.startService()

@@ -1,0 +1,58 @@
+"""The `context_guru_expand` tool: its fixed bytes, and where cg injects it.
+
+Tool definitions come first in the provider's cache prefix, so the tool is
+serialized once, with a fixed key order, and is byte-identical on every request
+of every session. One rule decides where cg manages expand: the tool is appended
+last to every request with a non-empty `tools` array (also when `tool_choice`
+forces a tool: removing a tool would invalidate the cache), unless the client
+already has a tool of that name. Exactly there cg may run lossy compaction.
+"""
+
+import ujson
+
+from cg.compact import ParsedBody
+from cg.markers import EXPAND_TOOL
+
+DESCRIPTION = (
+    "Markers of the form <<cg:ID>> stand for content that context guru elided from earlier "
+    "tool results to save context. Call this tool with the ID (bare, or the whole marker) to "
+    "get that content back in full."
+)
+_ID = {"type": "string", "description": "The ID inside a <<cg:ID>> marker, or the whole marker."}
+_SCHEMA = {"type": "object", "properties": {"id": _ID}, "required": ["id"]}
+
+
+def _serialize(tool: dict) -> str:
+    return ujson.dumps(tool, ensure_ascii=False, escape_forward_slashes=False)
+
+
+ANTHROPIC_TOOL = _serialize({"name": EXPAND_TOOL, "description": DESCRIPTION, "input_schema": _SCHEMA})
+OPENAI_TOOL = _serialize(
+    {
+        "type": "function",
+        "function": {"name": EXPAND_TOOL, "description": DESCRIPTION, "parameters": _SCHEMA},
+    }
+)
+_TOOLS = {"anthropic": ANTHROPIC_TOOL, "openai": OPENAI_TOOL}
+
+
+def _tool_name(tool) -> str | None:
+    if not isinstance(tool, dict):
+        return None
+    function = tool.get("function")
+    return function.get("name") if isinstance(function, dict) else tool.get("name")
+
+
+def injection(body: ParsedBody, dialect: str) -> list | None:
+    """The edit that appends the expand tool to `tools`, or None where cg does not inject.
+
+    None when `tools` is absent or empty (side requests such as title generation
+    send `tools: []`, and are left alone) or already holds a tool of that name.
+    """
+    tools = body.value.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    if any(_tool_name(tool) == EXPAND_TOOL for tool in tools):
+        return None
+    end = body.spans[("tools",)][1] - 1  # the closing bracket
+    return [((end, end), "," + _TOOLS[dialect])]

@@ -1,0 +1,194 @@
+"""Compaction and tool injection through the running proxy, on Claude Code-shaped requests."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import ujson
+from pytest_twisted import inlineCallbacks
+from rawhttp import connect, http_request, split_response
+from twisted.web.http_headers import Headers
+
+from cg.expand import ANTHROPIC_TOOL
+from cg.markers import EXPAND_TOOL, marker_id
+from cg.tenant import parse_tenant
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "claude-code"
+MARKER = "<<cg:"
+
+
+def claude_code_bytes(body) -> bytes:
+    """Serialized as Claude Code does (JSON.stringify: no spaces, non-ASCII and '/' raw)."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def command_output(lines=900) -> str:
+    out = [f"PASS src/module_{i:04d}.test.ts (0.{i % 97:02d} s) — ✓ renders héllo/world" for i in range(lines)]
+    out[lines // 2] = "FAIL src/broken.test.ts: Error: expected 3 to equal 4"
+    return "\n".join(out) + "\n"
+
+
+def history(bash_output: str, read_output: str) -> dict:
+    """The fixture's Bash turn with a big output, then a Read turn of the same size."""
+    body = copy.deepcopy(json.loads((FIXTURES / "p_second_request_tool_result.json").read_text())["body"])
+    body["messages"][3]["content"][0]["content"] = bash_output
+    body["messages"] += [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_read1", "name": "Read",
+                                            "input": {"file_path": "/repo/big.ts"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_read1",
+                                      "content": read_output}]},
+    ]
+    return body
+
+
+def post(port, raw: bytes, headers=()):
+    headers = [("content-type", "application/json"), ("anthropic-version", "2023-06-01"), *headers]
+    return connect(port, http_request("POST", "/v1/messages?beta=true", raw, headers))
+
+
+@inlineCallbacks
+def test_old_command_output_is_offloaded_and_stored(make_cg, fake, tmp_path):
+    cg = make_cg(anthropic_upstream=fake.url, expand=True, store=f"sqlite:{tmp_path / 'store.sqlite3'}")
+    bash, read = command_output(), command_output().replace("PASS", "LINE")
+    assert len(bash.encode()) > 50_000
+    raw = claude_code_bytes(history(bash, read))
+
+    client = yield post(cg.port, raw)
+    assert split_response((yield client.closed))[0] == 200
+    client = yield post(cg.port, raw)
+    yield client.closed
+
+    first, second = fake.received[0].body, fake.received[1].body
+    assert first == second, "the same history must give the same bytes on every turn"
+    sent = json.loads(first)
+    compacted = sent["messages"][3]["content"][0]["content"]
+    ident = marker_id(bash.encode())
+    assert f"<<cg:{ident}>>" in compacted and len(compacted) < len(bash) / 5
+    assert "FAIL src/broken.test.ts" in compacted  # error lines from the middle survive
+    assert sent["messages"][5]["content"][0]["content"] == read  # Read results are kept whole
+    assert (yield cg.service.store.get("", ident)) == bash.encode()
+
+    # every byte outside the changed string and the appended tool is the client's
+    new = json.dumps(compacted, ensure_ascii=False).encode()
+    old = json.dumps(bash, ensure_ascii=False).encode()
+    assert first.replace(b"," + ANTHROPIC_TOOL.encode(), b"").replace(new, old) == raw
+    assert sent["tools"][-1]["name"] == EXPAND_TOOL
+    assert sent["tools"][:-1] == json.loads(raw)["tools"]
+    stats = cg.stats.compaction.snapshot()
+    assert stats["components"]["offload"]["acted"] == 2
+    assert stats["saved_tokens"] == 2 * stats["saved_tokens_unique"] > 0
+
+
+@inlineCallbacks
+def test_expand_tool_bytes_are_identical_across_requests_and_processes(make_cg, fake):
+    cg = make_cg(anthropic_upstream=fake.url, expand=True)
+    other = make_cg(anthropic_upstream=fake.url, expand=True)
+    bodies = [json.loads((FIXTURES / name).read_text())["body"]
+              for name in ("p_first_request.json", "p_second_request_after_thinking.json")]
+    for proxy, body in zip((cg, other), bodies):
+        client = yield post(proxy.port, claude_code_bytes(body))
+        yield client.closed
+    tails = [r.body[r.body.rindex(b',{"name":"context_guru_expand"'):] for r in fake.received]
+    assert tails[0].startswith(b"," + ANTHROPIC_TOOL.encode())
+    assert tails[1].startswith(b"," + ANTHROPIC_TOOL.encode())
+
+
+@inlineCallbacks
+def test_without_expand_only_reformat_runs(cg, fake):
+    ansi = "\x1b[32mok\x1b[0m build step\n" * 2000
+    raw = claude_code_bytes(history(ansi, "x"))
+    client = yield post(cg.port, raw)
+    yield client.closed
+    sent = fake.received[0].json()
+    assert sent["messages"][3]["content"][0]["content"] == "ok build step\n" * 2000
+    assert MARKER not in fake.received[0].body.decode()
+    assert [t["name"] for t in sent["tools"]] == [t["name"] for t in json.loads(raw)["tools"]]
+
+
+@inlineCallbacks
+def test_side_request_with_empty_tools_is_untouched(make_cg, fake):
+    cg = make_cg(anthropic_upstream=fake.url, expand=True)
+    body = history(command_output(), "x")
+    body["tools"] = []
+    raw = claude_code_bytes(body)
+    client = yield post(cg.port, raw)
+    yield client.closed
+    sent = fake.received[0].body
+    assert MARKER not in sent.decode()  # no tool to expand with: nothing lossy
+    assert json.loads(sent)["tools"] == []
+
+
+@inlineCallbacks
+def test_bypass_header_sends_the_request_exactly(make_cg, fake):
+    cg = make_cg(anthropic_upstream=fake.url, expand=True)
+    raw = claude_code_bytes(history(command_output(), "x"))
+    client = yield post(cg.port, raw, [("x-cg-bypass", "1")])
+    yield client.closed
+    assert fake.received[0].body == raw
+    assert fake.received[0].header(b"x-cg-bypass") is None
+    assert cg.stats.bypassed == 1
+
+
+@inlineCallbacks
+def test_observe_mode_forwards_originals_and_counts_savings(make_cg, fake):
+    cg = make_cg(anthropic_upstream=fake.url, expand=True, observe=True)
+    raw = claude_code_bytes(history(command_output(), "x"))
+    client = yield post(cg.port, raw)
+    yield client.closed
+    assert fake.received[0].body == raw
+    assert cg.stats.compaction.snapshot()["saved_tokens"] > 0
+
+
+@inlineCallbacks
+def test_store_failure_forwards_without_lossy_compaction(make_cg, fake, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the store's directory should be")
+    cg = make_cg(anthropic_upstream=fake.url, expand=True, store=f"sqlite:{blocker / 'store.sqlite3'}")
+    ansi_and_big = "\x1b[1m" + command_output()
+    raw = claude_code_bytes(history(ansi_and_big, "x"))
+    client = yield post(cg.port, raw)
+    assert split_response((yield client.closed))[0] == 200
+    sent = fake.received[0].json()
+    assert sent["messages"][3]["content"][0]["content"] == command_output()  # reformat still ran
+    assert MARKER not in json.dumps(sent["messages"])
+    assert cg.stats.compaction.store_fail_open == 1
+
+
+@inlineCallbacks
+def test_tenants_keep_originals_apart(make_cg, fake):
+    cg = make_cg(anthropic_upstream=fake.url, expand=True, tenant="credential")
+    bash = command_output()
+    client = yield post(cg.port, claude_code_bytes(history(bash, "x")), [("x-api-key", "sk-one")])
+    yield client.closed
+    ident = marker_id(bash.encode())
+    assert (yield cg.service.store.get("", ident)) is None
+    tenant = parse_tenant("credential")(Headers({b"x-api-key": [b"sk-one"]}))
+    assert (yield cg.service.store.get(tenant, ident)) == bash.encode()
+    assert "sk-one" not in tenant
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@inlineCallbacks
+def test_openai_injection_skips_streams(make_cg, fake_openai, stream):
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    body = {
+        "model": "gpt-5",
+        "stream": stream,
+        "messages": [
+            {"role": "user", "content": "run it"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": command_output()},
+        ],
+        "tools": [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}],
+    }
+    raw = ujson.dumps(body, ensure_ascii=False).encode()
+    client = yield connect(cg.port, http_request("POST", "/v1/chat/completions", raw, [("content-type", "application/json")]))
+    yield client.closed
+    sent = fake_openai.received[0].json()
+    names = [t["function"]["name"] for t in sent["tools"]]
+    if stream:
+        assert names == ["shell"] and MARKER not in sent["messages"][2]["content"]
+    else:
+        assert names == ["shell", EXPAND_TOOL] and MARKER in sent["messages"][2]["content"]
