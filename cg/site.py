@@ -41,7 +41,9 @@ class ProxySite(server.Site):
     requestFactory = CappedRequest
 
     def __init__(self, resource, max_body: int, **kwargs):
-        super().__init__(resource, **kwargs)
+        # A proxy forwards bodies; parsing form submissions (Content-Type through the
+        # email module on every POST) is pure cost.
+        super().__init__(resource, parsePOSTFormSubmission=False, **kwargs)
         self.max_body = max_body
 
     def log(self, request):

@@ -161,7 +161,7 @@ class Upstream:
         connect_timeout: float = 10.0,
         header_timeout: float = 600.0,
         idle_timeout: float = 60.0,
-        max_idle_per_host: int = 16,
+        max_idle_per_host: int = 256,
         trust_root=None,
         on_retry=lambda: None,
     ):

@@ -1,0 +1,327 @@
+"""The change log (``--changelog PATH``): one JSON line per compaction and per request's usage.
+
+``cg-report`` (cg/report.py) reads it. The record builders below are the schema: a field is
+only ever added, never renamed or removed, so old logs stay readable.
+
+All file I/O happens on one worker thread fed by a queue: the reactor thread serializes a
+record and hands the line over, and never waits for the disk. A write that fails (disk full,
+directory gone) loses its records; they are counted in ``errors`` and the outage is logged
+once, never raised into the reactor.
+
+The file is opened in append mode and, when cg creates it, with mode 0600: it holds no
+originals, but it does hold tool names and session ids. ``reopen()`` (SIGHUP, after
+logrotate renamed the file) makes the next write go to a new file at the same path.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+
+import ujson
+from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
+
+log = Logger()
+
+# Records waiting for the worker beyond which new ones are dropped (and counted as errors):
+# a disk that hangs (a dead NFS mount) must not grow cg's memory without bound.
+MAX_PENDING = 100_000
+# Most bytes handed to one os.write: the worker batches what is queued into few syscalls.
+MAX_BATCH_BYTES = 1 << 20
+
+_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+# Worker jobs besides writes (which are plain bytes).
+_FLUSH, _REOPEN, _STOP = "flush", "reopen", "stop"
+
+
+def compaction_record(
+    *,
+    time: float,
+    session: str,
+    seq: int,
+    message: int,
+    block: int | None,
+    tool: str | None,
+    component: str,
+    lossy: bool,
+    marker: str | None,
+    tokens_before: int,
+    tokens_after: int,
+    content_hash: str,
+) -> dict:
+    """One component's rewrite of one tool result in one forwarded request.
+
+    A decision replayed on a later turn is logged again: summing ``tokens_deleted`` over the
+    log gives the cumulative figure, which counts every re-send. ``hash`` identifies the
+    result's original content, so ``cg-report`` can count a reformat compaction (no marker)
+    once. ``block`` is None for an OpenAI ``role: "tool"`` message (it has no blocks).
+    """
+    return {
+        "kind": "compaction",
+        "time": time,
+        "session": session,
+        "seq": seq,
+        "message": message,
+        "block": block,
+        "tool": tool,
+        "component": component,
+        "lossy": lossy,
+        "marker": marker,
+        "tokens_before": tokens_before,
+        "tokens_after": tokens_after,
+        "tokens_deleted": tokens_before - tokens_after,
+        "hash": content_hash,
+    }
+
+
+def usage_record(
+    *,
+    time: float,
+    session: str,
+    seq: int,
+    dialect: str,
+    path: str,
+    input_tokens: int,
+    cache_read_tokens: int,
+    cache_write_tokens: int,
+    output_tokens: int,
+    expand_rounds: int = 0,
+) -> dict:
+    """The usage the provider billed for one request (one line per request).
+
+    ``input_tokens`` is uncached input only (Anthropic's ``input_tokens``; for OpenAI,
+    ``prompt_tokens`` minus the cached ones), so the four token counts add up to what was
+    billed. ``expand_rounds``: expand calls cg answered itself within this request.
+    """
+    return {
+        "kind": "usage",
+        "time": time,
+        "session": session,
+        "seq": seq,
+        "dialect": dialect,
+        "path": path,
+        "input_tokens": input_tokens,
+        "cache_read_tokens": cache_read_tokens,
+        "cache_write_tokens": cache_write_tokens,
+        "output_tokens": output_tokens,
+        "expand_rounds": expand_rounds,
+    }
+
+
+def _encode(record: dict) -> bytes:
+    # Compact, ASCII-only (any session id or tool name survives), "/" unescaped (paths read).
+    return ujson.dumps(record, ensure_ascii=True, escape_forward_slashes=False).encode("ascii") + b"\n"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (os.write may write less than asked, e.g. as a disk fills)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class _Worker:
+    """The thread half of ChangeLog: owns the file descriptor. Only ``queue`` is shared
+    with the reactor thread; everything the reactor must learn goes through ``deliver``
+    (``reactor.callFromThread``)."""
+
+    def __init__(self, path: str, deliver: Callable[..., None], failed: Callable, recovered: Callable):
+        self.path = path
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.fd: int | None = None
+        self.deliver = deliver
+        self.failed = failed  # (records lost, error text), called through deliver
+        self.recovered = recovered  # (), called through deliver
+        self.failing = False
+        # A failed write may have left half a line at the end of the file: start the next
+        # write with a newline so that half line stays a line of its own (cg-report skips it).
+        self.torn = False
+
+    def run(self) -> None:
+        self._open()
+        job = None
+        while True:
+            if job is None:
+                job = self.queue.get()
+            if isinstance(job, bytes):
+                job = self._write_batch(job)
+                continue
+            kind, d = job
+            job = None
+            if kind == _REOPEN:
+                self._close()
+                self._open()
+            elif kind == _STOP:
+                self._close()
+            self.deliver(d.callback, None)
+            if kind == _STOP:
+                return
+
+    def _write_batch(self, first: bytes):
+        """Write ``first`` and the lines queued behind it in one go; return the next
+        job that is not a line (or None)."""
+        lines, size, job = [first], len(first), None
+        while size < MAX_BATCH_BYTES:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                job = None
+                break
+            if not isinstance(job, bytes):
+                break
+            lines.append(job)
+            size += len(job)
+            job = None
+        self._write(lines)
+        return job
+
+    def _open(self) -> bool:
+        try:
+            self.fd = os.open(self.path, _OPEN_FLAGS, 0o600)
+        except (OSError, ValueError) as e:  # ValueError: a path with a NUL in it
+            self._fail(0, f"cannot open: {e}")
+            return False
+        return True
+
+    def _close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            try:
+                os.close(fd)
+            except OSError as e:
+                self._fail(0, f"close failed: {e}")
+
+    def _write(self, lines: list[bytes]) -> None:
+        # After an open failure, every write tries again: the directory may be back.
+        if self.fd is None and not self._open():
+            self._fail(len(lines), None)
+            return
+        data = b"".join(lines)
+        try:
+            _write_all(self.fd, b"\n" + data if self.torn else data)
+        except Exception as e:  # noqa: BLE001 -- the thread must outlive any failure
+            self.torn = True
+            self._fail(len(lines), f"write failed: {e}")
+            return
+        self.torn = False
+        if self.failing:
+            self.failing = False
+            self.deliver(self.recovered)
+
+    def _fail(self, lost: int, error: str | None) -> None:
+        self.failing = True
+        self.deliver(self.failed, lost, error)
+
+
+class ChangeLog:
+    """Appends records to the file at ``path`` (``~`` is expanded), off the reactor thread.
+
+    Methods are called on the reactor thread; ``errors`` (records lost) is updated there.
+    """
+
+    enabled = True
+
+    def __init__(self, path: str, reactor=None):
+        if reactor is None:
+            from twisted.internet import reactor
+        self.path = os.path.expanduser(path)
+        self.errors = 0
+        self._reactor = reactor
+        self._logged = False  # the current outage has been logged
+        self._lost_in_outage = 0
+        self._stopped: Deferred | None = None
+        self._worker = _Worker(self.path, reactor.callFromThread, self._failed, self._recovered)
+        self._thread = threading.Thread(target=self._worker.run, name="cg-changelog", daemon=True)
+        self._thread.start()
+
+    def write(self, record: dict) -> None:
+        """Queue one record (a dict from a builder above). Never raises, never blocks."""
+        if self._stopped is not None:
+            self._failed(1, "the change log is closed")
+            return
+        if self._worker.queue.qsize() >= MAX_PENDING:
+            self._failed(1, f"{MAX_PENDING} records waiting for the disk")
+            return
+        try:
+            line = _encode(record)
+        except Exception as e:  # noqa: BLE001 -- a bad record must not fail a request
+            self._failed(1, f"cannot serialize a record: {e}")
+            return
+        self._worker.queue.put(line)
+
+    def flush(self) -> Deferred[None]:
+        """Fires once every record written so far has been handed to the kernel (or lost)."""
+        return self._job(_FLUSH)
+
+    def reopen(self) -> Deferred[None]:
+        """Close the file and open ``path`` again (creating it): for logrotate, on SIGHUP.
+        Records written before this call go to the old file."""
+        return self._job(_REOPEN)
+
+    def close(self) -> Deferred[None]:
+        """Write what is queued, close the file and end the worker thread."""
+        if self._stopped is None:
+            self._stopped = Deferred()
+            self._worker.queue.put((_STOP, self._stopped))
+        d: Deferred = Deferred()
+        self._stopped.addBoth(lambda result: d.callback(None) or result)
+        return d
+
+    def _job(self, kind: str) -> Deferred[None]:
+        if self._stopped is not None:
+            return succeed(None)
+        d: Deferred = Deferred()
+        self._worker.queue.put((kind, d))
+        return d
+
+    # Called on the reactor thread (from the worker, through callFromThread).
+
+    def _failed(self, lost: int, error: str | None) -> None:
+        self.errors += lost
+        self._lost_in_outage += lost
+        if error is not None and not self._logged:
+            self._logged = True
+            log.error(
+                "cg change log {path}: {error}; records are lost until writing works again",
+                path=self.path,
+                error=error,
+            )
+
+    def _recovered(self) -> None:
+        if self._logged:
+            log.info(
+                "cg change log {path}: writing again ({lost} records lost)",
+                path=self.path,
+                lost=self._lost_in_outage,
+            )
+        self._logged = False
+        self._lost_in_outage = 0
+
+
+class NullChangeLog:
+    """The change log when ``--changelog`` is not given: does nothing."""
+
+    enabled = False
+    path = None
+    errors = 0
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def flush(self) -> Deferred[None]:
+        return succeed(None)
+
+    def reopen(self) -> Deferred[None]:
+        return succeed(None)
+
+    def close(self) -> Deferred[None]:
+        return succeed(None)
+
+
+def open_changelog(path: str | None, reactor=None) -> ChangeLog | NullChangeLog:
+    """A ChangeLog for ``--changelog PATH``, or a NullChangeLog without one."""
+    return NullChangeLog() if not path else ChangeLog(path, reactor)

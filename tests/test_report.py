@@ -1,0 +1,273 @@
+"""cg-report: the numbers on a hand-built change log, re-sends counted once in "unique"."""
+
+import gzip
+import io
+
+import pytest
+import ujson
+
+from cg.changelog import compaction_record, usage_record
+from cg.report import NOTE, main, tally
+
+OFFLOAD = dict(
+    tool="Bash",
+    component="offload",
+    lossy=True,
+    marker="aaaaaaaaaaaaaaaa",
+    tokens_before=10_000,
+    tokens_after=1_000,
+    content_hash="aaaaaaaaaaaaaaaa",
+)
+DEDUP = dict(
+    tool="Bash",
+    component="dedup",
+    lossy=True,
+    marker="aaaaaaaaaaaaaaaa",
+    tokens_before=10_000,
+    tokens_after=50,
+    content_hash="aaaaaaaaaaaaaaaa",
+)
+JSONFORMAT = dict(
+    tool="mcp__gh__issue",
+    component="jsonformat",
+    lossy=False,
+    marker=None,
+    tokens_before=800,
+    tokens_after=500,
+    content_hash="bbbbbbbbbbbbbbbb",
+)
+TEXTCLEAN = dict(
+    tool="Bash",
+    component="textclean",
+    lossy=False,
+    marker=None,
+    tokens_before=800,
+    tokens_after=600,
+    content_hash="bbbbbbbbbbbbbbbb",
+)
+OFFLOAD_2 = dict(
+    tool="Grep",
+    component="offload",
+    lossy=True,
+    marker="cccccccccccccccc",
+    tokens_before=4_000,
+    tokens_after=400,
+    content_hash="cccccccccccccccc",
+)
+
+
+def c(session, seq, fields, message=1, block=0, time=1_700_000_000.0):
+    return compaction_record(
+        time=time + seq, session=session, seq=seq, message=message, block=block, **fields
+    )
+
+
+def u(session, seq, input_tokens=100, read=1_000, write=200, output=50, expand_rounds=0):
+    return usage_record(
+        time=1_700_000_000.0 + seq,
+        session=session,
+        seq=seq,
+        dialect="anthropic",
+        path="/v1/messages",
+        input_tokens=input_tokens,
+        cache_read_tokens=read,
+        cache_write_tokens=write,
+        output_tokens=output,
+        expand_rounds=expand_rounds,
+    )
+
+
+def history():
+    """Session s1: an offloaded result first sent on request 1 and re-sent on 2, 3 and 4; on
+    request 3 a reformatted JSON result (textclean then jsonformat, same content) joins, re-sent
+    on 4; on 4 an identical copy of the offloaded result is deduplicated. Session s2 (OpenAI,
+    no block index) offloads another result on requests 10 and 11, and a third session's
+    request logs usage only."""
+    records = []
+    for seq in (1, 2, 3, 4):
+        records.append(c("s1", seq, OFFLOAD, message=1))
+        if seq >= 3:
+            records.append(c("s1", seq, TEXTCLEAN, message=5))
+            records.append(c("s1", seq, JSONFORMAT, message=5))
+        if seq == 4:
+            records.append(c("s1", seq, DEDUP, message=7))
+        records.append(u("s1", seq))
+    for seq in (10, 11):
+        records.append(c("s2", seq, OFFLOAD_2, block=None))
+        records.append(u("s2", seq, read=0, write=3_000, expand_rounds=1))
+    records.append(u("s3", 1))
+    return records
+
+
+def write_log(path, records, opener=open):
+    with opener(path, "wt") as f:
+        for record in records:
+            f.write(ujson.dumps(record) + "\n")
+    return str(path)
+
+
+def test_numbers_on_a_hand_built_log(tmp_path):
+    s = tally([write_log(tmp_path / "log", history())]).summary()
+    # Cumulative: every line.  offload 4 x 9000, textclean 2 x 200, jsonformat 2 x 300,
+    # dedup 9950, s2's offload 2 x 3600.
+    assert s["compactions"] == 11
+    assert s["cumulative_deleted_marker"] == 4 * 9_000 + 9_950 + 2 * 3_600 == 53_150
+    assert s["cumulative_deleted_no_marker"] == 2 * 200 + 2 * 300 == 1_000
+    assert s["cumulative_deleted_tokens"] == 54_150
+    # Unique: each compaction once, however often it was re-sent.
+    assert s["unique_deleted_marker"] == 9_000 + 9_950 + 3_600 == 22_550
+    assert s["unique_deleted_no_marker"] == 200 + 300
+    assert s["unique_deleted_tokens"] == 23_050
+    assert s["compactions_unique"] == 5
+    assert s["cumulative_over_unique"] == round(54_150 / 23_050, 2)
+    assert s["distinct_markers"] == 2
+    # Requests: (session, seq) pairs of the usage lines; sessions from every line.
+    assert s["requests"] == 7 and s["requests_from"] == "usage"
+    assert s["sessions"] == 3
+    assert s["components"]["offload"] == {
+        "lossy": True, "acted": 6, "acted_unique": 2,
+        "cumulative_deleted_tokens": 4 * 9_000 + 2 * 3_600, "unique_deleted_tokens": 12_600,
+    }  # fmt: skip
+    assert s["components"]["textclean"] == {
+        "lossy": False, "acted": 2, "acted_unique": 1,
+        "cumulative_deleted_tokens": 400, "unique_deleted_tokens": 200,
+    }  # fmt: skip
+    assert list(s["components"]) == ["dedup", "jsonformat", "offload", "textclean"]
+    assert s["usage"] == {
+        "requests": 7,
+        "input_tokens": 700,
+        "cache_read_tokens": 5 * 1_000,
+        "cache_write_tokens": 5 * 200 + 2 * 3_000,
+        "output_tokens": 350,
+        "expand_rounds": 2,
+        "cache_write_read_ratio": round(7_000 / 5_000, 4),
+    }
+    assert (s["first_time"], s["last_time"]) == (1_700_000_001.0, 1_700_000_011.0)
+    assert s["bad_lines"] == 0 and s["lines"] == len(history())
+
+
+def test_the_same_lines_twice_change_cumulative_not_unique(tmp_path):
+    once = tally([write_log(tmp_path / "a", history())]).summary()
+    twice = tally([write_log(tmp_path / "b", history() + history())]).summary()
+    assert twice["cumulative_deleted_tokens"] == 2 * once["cumulative_deleted_tokens"]
+    for key in ("unique_deleted_tokens", "unique_deleted_marker", "distinct_markers", "requests", "sessions"):
+        assert twice[key] == once[key], key
+
+
+def test_requests_from_compactions_without_usage_lines(tmp_path):
+    records = [r for r in history() if r["kind"] == "compaction"]
+    s = tally([write_log(tmp_path / "log", records)]).summary()
+    assert s["requests"] == 6 and s["requests_from"] == "compactions"
+    assert s["usage"]["requests"] == 0 and s["usage"]["cache_write_read_ratio"] is None
+
+
+def test_gzip_and_plain_files_together(tmp_path):
+    records = history()
+    plain = write_log(tmp_path / "changes.jsonl", records[:9])
+    rotated = write_log(tmp_path / "changes.jsonl.1.gz", records[9:], opener=gzip.open)
+    # told apart by content, not by name
+    renamed = write_log(tmp_path / "changes.jsonl.2", records[9:], opener=gzip.open)
+    whole = tally([write_log(tmp_path / "all", records)]).summary()
+    assert tally([plain, rotated]).summary() == {**whole, "files": 2}
+    assert tally([plain, renamed]).summary() == {**whole, "files": 2}
+
+
+def test_bad_lines_are_skipped_and_counted(tmp_path):
+    path = tmp_path / "log"
+    good = [ujson.dumps(r) for r in history()]
+    bad = [
+        '{"kind":"compaction","time":1700000001,"sess',  # torn by a failed write
+        "not json",
+        "[1, 2]",
+        '{"kind":"compaction","session":"s1","seq":1,"component":"offload","marker":null,"hash":null,"tokens_deleted":5}',
+        '{"kind":"compaction","session":"s1","seq":1,"component":"offload","marker":"x","tokens_deleted":"5"}',
+        '{"kind":"usage","session":"s1","seq":"1"}',
+        '{"kind":"usage","session":"s1","seq":1,"input_tokens":true}',
+    ]
+    path.write_text("\n".join(bad[:3] + good + bad[3:]) + '\n\n{"kind":"expand","session":"s1"}\n')
+    s = tally([str(path)]).summary()
+    assert s["bad_lines"] == 7
+    assert s["other_lines"] == 1  # a kind this cg-report does not know: not an error
+    assert s["cumulative_deleted_tokens"] == 54_150
+    assert s["lines"] == len(good) + 8  # the blank line is not a line
+
+
+def test_unreadable_and_truncated_files(tmp_path, capsys):
+    records = history()
+    data = gzip.compress("".join(ujson.dumps(r) + "\n" for r in records).encode())
+    (tmp_path / "cut.gz").write_bytes(data[: len(data) // 2])  # still being compressed
+    code = main([str(tmp_path / "missing"), str(tmp_path / "cut.gz"), "--json"])
+    out, err = capsys.readouterr()
+    s = ujson.loads(out)
+    assert code == 1
+    assert len(s["unreadable_files"]) == 2
+    assert "missing" in err and "cut.gz" in err
+    assert 0 < s["lines"] < len(records)  # what was read before the cut still counts
+
+
+JSON_KEYS = [
+    "files", "lines", "bad_lines", "other_lines", "unreadable_files", "first_time", "last_time",
+    "compactions", "compactions_unique", "cumulative_deleted_tokens", "cumulative_deleted_marker",
+    "cumulative_deleted_no_marker", "unique_deleted_tokens", "unique_deleted_marker",
+    "unique_deleted_no_marker", "cumulative_over_unique", "distinct_markers", "requests",
+    "requests_from", "sessions", "components", "usage", "note",
+]  # fmt: skip
+
+
+def test_json_output_keys(tmp_path, capsys):
+    assert main([write_log(tmp_path / "log", history()), "--json"]) == 0
+    s = ujson.loads(capsys.readouterr().out)
+    assert list(s) == JSON_KEYS
+    assert list(s["usage"]) == [
+        "requests", "input_tokens", "cache_read_tokens", "cache_write_tokens", "output_tokens",
+        "expand_rounds", "cache_write_read_ratio",
+    ]  # fmt: skip
+    assert list(s["components"]["dedup"]) == [
+        "lossy", "acted", "acted_unique", "cumulative_deleted_tokens", "unique_deleted_tokens",
+    ]  # fmt: skip
+    assert s["unique_deleted_tokens"] == 23_050
+    assert s["note"] == NOTE
+
+
+def test_json_keys_are_there_on_an_empty_log(tmp_path, capsys):
+    (tmp_path / "empty").write_text("")
+    assert main([str(tmp_path / "empty"), "--json"]) == 0
+    s = ujson.loads(capsys.readouterr().out)
+    assert list(s) == JSON_KEYS
+    assert s["unique_deleted_tokens"] == 0 and s["cumulative_over_unique"] is None
+
+
+def test_text_table(tmp_path, capsys):
+    assert main([write_log(tmp_path / "log", history())]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert any(line.split() == ["total", "54,150", "23,050"] for line in lines)
+    assert any(line.split() == ["behind", "a", "marker", "(lossy)", "53,150", "22,550"] for line in lines)
+    assert any(line.split() == ["no", "marker", "(reformat)", "1,000", "500"] for line in lines)
+    assert any(line.split() == ["Distinct", "marker", "ids", "2"] for line in lines)
+    assert any(line.split() == ["Requests", "7"] for line in lines)
+    assert any(line.split() == ["Sessions", "3"] for line in lines)
+    assert any(line.split()[:3] == ["offload", "lossy", "6"] for line in lines)
+    assert "Cache write:read  1:0.7 (1.4)" in lines
+    assert "8-21x" in out and "unique" in lines[-1]
+
+
+def test_standard_input(capsys):
+    data = "".join(ujson.dumps(r) + "\n" for r in history()).encode()
+    s = tally(["-"], stdin=io.BufferedReader(io.BytesIO(gzip.compress(data)))).summary()
+    assert s["cumulative_deleted_tokens"] == 54_150
+
+
+def test_no_arguments_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2
+
+
+def test_float_counts_are_counts(tmp_path):
+    path = tmp_path / "log"
+    path.write_text(
+        '{"kind":"compaction","session":"s","seq":1,"component":"offload","lossy":true,'
+        '"marker":"m","hash":"m","tokens_deleted":1500.0}\n'
+    )
+    assert tally([str(path)]).summary()["unique_deleted_tokens"] == 1500
