@@ -1,0 +1,931 @@
+"""Proxy overhead: the same requests direct to the fake upstream and through cg, in one run.
+
+    python bench/overhead.py [--quick] [--json PATH]
+
+Three processes, all on 127.0.0.1: the fake provider (``python -m cg.testing --port 0``),
+cg (``twistd -n cg``, the twistd next to this interpreter, else ``python -m twisted cg``) in
+front of it, and this one, a load generator on Twisted with a raw HTTP/1.1 protocol (one
+keep-alive connection per client, a pre-built request, a minimal response parser) so the
+client costs little and the same on both sides. Every figure through cg is paired with the
+same figure measured direct to the fake in the same run, in alternating rounds, so drift on
+a noisy machine hits both; the direct figure includes the client's own cost.
+
+Measured:
+ 1. TTFB and total time of a streamed reply of 20 text deltas 50 ms apart (sequential trials).
+ 2. TTFB percentiles with 1, 10 and 100 closed-loop clients (each sends its next request as
+    soon as its previous reply ended) asking for a small stream (3 deltas, no delay).
+ 3. Requests/s of small JSON (non-streaming) requests with 10 and 50 closed-loop clients.
+ 4. cg's RSS idle, with 100 long streams open (and per stream), and after they closed; while
+    the 100 streams are open, the TTFB of one client's small streams, direct and through cg.
+    (The JSON also has the TTFBs of the 100 streams, requested at once, direct and through
+    cg; they mostly measure the fake, which builds each 1000-event reply up front.)
+Also the CPU each process used per request, read from /proc.
+
+TTFB is the time from writing the request to reading the first byte after the response
+headers. Both subprocesses are killed on exit, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import gc
+import json
+import os
+import platform
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from twisted.internet import defer, reactor, task
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+
+HOST = "127.0.0.1"
+REPO = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+clock = time.perf_counter
+
+# ---------------------------------------------------------------------------------------------
+# Subprocesses (synchronous: before and after the reactor runs)
+
+_children: list[subprocess.Popen] = []
+
+
+def _kill_children() -> None:
+    """Terminate every child, then kill what is left; bounded waits."""
+    for proc in _children:
+        if proc.poll() is None:
+            try:
+                proc.terminate()
+            except OSError:
+                pass
+    deadline = time.monotonic() + 5
+    for proc in _children:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+    _children.clear()
+
+
+atexit.register(_kill_children)
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    try:
+        import cg  # noqa: F401
+    except ImportError:  # not installed: run the checkout
+        sys.path.insert(0, str(REPO))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.pop("PYTHONDEVMODE", None)
+    return env
+
+
+def _die_with_parent() -> None:
+    """In the child (Linux): get SIGTERM if the benchmark dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _spawn(argv: list[str], log: Path, env: dict, stdout=None) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout if stdout is not None else log.open("wb"),
+        stderr=log.open("ab") if stdout is not None else subprocess.STDOUT,
+        cwd=log.parent,
+        env=env,
+        start_new_session=True,  # a Ctrl-C on the terminal reaches only us; we stop them
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    )
+    _children.append(proc)
+    return proc
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def start_fake(tmp: Path, env: dict) -> tuple[subprocess.Popen, int]:
+    """``python -m cg.testing --port 0``; the port is read from its ``listening N`` line."""
+    log = tmp / "fake.log"
+    proc = _spawn([sys.executable, "-m", "cg.testing", "--port", "0"], log, env, stdout=subprocess.PIPE)
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + 20
+    line = b""
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sel.select(timeout=0.2):
+            line = proc.stdout.readline()
+            break
+    sel.close()
+    parts = line.split()
+    if len(parts) != 2 or parts[0] != b"listening":
+        raise SystemExit(f"fake upstream did not start (printed {line!r}):\n{_tail(log)}")
+    # It prints nothing else; drop the pipe so it can never block on a full one.
+    proc.stdout.close()
+    return proc, int(parts[1])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _cg_argv(port: int, upstream: str) -> list[str]:
+    twistd = Path(sys.executable).with_name("twistd")
+    if twistd.exists():
+        head = [sys.executable, str(twistd), "-n", "--pidfile=", "cg"]
+    else:
+        head = [sys.executable, "-m", "twisted", "cg"]
+    return head + [
+        "--listen",
+        f"tcp:{port}:interface={HOST}",
+        "--anthropic-upstream",
+        upstream,
+        "--openai-upstream",
+        upstream,
+    ]
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """A blocking GET with Connection: close (only outside measurements)."""
+    with socket.create_connection((HOST, port), timeout=timeout) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(None, 2)[1])
+    if b"transfer-encoding: chunked" in head.lower():
+        body = _dechunk(body)
+    return status, body
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, pos = [], 0
+    while True:
+        eol = data.index(b"\r\n", pos)
+        size = int(data[pos:eol].split(b";")[0], 16)
+        if not size:
+            return b"".join(out)
+        out.append(data[eol + 2 : eol + 2 + size])
+        pos = eol + 4 + size
+
+
+def start_cg(tmp: Path, env: dict, upstream_port: int) -> tuple[subprocess.Popen, int]:
+    """cg on a free port (picked here: ``tcp:0`` would not tell us which); waits for /healthz."""
+    log = tmp / "cg.log"
+    for _attempt in range(3):
+        port = _free_port()
+        proc = _spawn(_cg_argv(port, f"http://{HOST}:{upstream_port}"), log, env)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if http_get(port, "/healthz", timeout=1)[0] == 200:
+                    return proc, port
+            except OSError:
+                pass
+            time.sleep(0.05)
+        if proc.poll() is None:
+            break
+    raise SystemExit(f"cg did not answer /healthz:\n{_tail(log)}")
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def cpu_s(pid: int | None) -> float:
+    """User+system CPU seconds of a process (``None``: this one)."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def tcp_counters() -> dict[str, int]:
+    """Machine-wide TCP counters: a listen queue overflow drops a SYN, retried a second later."""
+    lines = Path("/proc/net/netstat").read_text().splitlines()
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            table = dict(zip(names.split()[1:], values.split()[1:]))
+            return {k: int(table.get(k, 0)) for k in ("ListenOverflows", "TCPSynRetrans")}
+    return {}
+
+
+def time_wait_pairs(port: int) -> set[tuple[str, str]]:
+    """TCP connections to or from ``port`` in TIME_WAIT: left behind by each closed connection."""
+    hexport = f"{port:04X}"
+    pairs = set()
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            if fields[3] == "06" and hexport in (fields[1][-4:], fields[2][-4:]):
+                pairs.add((fields[1], fields[2]))
+    return pairs
+
+
+# ---------------------------------------------------------------------------------------------
+# The client: raw HTTP/1.1 on Twisted
+
+
+class ResponseError(Exception):
+    pass
+
+
+class HTTPConn(Protocol):
+    """One keep-alive HTTP/1.1 connection, one request at a time, timestamps on the way."""
+
+    def __init__(self):
+        self._d = None
+        self._timer = None
+        self.lost = False
+
+    def connectionMade(self):
+        self.transport.setTcpNoDelay(True)
+
+    def request(self, data: bytes, timeout: float = 30.0) -> defer.Deferred:
+        """Fires with (ttfb_s, total_s, status) once the whole response arrived."""
+        if self.lost:
+            return defer.fail(ResponseError("connection closed"))
+        self._d = defer.Deferred()
+        self._buf = b""
+        self._in_head = True
+        self._status = 0
+        self._t_first = None
+        self._need = 0
+        self._chunked = False
+        self._last = False
+        self._timer = reactor.callLater(timeout, self._expire)
+        self._t0 = clock()
+        self.transport.write(data)
+        return self._d
+
+    def _expire(self):
+        self._timer = None
+        self._fail(ResponseError("response timed out"))
+        self.transport.abortConnection()
+
+    def _fail(self, exc):
+        d, self._d = self._d, None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if d is not None:
+            d.errback(Failure(exc))
+
+    def dataReceived(self, data):
+        now = clock()
+        if self._d is None:
+            return
+        if self._in_head:
+            data = self._buf + data
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                self._buf = data
+                return
+            head, data = data[:end].lower(), data[end + 4 :]
+            self._buf = b""
+            self._in_head = False
+            self._status = int(head[9:12])
+            self._chunked = b"transfer-encoding: chunked" in head
+            if not self._chunked:
+                at = head.find(b"content-length:")
+                if at < 0:
+                    self._fail(ResponseError("neither chunked nor content-length"))
+                    return
+                eol = head.find(b"\r\n", at)
+                self._need = int(head[at + 15 : eol if eol >= 0 else len(head)])
+                self._last = True
+            if not data and (self._need or self._chunked):
+                return
+        if self._t_first is None:
+            self._t_first = now
+        if self._feed(data):
+            d, self._d = self._d, None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            d.callback((self._t_first - self._t0, now - self._t0, self._status))
+
+    def _feed(self, data: bytes) -> bool:
+        """Consume body bytes; True once the response is complete."""
+        if not self._chunked:
+            self._need -= len(data)
+            return self._need <= 0
+        if self._buf:
+            data = self._buf + data
+            self._buf = b""
+        pos, n = 0, len(data)
+        while True:
+            if self._need:
+                take = min(self._need, n - pos)
+                self._need -= take
+                pos += take
+                if self._need:
+                    return False
+                if self._last:
+                    return True
+            eol = data.find(b"\r\n", pos)
+            if eol < 0:
+                self._buf = data[pos:]
+                return False
+            size = int(data[pos:eol].split(b";", 1)[0], 16)
+            pos = eol + 2
+            self._last = size == 0
+            self._need = size + 2  # the data and its CRLF (the final one, for the last chunk)
+
+    def connectionLost(self, reason=None):
+        self.lost = True
+        self._fail(ResponseError("connection lost"))
+
+
+def connect(port: int) -> defer.Deferred:
+    return connectProtocol(TCP4ClientEndpoint(reactor, HOST, port, timeout=10), HTTPConn())
+
+
+def make_request(port: int, *, stream: bool, events: int = 3, delay_ms: int = 0) -> bytes:
+    body = {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 256,
+        "messages": [{"role": "user", "content": "Say hello."}],
+    }
+    if stream:
+        body["stream"] = True
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    head = [
+        "POST /v1/messages HTTP/1.1",
+        f"Host: {HOST}:{port}",
+        "Content-Type: application/json",
+        "Accept: application/json",
+        "anthropic-version: 2023-06-01",
+        "x-api-key: sk-ant-bench",
+        f"Content-Length: {len(raw)}",
+    ]
+    if stream:
+        head += [f"x-fake-events: {events}", f"x-fake-delay-ms: {delay_ms}"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + raw
+
+
+def sleep(seconds: float) -> defer.Deferred:
+    return task.deferLater(reactor, seconds, lambda: None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def pct(values: list[float], p: float) -> float | None:
+    """Linear-interpolated percentile (``p`` in 0..100) of unsorted ``values``."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurements
+
+
+class Bench:
+    def __init__(self, args, fake_pid: int, fake_port: int, cg_pid: int, cg_port: int):
+        self.args = args
+        self.quick = args.quick
+        self.fake_pid, self.fake_port = fake_pid, fake_port
+        self.cg_pid, self.cg_port = cg_pid, cg_port
+        self.targets = {"direct": fake_port, "cg": cg_port}
+        self.results: dict = {}
+
+    def cpu(self) -> dict:
+        return {
+            "client": cpu_s(None),
+            "fake": cpu_s(self.fake_pid),
+            "cg": cpu_s(self.cg_pid),
+            "all": busy_s(),
+            **tcp_counters(),
+        }
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    async def run(self) -> dict:
+        t0 = time.monotonic()
+        self.results["rss_kib"] = {"idle_start": rss_kib(self.cg_pid)}
+        await self.warmup()
+        # Streams first: after the load phases, RSS sits at their high-water mark and would hide
+        # what the streams cost.
+        await self.open_streams()
+        await self.sse_trials()
+        await self.closed_loop_ttfb()
+        await self.json_throughput()
+        gc.collect()
+        await sleep(1.0)
+        self.results["rss_kib"]["idle_after_load"] = rss_kib(self.cg_pid)
+        self.results["cg_stats"] = json.loads(http_get(self.cg_port, "/stats")[1])
+        self.results["fake_rss_kib_end"] = rss_kib(self.fake_pid)
+        self.results["elapsed_s"] = round(time.monotonic() - t0, 1)
+        return self.results
+
+    async def warmup(self) -> None:
+        """Fill cg's upstream pool and both sides' caches; nothing recorded."""
+        for port in self.targets.values():
+            for stream in (True, False):
+                await self.loop(port, make_request(port, stream=stream), 10, 0.3 if self.quick else 1.0)
+
+    # 1 ---------------------------------------------------------------------------------------
+    async def sse_trials(self) -> None:
+        n = 2 if self.quick else 15
+        self.say(f"1. 20-delta stream, 50 ms apart: {n} trials each side")
+        conns = {name: await connect(port) for name, port in self.targets.items()}
+        samples: dict = {name: {"ttfb": [], "total": []} for name in self.targets}
+        for i in range(n):
+            order = list(self.targets) if i % 2 == 0 else list(reversed(self.targets))
+            for name in order:
+                req = make_request(self.targets[name], stream=True, events=20, delay_ms=50)
+                ttfb, total, status = await conns[name].request(req)
+                if status != 200:
+                    raise ResponseError(f"{name}: status {status}")
+                samples[name]["ttfb"].append(ttfb)
+                samples[name]["total"].append(total)
+        for conn in conns.values():
+            conn.transport.loseConnection()
+        self.results["sse_20x50ms"] = {
+            name: {
+                "n": n,
+                "ttfb_p50_ms": ms(pct(s["ttfb"], 50)),
+                "total_p50_ms": ms(pct(s["total"], 50)),
+                "ttfb_ms": [ms(x) for x in s["ttfb"]],
+                "total_ms": [ms(x) for x in s["total"]],
+            }
+            for name, s in samples.items()
+        }
+
+    # closed loop -----------------------------------------------------------------------------
+    async def loop(self, port: int, req: bytes, concurrency: int, duration: float, warm: float = 0.0):
+        """``concurrency`` clients, each back to back on its own connection, for ``warm`` +
+        ``duration`` seconds; samples are the requests sent after the warm-up."""
+        conns = await defer.gatherResults([connect(port) for _ in range(concurrency)], consumeErrors=True)
+        ttfbs: list[float] = []
+        totals: list[float] = []
+        errors: list[str] = []
+        done_in_window = 0
+        n_all = 0
+        start = clock()
+        window = start + warm
+        end = window + duration
+
+        async def client(conn: HTTPConn):
+            nonlocal done_in_window, n_all
+            while True:
+                t = clock()
+                if t >= end:
+                    return
+                try:
+                    ttfb, total, status = await conn.request(req)
+                except Exception as e:  # noqa: BLE001 - counted and reported
+                    errors.append(str(e))
+                    return
+                n_all += 1
+                if status != 200:
+                    errors.append(f"status {status}")
+                if t >= window:
+                    ttfbs.append(ttfb)
+                    totals.append(total)
+                if window <= t + total <= end:  # throughput: replies completed in the window
+                    done_in_window += 1
+
+        gc.collect()
+        gc.disable()  # no collector pauses in the client while it measures
+        cpu0 = None
+        wait_cpu = sleep(warm).addCallback(lambda _: self.cpu())
+        try:
+            runs = [defer.Deferred.fromCoroutine(client(c)) for c in conns]
+            cpu0 = await wait_cpu
+            await defer.gatherResults(runs, consumeErrors=True)
+            cpu1 = self.cpu()
+            elapsed = clock() - window
+        finally:
+            gc.enable()
+            for c in conns:
+                c.transport.loseConnection()
+        await sleep(0.1 if self.quick else 0.3)  # let the closes finish and the servers settle
+        cpu = {k: cpu1[k] - cpu0[k] for k in cpu1}
+        tcp = {k: cpu.pop(k) for k in ("ListenOverflows", "TCPSynRetrans") if k in cpu}
+        # Busy CPU of everything else on the machine (other users' work is noise here).
+        others = cpu.pop("all") - cpu["client"] - cpu["fake"] - cpu["cg"]
+        return {
+            "n_all": n_all,
+            "tcp": tcp,
+            "others_cores": max(0.0, others / elapsed),
+            "ttfb": ttfbs,
+            "total": totals,
+            "errors": errors,
+            "rps": done_in_window / duration,
+            "cpu_s": cpu,
+            "cpu_elapsed_s": elapsed,
+        }
+
+    async def paired_loops(self, req_kw: dict, concurrency: int, rounds: int, duration: float, warm: float):
+        """Alternate direct and cg phases; pool samples per side."""
+        out = {
+            name: {"ttfb": [], "total": [], "errors": [], "rps": [], "cpu_s": {}, "n_per_round": [], "others": [], "tcp": {}}
+            for name in self.targets
+        }
+        churn = []
+        for r in range(rounds):
+            order = list(self.targets) if r % 2 == 0 else list(reversed(self.targets))
+            for name in order:
+                port = self.targets[name]
+                tw0 = time_wait_pairs(self.fake_port) if name == "cg" else None
+                res = await self.loop(port, make_request(port, **req_kw), concurrency, duration, warm)
+                if name == "cg":
+                    # Upstream connections closed during the phase (cg's pool discarding them).
+                    churn.append(len(time_wait_pairs(self.fake_port) - tw0) / max(1, res["n_all"]))
+                o = out[name]
+                o["ttfb"] += res["ttfb"]
+                o["total"] += res["total"]
+                o["errors"] += res["errors"]
+                o["rps"].append(res["rps"])
+                o["n_per_round"].append(len(res["ttfb"]))
+                o["others"].append(round(res["others_cores"], 3))
+                for k, v in res["cpu_s"].items():
+                    o["cpu_s"][k] = o["cpu_s"].get(k, 0.0) + v
+                for k, v in res["tcp"].items():
+                    o["tcp"][k] = o["tcp"].get(k, 0) + v
+        summary = {}
+        for name, o in out.items():
+            n = len(o["ttfb"])
+            summary[name] = {
+                "n": n,
+                "errors": len(o["errors"]),
+                "error_samples": o["errors"][:5],
+                "ttfb_p50_ms": ms(pct(o["ttfb"], 50)),
+                "ttfb_p90_ms": ms(pct(o["ttfb"], 90)),
+                "ttfb_p99_ms": ms(pct(o["ttfb"], 99)),
+                "total_p50_ms": ms(pct(o["total"], 50)),
+                "rps_median": round(pct(o["rps"], 50), 1),
+                "rps_per_round": [round(x, 1) for x in o["rps"]],
+                "cpu_ms_per_request": {k: round(v * 1000 / max(1, n), 4) for k, v in o["cpu_s"].items()},
+                "other_processes_cores": o["others"],
+                "tcp_counters_machine_wide": o["tcp"],
+                "ttfb_ms": [ms(x) for x in o["ttfb"]],
+            }
+        summary["cg_upstream_conns_closed_per_request"] = round(pct(churn, 50), 4) if churn else None
+        return summary
+
+    # 2 ---------------------------------------------------------------------------------------
+    async def closed_loop_ttfb(self) -> None:
+        rounds, duration, warm = (1, 0.6, 0.15) if self.quick else (5, 2.0, 0.3)
+        self.results["closed_loop_stream3"] = {}
+        for c in (1, 10, 100):
+            self.say(f"2. closed loop, 3-delta streams, {c} clients: {rounds} x {duration}s per side")
+            self.results["closed_loop_stream3"][str(c)] = await self.paired_loops(
+                {"stream": True, "events": 3}, c, rounds, duration, warm
+            )
+
+    # 3 ---------------------------------------------------------------------------------------
+    async def json_throughput(self) -> None:
+        rounds, duration, warm = (1, 0.6, 0.15) if self.quick else (5, 2.0, 0.3)
+        self.results["closed_loop_json"] = {}
+        for c in (10, 50):
+            self.say(f"3. closed loop, JSON, {c} clients: {rounds} x {duration}s per side")
+            self.results["closed_loop_json"][str(c)] = await self.paired_loops(
+                {"stream": False}, c, rounds, duration, warm
+            )
+
+    # 4 ---------------------------------------------------------------------------------------
+    async def open_burst(self, port: int, n: int) -> tuple[list, list[float], float]:
+        """``n`` long streams (1000 deltas, 100 ms apart) requested at once on ready connections;
+        fires once each has its first body byte, with every stream's TTFB."""
+        conns = await defer.gatherResults([connect(port) for _ in range(n)], consumeErrors=True)
+        req = make_request(port, stream=True, events=1000, delay_ms=100)
+        first_bytes = []
+        # These requests end only when we cut them: wrap dataReceived to see the first byte.
+        for conn in conns:
+            got = defer.Deferred()
+            first_bytes.append(got)
+            orig = conn.dataReceived
+
+            def seen(data, orig=orig, got=got, conn=conn):
+                orig(data)
+                if not got.called and conn._t_first is not None:
+                    got.callback(conn._t_first - conn._t0)
+
+            conn.dataReceived = seen
+        opened = clock()
+        for conn in conns:
+            conn.request(req, timeout=300).addErrback(lambda _: None)
+        ttfbs = await _with_timeout(defer.gatherResults(first_bytes), 30)
+        return conns, ttfbs, clock() - opened
+
+    async def open_streams(self) -> None:
+        n_streams = 100
+        hold = 1.0 if self.quick else 3.0
+        probes = 30 if self.quick else 200
+        self.say(f"4. {n_streams} long streams opened at once, held; RSS; {probes} probes per side")
+        rss = self.results["rss_kib"]
+        bursts = {}
+        direct, ttfbs, seconds = await self.open_burst(self.fake_port, n_streams)
+        bursts["direct"] = (ttfbs, seconds)
+        for conn in direct:
+            conn.transport.abortConnection()
+        await sleep(0.5 if self.quick else 1.0)
+        rss["idle_before_streams"] = rss_kib(self.cg_pid)
+        conns, ttfbs, seconds = await self.open_burst(self.cg_port, n_streams)
+        bursts["cg"] = (ttfbs, seconds)
+        self.results["burst_open_100_streams"] = {
+            name: {
+                "n": len(t),
+                "ttfb_p50_ms": ms(pct(t, 50)),
+                "ttfb_max_ms": ms(max(t)),
+                "seconds_to_open_all": round(sec, 4),
+                "ttfb_ms": [ms(x) for x in t],
+            }
+            for name, (t, sec) in bursts.items()
+        }
+        await sleep(0.5)
+        samples = []
+        probe_out = {name: [] for name in self.targets}
+        probe_conns = {name: await connect(port) for name, port in self.targets.items()}
+        reqs = {name: make_request(port, stream=True, events=3) for name, port in self.targets.items()}
+        t_hold = clock()
+        i = 0
+        while i < probes or clock() - t_hold < hold:
+            if i % max(1, probes // 10) == 0:
+                samples.append(rss_kib(self.cg_pid))
+            if i < probes:
+                for name in (self.targets if i % 2 == 0 else reversed(list(self.targets))):
+                    ttfb, _total, _status = await probe_conns[name].request(reqs[name])
+                    probe_out[name].append(ttfb)
+                await sleep(0.005)  # probes, not load: leave the 100 streams most of the time
+            else:
+                await sleep(0.1)
+            i += 1
+        samples.append(rss_kib(self.cg_pid))
+        stats = json.loads(http_get(self.cg_port, "/stats")[1])
+        for c in probe_conns.values():
+            c.transport.loseConnection()
+        for conn in conns:
+            conn.transport.abortConnection()
+        closed = clock()
+        in_flight = stats.get("in_flight")
+        while clock() - closed < 10:
+            await sleep(0.1)
+            in_flight = json.loads(http_get(self.cg_port, "/stats")[1]).get("in_flight")
+            if in_flight == 0:
+                break
+        drained_s = clock() - closed
+        await sleep(0.5)
+        rss["with_streams_samples"] = samples
+        rss["with_streams"] = int(pct(samples, 50))
+        rss["with_streams_max"] = max(samples)
+        rss["per_stream"] = round((rss["with_streams"] - rss["idle_before_streams"]) / n_streams, 1)
+        rss["after_streams_closed"] = rss_kib(self.cg_pid)
+        rss["streams"] = n_streams
+        rss["in_flight_seen_by_cg"] = stats.get("in_flight")
+        rss["in_flight_after_close"] = in_flight
+        rss["seconds_to_drain_after_close"] = round(drained_s, 3)
+        self.results["probe_with_100_streams"] = {
+            name: {
+                "n": len(v),
+                "ttfb_p50_ms": ms(pct(v, 50)),
+                "ttfb_p99_ms": ms(pct(v, 99)),
+                "ttfb_ms": [ms(x) for x in v],
+            }
+            for name, v in probe_out.items()
+        }
+
+
+async def _with_timeout(d: defer.Deferred, seconds: float):
+    d.addTimeout(seconds, reactor)
+    return await d
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+
+
+def _fmt(x, spec=".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _ratio(a, b) -> str:
+    return "-" if a is None or b in (None, 0) else f"{a / b:.2f}x"
+
+
+def table(r: dict) -> str:
+    rows = [("", "direct", "via cg", "cg - direct", "cg / direct")]
+
+    def row(label, d, c, spec=".2f", diff=True):
+        delta = None if (d is None or c is None) else c - d
+        rows.append((label, _fmt(d, spec), _fmt(c, spec), (f"{delta:+{spec}}" if delta is not None and diff else "-"), _ratio(c, d)))
+
+    def head(label):
+        rows.append((label, "", "", "", ""))
+
+    s = r["sse_20x50ms"]
+    head(f"1. stream of 20 deltas 50 ms apart, median of {s['direct']['n']} trials")
+    row("   TTFB ms", s["direct"]["ttfb_p50_ms"], s["cg"]["ttfb_p50_ms"])
+    row("   total ms", s["direct"]["total_p50_ms"], s["cg"]["total_p50_ms"], ".1f")
+    head("2. closed loop, 3-delta streams, TTFB")
+    for c, v in r["closed_loop_stream3"].items():
+        d, g = v["direct"], v["cg"]
+        head(f"   {c} client{'s' if c != '1' else ''} (n = {d['n']} / {g['n']})")
+        row("     p50 ms", d["ttfb_p50_ms"], g["ttfb_p50_ms"])
+        row("     p99 ms", d["ttfb_p99_ms"], g["ttfb_p99_ms"])
+        row("     req/s", d["rps_median"], g["rps_median"], ".0f")
+    head("3. closed loop, JSON (no stream)")
+    for c, v in r["closed_loop_json"].items():
+        d, g = v["direct"], v["cg"]
+        row(f"   {c} clients: req/s", d["rps_median"], g["rps_median"], ".0f")
+        row(f"   {c} clients: p50 ms", d["total_p50_ms"], g["total_p50_ms"])
+    rss = r["rss_kib"]
+    p = r["probe_with_100_streams"]
+    head(f"4. while {rss['streams']} long streams flow through cg: 1 client, 3-delta streams (n = {p['direct']['n']})")
+    row("   probe TTFB p50 ms", p["direct"]["ttfb_p50_ms"], p["cg"]["ttfb_p50_ms"])
+    row("   probe TTFB p99 ms", p["direct"]["ttfb_p99_ms"], p["cg"]["ttfb_p99_ms"])
+    m = r["machine"]
+    quick = "; --quick" if r["quick"] else ""
+    out = [f"{m['date']}; {m['nproc']} cores ({m['cpu']}); Python {m['python']}, Twisted {m['twisted']}{quick}", ""]
+    widths = [max(len(x[i]) for x in rows) for i in range(5)]
+    for x in rows:
+        out.append("  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, 5)]).rstrip())
+    mib = 1024
+    out.append("")
+    out.append(
+        "cg RSS MiB: at start {:.1f}; after warm-up {:.1f}; {} streams open {:.1f} (max {:.1f}), "
+        "{:.1f} KiB per stream; after they closed {:.1f}; idle after all load {:.1f}".format(
+            rss["idle_start"] / mib,
+            rss["idle_before_streams"] / mib,
+            rss["streams"],
+            rss["with_streams"] / mib,
+            rss["with_streams_max"] / mib,
+            rss["per_stream"],
+            rss["after_streams_closed"] / mib,
+            rss["idle_after_load"] / mib,
+        )
+    )
+    out.append("")
+    out.append("CPU ms per request (user+system, from /proc)   client    fake      cg")
+    for grp, label in (("closed_loop_stream3", "3-delta streams"), ("closed_loop_json", "JSON")):
+        for c, v in r[grp].items():
+            for side in ("direct", "cg"):
+                cpu = v[side]["cpu_ms_per_request"]
+                name = f"  {label}, {c} client{'s' if c != '1' else ''}, {'direct' if side == 'direct' else 'via cg'}"
+                cg_cpu = f"{cpu['cg']:8.3f}" if side == "cg" else f"{'-':>8}"
+                out.append(f"{name:<46}{cpu['client']:8.3f}{cpu['fake']:8.3f}{cg_cpu}")
+    out.append(
+        f"cg's in-flight count: {rss['in_flight_seen_by_cg']} with the {rss['streams']} streams open, "
+        f"{rss['in_flight_after_close']} {rss['seconds_to_drain_after_close']} s after the clients cut them"
+    )
+    churn = {c: v["cg_upstream_conns_closed_per_request"] for c, v in r["closed_loop_stream3"].items()}
+    churn.update({f"json {c}": v["cg_upstream_conns_closed_per_request"] for c, v in r["closed_loop_json"].items()})
+    out.append("cg upstream connections closed per request, by clients: " + ", ".join(f"{k}: {v}" for k, v in churn.items()))
+    syn = {
+        f"{'json ' if grp == 'closed_loop_json' else ''}{c}": (
+            v["direct"]["tcp_counters_machine_wide"].get("TCPSynRetrans"),
+            v["cg"]["tcp_counters_machine_wide"].get("TCPSynRetrans"),
+        )
+        for grp in ("closed_loop_stream3", "closed_loop_json")
+        for c, v in r[grp].items()
+    }
+    out.append(
+        "SYN retransmits (machine-wide) during the measured windows, direct/via cg, by clients: "
+        + ", ".join(f"{k}: {d}/{g}" for k, (d, g) in syn.items())
+    )
+    errors = sum(v[s]["errors"] for grp in ("closed_loop_stream3", "closed_loop_json") for v in r[grp].values() for s in ("direct", "cg"))
+    out.append(f"client errors: {errors}; cg's own added_ttfb (its /stats): {r['cg_stats'].get('added_ttfb')}")
+    others = [x for grp in ("closed_loop_stream3", "closed_loop_json") for v in r[grp].values()
+              for side in ("direct", "cg") for x in v[side]["other_processes_cores"]]
+    out.append(
+        f"other processes on the machine during load phases: median {pct(others, 50):.2f}, "
+        f"max {max(others):.2f} cores busy (of {os.cpu_count()})"
+    )
+    return "\n".join(out)
+
+
+def machine() -> dict:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import twisted
+
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "twisted": twisted.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few trials: a smoke run (< 30 s)")
+    parser.add_argument("--json", metavar="PATH", help="write the raw numbers (every sample) here")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the fake's and cg's logs")
+    args = parser.parse_args(argv)
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="cg-bench-"))
+    env = _child_env()
+    outcome: list = []
+    try:
+        fake, fake_port = start_fake(tmp, env)
+        cg, cg_port = start_cg(tmp, env, fake_port)
+        print(f"fake upstream pid {fake.pid} port {fake_port}; cg pid {cg.pid} port {cg_port}", file=sys.stderr)
+        bench = Bench(args, fake.pid, fake_port, cg.pid, cg_port)
+
+        def go():
+            d = defer.Deferred.fromCoroutine(bench.run())
+            d.addTimeout(90 if args.quick else 900, reactor)
+            d.addBoth(outcome.append)
+            d.addBoth(lambda _: reactor.stop())
+
+        reactor.callWhenRunning(go)
+        reactor.run()
+        if not outcome:
+            print("interrupted", file=sys.stderr)
+            return 130
+        if isinstance(outcome[0], Failure):
+            outcome[0].printTraceback(file=sys.stderr)
+            print(f"--- cg log tail:\n{_tail(tmp / 'cg.log')}", file=sys.stderr)
+            return 1
+        results = outcome[0]
+        for name, proc in (("fake", fake), ("cg", cg)):
+            if proc.poll() is not None:
+                print(f"warning: {name} exited early ({proc.returncode})", file=sys.stderr)
+        results["machine"] = machine()
+        results["quick"] = args.quick
+        results["wall_s"] = round(time.monotonic() - started, 1)
+        print(table(results))
+        print(f"\n{'quick' if args.quick else 'full'} run: {results['wall_s']} s", file=sys.stderr)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        return 0
+    finally:
+        _kill_children()
+        if args.keep_logs:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
