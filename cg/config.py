@@ -35,3 +35,4 @@ class Config:
     offload_min_tokens: int = 2000
     keep_tools: tuple[str, ...] = ("Read",)
     disabled_components: tuple[str, ...] = ()
+    changelog: str | None = None

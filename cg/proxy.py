@@ -6,6 +6,7 @@ stops reading pauses the upstream read, and a client that leaves cancels the
 upstream request.
 """
 
+import itertools
 import time
 import zlib
 
@@ -18,7 +19,9 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
 from cg import dialect, headers
+from cg.changelog import NullChangeLog, compaction_record, usage_record
 from cg.upstream import is_timeout
+from cg.usage import ResponseUsage, session_key
 
 log = Logger(namespace="cg.proxy")
 
@@ -38,6 +41,7 @@ class ProxyResource(resource.Resource):
         store=None,
         tenant_of=None,
         observe: bool = False,
+        changelog=None,
         clock=time.perf_counter,
     ):
         super().__init__()
@@ -48,7 +52,10 @@ class ProxyResource(resource.Resource):
         self.store = store
         self.tenant_of = tenant_of
         self.observe = observe
+        self.changelog = changelog if changelog is not None else NullChangeLog()
         self.clock = clock
+        # Request numbers for the change log, unique across restarts of this process.
+        self._seq = itertools.count(int(time.time()) * 1_000_000)
         self._in_flight: set = set()
         self._drain_waiters: list[defer.Deferred] = []
 
@@ -73,39 +80,65 @@ class ProxyResource(resource.Resource):
         _Exchange(self, request, which).start()
         return server.NOT_DONE_YET
 
-    def prepare(self, request, body: bytes) -> defer.Deferred:
+    def prepare(self, exchange, body: bytes) -> defer.Deferred:
         """The body to forward: rewritten, with every new original stored first.
 
         Fails open: a body cg cannot parse goes as it came, and when the store
         cannot keep an original the request goes without lossy compaction.
         """
+        request = exchange.request
+        exchange.seq = next(self._seq)
         if request.requestHeaders.getRawHeaders(b"x-cg-bypass") == [b"1"]:
             self.stats.bypassed += 1
             return defer.succeed(body)
         rewrite = self.rewriter.rewrite(body, request.uri) if self.rewriter else None
+        exchange.session = session_key(_header_getter(request), rewrite.parsed if rewrite else None)
         if rewrite is None:
             return defer.succeed(body)
         if self.observe or not rewrite.originals:
-            return defer.succeed(self._chosen(body, rewrite))
+            return defer.succeed(self._chosen(exchange, body, rewrite))
         tenant = self.tenant_of(request.requestHeaders)
         known = self.store.known(tenant, rewrite.originals)
         if known:
             self.store.touch(tenant, known)
         new = {i: original for i, original in rewrite.originals.items() if i not in known}
         if not new:
-            return defer.succeed(self._chosen(body, rewrite))
+            return defer.succeed(self._chosen(exchange, body, rewrite))
 
         def unstored(failure):
             self.stats.compaction.store_fail_open += 1
             log.warn("store failed ({why}): forwarding without lossy compaction", why=failure.getErrorMessage())
-            return self._chosen(body, self.rewriter.rewrite(body, request.uri, lossy=False))
+            return self._chosen(exchange, body, self.rewriter.rewrite(body, request.uri, lossy=False))
 
         stored = self.store.put(tenant, new)
-        return stored.addCallbacks(lambda _: self._chosen(body, rewrite), unstored)
+        return stored.addCallbacks(lambda _: self._chosen(exchange, body, rewrite), unstored)
 
-    def _chosen(self, body: bytes, rewrite) -> bytes:
+    def _chosen(self, exchange, body: bytes, rewrite) -> bytes:
         self.stats.compaction.record(rewrite.changes, rewrite.injected)
+        now = time.time()
+        for change in rewrite.changes:
+            self.changelog.write(
+                compaction_record(
+                    time=now, session=exchange.session, seq=exchange.seq,
+                    message=change.message_index, block=change.block_index, tool=change.tool_name,
+                    component=change.component, lossy=change.lossy, marker=change.marker_id,
+                    tokens_before=change.tokens_before, tokens_after=change.tokens_after,
+                    content_hash=change.content_id,
+                )
+            )
         return body if self.observe else rewrite.body
+
+    def billed(self, exchange, usage) -> None:
+        """A response's billed usage: into /stats and the change log."""
+        self.stats.usage.add(usage, exchange.session)
+        self.changelog.write(
+            usage_record(
+                time=time.time(), session=exchange.session, seq=exchange.seq, dialect=exchange.which,
+                path=dialect.split_path(exchange.request.uri).decode("latin-1"),
+                input_tokens=usage.input_tokens, cache_read_tokens=usage.cache_read_tokens,
+                cache_write_tokens=usage.cache_write_tokens, output_tokens=usage.output_tokens,
+            )
+        )
 
     def started(self, exchange):
         self._in_flight.add(exchange)
@@ -133,6 +166,14 @@ class ProxyResource(resource.Resource):
             exchange.abort_client()
 
 
+def _header_getter(request):
+    def get(name: str) -> str | None:
+        values = request.requestHeaders.getRawHeaders(name.encode("latin-1"))
+        return values[0].decode("latin-1") if values else None
+
+    return get
+
+
 def _error(request, which, status: int, message: str) -> bytes:
     body = dialect.error_body(which, status, message)
     request.setResponseCode(status)
@@ -158,6 +199,9 @@ class _Exchange:
         self.t_received = self.clock()
         self.t_sent = self.t_headers = self.t_upstream_first = self.t_client_first = None
         self.bytes_in = self.bytes_out = 0
+        self.session = "-"
+        self.seq = 0
+        self.meter = None  # reads billed usage off the response
 
     def start(self):
         request = self.request
@@ -171,7 +215,7 @@ class _Exchange:
             request.requestHeaders, accept_encoding=b"gzip" if self.decode else None
         )
         request.notifyFinish().addErrback(self._client_gone)
-        prepared = self.proxy.prepare(request, body)
+        prepared = self.proxy.prepare(self, body)
         prepared.addCallback(self._forward, upstream_headers)
         prepared.addErrback(self._bug)
 
@@ -202,8 +246,11 @@ class _Exchange:
         request.setResponseCode(response.code, response.phrase)
         request.responseHeaders = headers.response_headers(response.headers, drop)
         content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
-        if content_type.startswith(b"text/event-stream"):
+        streaming = content_type.startswith(b"text/event-stream")
+        if streaming:
             self.stats.streamed += 1
+        if self.decode and 200 <= response.code < 300:
+            self.meter = ResponseUsage(self.which, streaming)
         response.deliverBody(_Relay(self, decoder))
 
     def _upstream_failed(self, failure):
@@ -281,6 +328,9 @@ class _Exchange:
 
     def _end(self):
         self.ended = True
+        usage = self.meter.usage() if self.meter is not None else None
+        if usage is not None:
+            self.proxy.billed(self, usage)
         self.stats.statuses[self.status or 499] += 1
         self.proxy.ended(self)
         ms = _ms
@@ -330,6 +380,8 @@ class _Relay(Protocol):
                 self.transport.stopProducing()
                 return
         if data:
+            if exchange.meter is not None:
+                exchange.meter.feed(data)
             exchange.write(data)
 
     def connectionLost(self, reason=None):

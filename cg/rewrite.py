@@ -35,6 +35,7 @@ class Rewrite:
     changes: list[Change]
     injected: bool
     stash: bool
+    parsed: dict  # the body as parsed (session keys, later stages)
 
 
 class Rewriter:
@@ -65,6 +66,7 @@ class Rewriter:
             changes=compaction.changes,
             injected=injection is not None,
             stash=stash,
+            parsed=body.value,
         )
 
     def _injection(self, body: ParsedBody, dialect: str):

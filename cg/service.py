@@ -1,11 +1,14 @@
 """The cg service: listening ports, the proxy, and a graceful stop that drains streams."""
 
+import signal
+
 from twisted.application import service
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from cg import systemd
+from cg.changelog import open_changelog
 from cg.compact import CompactConfig
 from cg.components import DEFAULT_COMPONENTS
 from cg.config import Config
@@ -22,6 +25,25 @@ log = Logger(namespace="cg.service")
 
 def _base(url: str) -> bytes:
     return url.rstrip("/").encode("ascii")
+
+
+def _install_sighup(reopen):
+    """SIGHUP reopens the change log (logrotate); returns the previous handler.
+
+    Only the main thread may set signal handlers: elsewhere nothing changes.
+    """
+    try:
+        return signal.signal(signal.SIGHUP, lambda signum, frame: reopen())
+    except ValueError:
+        return None
+
+
+def _restore_sighup(previous):
+    if previous is not None:
+        try:
+            signal.signal(signal.SIGHUP, previous)
+        except ValueError:
+            pass
 
 
 def rewrite_config(config: Config) -> RewriteConfig:
@@ -64,6 +86,11 @@ class CGService(service.Service):
             config.store or default_store_url(), reactor, max_bytes=config.store_max_mb << 20
         )
         self.stats.store = self.store.stats
+        self.changelog = open_changelog(config.changelog, reactor)
+        self.stats.changelog = self.changelog
+        self._store_info = task.LoopingCall(self._refresh_store_info)
+        self._store_info.clock = reactor
+        self._previous_hup = None
         self.resource = ProxyResource(
             self.upstream,
             self.stats,
@@ -72,6 +99,7 @@ class CGService(service.Service):
             store=self.store,
             tenant_of=parse_tenant(config.tenant),
             observe=config.observe,
+            changelog=self.changelog,
         )
         self.site = ProxySite(self.resource, config.max_body)
         self.site.noisy = False
@@ -90,6 +118,14 @@ class CGService(service.Service):
     def startService(self):
         super().startService()
         self._listen().addCallback(lambda _: systemd.notify(b"READY=1"))
+        self._store_info.start(10.0, now=True)
+        self._previous_hup = _install_sighup(lambda: self.reactor.callFromThread(self.changelog.reopen))
+
+    def _refresh_store_info(self):
+        def keep(info):
+            self.stats.store_info = info
+
+        return self.store.info().addCallbacks(keep, lambda failure: None)
 
     def _listen(self) -> defer.Deferred:
         if self._listening is None:
@@ -107,6 +143,9 @@ class CGService(service.Service):
         """Stop accepting, let in-flight responses finish (up to drain_timeout), then cut them."""
         super().stopService()
         systemd.notify(b"STOPPING=1")
+        if self._store_info.running:
+            self._store_info.stop()
+        _restore_sighup(self._previous_hup)
         stopped = [defer.maybeDeferred(port.stopListening) for port in self.ports]
         del self.ports[:]
         self._listening = None
@@ -118,7 +157,7 @@ class CGService(service.Service):
         def closed(_):
             if timer.active():
                 timer.cancel()
-            return defer.gatherResults([self.upstream.close(), self.store.close()])
+            return defer.gatherResults([self.upstream.close(), self.store.close(), self.changelog.close()])
 
         drain = self.resource.drained()
         drain.addCallback(lambda _: self.connections.close_all())

@@ -5,6 +5,8 @@ from collections import Counter, deque
 
 import attrs
 
+from cg.usage import UsageTotals
+
 
 @attrs.define
 class LatencyWindow:
@@ -56,6 +58,9 @@ class Stats:
     bypassed: int = 0
     compaction: "CompactionStats" = attrs.field(factory=lambda: CompactionStats())
     store: object = None  # the store's own counters (cg.store.StoreStats), when there is one
+    store_info: object = None  # the store's size (cg.store.StoreInfo), refreshed off the request path
+    usage: UsageTotals = attrs.field(factory=UsageTotals)
+    changelog: object = None  # the change log, for its error count
 
     def snapshot(self) -> dict:
         return {
@@ -77,7 +82,12 @@ class Stats:
             "upstream_ttfb": self.upstream_ttfb.summary(),
             "bypassed": self.bypassed,
             "compaction": self.compaction.snapshot(),
-            "store": attrs.asdict(self.store) if self.store is not None else None,
+            "store": {
+                **(attrs.asdict(self.store) if self.store is not None else {}),
+                **(attrs.asdict(self.store_info) if self.store_info is not None else {}),
+            },
+            "usage": self.usage.as_dict(),
+            "changelog_errors": getattr(self.changelog, "errors", 0),
         }
 
 

@@ -92,6 +92,13 @@ class Options(usage.Options):
             int,
         ],
         [
+            "changelog",
+            None,
+            None,
+            "Append one JSON line per compaction and per request's billed usage to this file "
+            "(read it with cg-report); reopened on SIGHUP, for logrotate.",
+        ],
+        [
             "keep-tools",
             None,
             ",".join(_DEFAULTS.keep_tools),
@@ -150,6 +157,7 @@ class Options(usage.Options):
             offload_min_tokens=self["offload-min-tokens"],
             keep_tools=tuple(t for t in self["keep-tools"].split(",") if t),
             disabled_components=tuple(self["disable"]),
+            changelog=self["changelog"],
         )
 
 

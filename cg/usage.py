@@ -31,7 +31,7 @@ import attrs
 import ujson
 
 from cg.dialect import ANTHROPIC, OPENAI
-from cg.sse import Event
+from cg.sse import Event, SSEParser
 
 __all__ = [
     "SessionTotals",
@@ -241,6 +241,44 @@ class StreamUsage:
         if fields is not None:
             self._fields = fields
             self.has_usage = True
+
+
+class ResponseUsage:
+    """Reads the billed usage off a response body as it passes, never holding it up.
+
+    Streams go through an SSEParser and a StreamUsage; a JSON body is kept (up to
+    `max_json` bytes) and parsed when it ends. `usage()` is None when the response
+    reported none cg could read.
+    """
+
+    def __init__(self, dialect: str, streaming: bool, max_json: int = 16 << 20) -> None:
+        self.dialect = dialect
+        self._stream = StreamUsage(dialect) if streaming else None
+        self._parser = SSEParser() if streaming else None
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._max_json = max_json
+
+    def feed(self, data: bytes) -> None:
+        if self._stream is not None:
+            for event in self._parser.feed(data):
+                self._stream.observe(event)
+        elif self._size <= self._max_json:
+            self._chunks.append(data)
+            self._size += len(data)
+
+    def usage(self) -> Usage | None:
+        if self._stream is not None:
+            return self._stream.usage if self._stream.has_usage else None
+        if not self._chunks or self._size > self._max_json:
+            return None
+        try:
+            doc = ujson.loads(b"".join(self._chunks))
+        except ValueError:
+            return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("usage"), dict):
+            return None
+        return anthropic_usage(doc) if self.dialect == ANTHROPIC else openai_usage(doc)
 
 
 @attrs.define

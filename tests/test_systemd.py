@@ -538,7 +538,7 @@ def test_service_unit_runs_twistd_in_the_foreground_without_pidfile():
     assert values(entries, "Service", "DynamicUser") == ["yes"]
     assert values(entries, "Service", "User") not in (["root"], ["0"])
     assert "-/etc/default/cg" in values(entries, "Service", "EnvironmentFile")
-    assert values(entries, "Service", "ExecReload") == []  # nothing to reload yet
+    assert values(entries, "Service", "ExecReload") == ["/bin/kill -HUP $MAINPID"]  # reopens the change log
 
     # TimeoutStopSec must leave room for the drain, or systemd SIGKILLs live streams.
     drain = Config().drain_timeout
