@@ -6,7 +6,7 @@ it, and a result gets the same bytes on every turn (see components.py), so the p
 cache stays valid. Anything unexpected means "no change": compaction never fails a request.
 """
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 
 import attrs
@@ -76,6 +76,8 @@ class _Step:
 class _Decision:
     text: str | None
     steps: tuple[_Step, ...]
+    ran: tuple[str, ...] = ()  # components that ran on the result
+    reverted: tuple[str, ...] = ()  # ...of which raised, broke the contract or did not shorten it
 
 
 class Memo:
@@ -155,6 +157,8 @@ class Plan:
     edits: list[tuple[jsonbytes.Span, str]]
     originals: dict[str, bytes]
     changes: list[Change]
+    runs: Counter = attrs.Factory(Counter)  # component -> tool results it ran on
+    reverted: Counter = attrs.Factory(Counter)  # component -> rewrites undone by the contract
 
 
 def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool,
@@ -163,10 +167,14 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool,
     messages = body.value.get("messages")
     if not isinstance(messages, list):
         return Plan([], {}, [])
-    edits, originals, changes = [], {}, []
+    edits, originals, changes, runs, reverted = [], {}, [], Counter(), Counter()
     message_spans: dict[int, dict[tuple, jsonbytes.Span]] = {}
     doc = body.doc
     for result, original, result_id, decision in _decisions(messages, dialect, config, lossy, memo):
+        runs.update(decision.ran)
+        reverted.update(decision.reverted)
+        if decision.text is None:
+            continue
         if result.message_index not in message_spans:
             message_start = body.spans[("messages", result.message_index)][0]
             message_spans[result.message_index] = jsonbytes.spans_below(doc, message_start, _MESSAGE_SPINE)
@@ -181,7 +189,7 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool,
         ]
         if any(step.lossy for step in decision.steps):
             originals[result_id] = original
-    return Plan(edits, originals, changes)
+    return Plan(edits, originals, changes, runs, reverted)
 
 
 def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
@@ -201,7 +209,7 @@ def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
 
 def _decisions(messages: list, dialect: str, config: CompactConfig, lossy: bool,
                memo: Memo | None) -> Iterator[tuple[_ToolResult, bytes, str, _Decision]]:
-    """Each tool result that changes, with its original, marker ID and decision."""
+    """Each tool result with its original, marker ID and decision (text None: no change)."""
     seen: set[str] = set()
     for result in _FIND_RESULTS[dialect](messages):
         if result.tool_name == EXPAND_TOOL:
@@ -218,8 +226,7 @@ def _decisions(messages: list, dialect: str, config: CompactConfig, lossy: bool,
             if memo is not None:
                 memo.put(key, decision)
         seen.add(result_id)
-        if decision.text is not None:
-            yield result, original, result_id, decision
+        yield result, original, result_id, decision
 
 
 def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[str],
@@ -229,21 +236,25 @@ def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[s
         tool_name=result.tool_name, message_index=result.message_index, block_index=result.block_index,
         part_index=result.part_index, original=original, marker_id=result_id, earlier=earlier, config=config,
     )
-    text, tokens, steps = result.text, estimate_tokens(result.text), []
+    text, tokens, steps, ran, reverted = result.text, estimate_tokens(result.text), [], [], []
     for component in config.components:
         if component.lossy and not lossy:
             continue
+        ran.append(component.name)
         try:
             outcome = component.apply(text, ctx)
         except Exception:  # noqa: BLE001, S112 -- fail open: a bug costs its saving, not the request
+            reverted.append(component.name)
             continue
-        if outcome is None or not _keeps_contract(component, outcome, ctx):
+        if outcome is None:
             continue
-        after = estimate_tokens(outcome.text)
-        if after < tokens:
-            steps.append(_Step(component.name, component.lossy, tokens, after))
-            text, tokens = outcome.text, after
-    return _Decision(text if steps else None, tuple(steps))
+        after = estimate_tokens(outcome.text) if isinstance(outcome.text, str) else tokens
+        if after >= tokens or not _keeps_contract(component, outcome, ctx):
+            reverted.append(component.name)
+            continue
+        steps.append(_Step(component.name, component.lossy, tokens, after))
+        text, tokens = outcome.text, after
+    return _Decision(text if steps else None, tuple(steps), tuple(ran), tuple(reverted))
 
 
 def _keeps_contract(component: Component, outcome: Outcome, ctx: Context) -> bool:

@@ -114,7 +114,7 @@ class ProxyResource(resource.Resource):
         return stored.addCallbacks(lambda _: self._chosen(exchange, body, rewrite), unstored)
 
     def _chosen(self, exchange, body: bytes, rewrite) -> bytes:
-        self.stats.compaction.record(rewrite.changes, rewrite.injected)
+        self.stats.compaction.record(rewrite)
         now = time.time()
         for change in rewrite.changes:
             self.changelog.write(

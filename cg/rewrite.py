@@ -36,6 +36,8 @@ class Rewrite:
     injected: bool
     stash: bool
     parsed: dict  # the body as parsed (session keys, later stages)
+    runs: dict = attrs.Factory(dict)  # component -> tool results it ran on
+    reverted: dict = attrs.Factory(dict)  # component -> rewrites the contract undid
 
 
 class Rewriter:
@@ -67,6 +69,8 @@ class Rewriter:
             injected=injection is not None,
             stash=stash,
             parsed=body.value,
+            runs=compaction.runs,
+            reverted=compaction.reverted,
         )
 
     def _injection(self, body: ParsedBody, dialect: str):

@@ -93,7 +93,9 @@ class Stats:
 
 @attrs.define
 class ComponentStats:
+    runs: int = 0  # tool results it ran on (a re-sent result counts again)
     acted: int = 0
+    reverted: int = 0  # rewrites undone: raised, broke the contract, or did not save tokens
     saved_tokens: int = 0
 
 
@@ -111,8 +113,16 @@ class CompactionStats:
     _seen: set = attrs.field(factory=set)
     _seen_max: int = 200_000
 
-    def record(self, changes, injected: bool) -> None:
-        self.requests_injected += injected
+    def _component(self, name: str) -> "ComponentStats":
+        return self.components.setdefault(name, ComponentStats())
+
+    def record(self, rewrite) -> None:
+        changes = rewrite.changes
+        self.requests_injected += rewrite.injected
+        for name, n in rewrite.runs.items():
+            self._component(name).runs += n
+        for name, n in rewrite.reverted.items():
+            self._component(name).reverted += n
         if not changes:
             return
         self.requests_rewritten += 1
@@ -120,7 +130,7 @@ class CompactionStats:
             saved = change.tokens_before - change.tokens_after
             self.tokens_before += change.tokens_before
             self.tokens_after += change.tokens_after
-            component = self.components.setdefault(change.component, ComponentStats())
+            component = self._component(change.component)
             component.acted += 1
             component.saved_tokens += saved
             key = (change.component, change.content_id)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_markers import go_style, js_style, python_style, slash_style
 
-from cg.compact import CompactConfig, Memo, compact
+from cg.compact import CompactConfig, Memo, ParsedBody, compact, plan
 from cg.components import DEFAULT_COMPONENTS, Outcome
 from cg.markers import body_has_marker, marker, marker_id
 
@@ -316,10 +316,14 @@ def test_a_raising_component_is_skipped_and_the_rest_still_run():
     assert [change.component for change in compaction.changes] == ["textclean", "offload"]
 
 
-@pytest.mark.parametrize("component", [Grows(), LossyWithoutOriginal(), LossyWithoutMarker()])
+@pytest.mark.parametrize("component", [Raises(), Grows(), LossyWithoutOriginal(), LossyWithoutMarker()])
 def test_rewrites_breaking_the_contract_are_reverted(component):
     raw = planted()
-    assert run(raw, config=CompactConfig(components=(component,))).body is raw
+    config = CompactConfig(components=(component,))
+    assert run(raw, config=config).body is raw
+    parsed = ParsedBody.parse(raw)
+    counted = plan(parsed, "anthropic", config, lossy=True)
+    assert counted.reverted[component.name] == counted.runs[component.name] > 0
 
 
 # Decided once, forever
