@@ -9,6 +9,7 @@ upstream request.
 import itertools
 import time
 import zlib
+from urllib.parse import unquote
 
 import ujson
 from twisted.internet import defer
@@ -20,6 +21,7 @@ from twisted.web.http import PotentialDataLoss
 
 from cg import dialect, headers
 from cg.changelog import NullChangeLog, compaction_record, usage_record
+from cg.markers import parse_marker_ref
 from cg.upstream import is_timeout
 from cg.usage import ResponseUsage, session_key
 
@@ -70,6 +72,8 @@ class ProxyResource(resource.Resource):
         if path == b"/stats" and request.method == b"GET":
             request.setHeader(b"content-type", b"application/json")
             return ujson.dumps(self.stats.snapshot(), indent=2).encode() + b"\n"
+        if path.startswith(b"/cg/expand/") and request.method == b"GET":
+            return self._show_original(request, path[len(b"/cg/expand/") :].decode("latin-1"))
         which = dialect.route(request.uri, request.requestHeaders.hasHeader(b"anthropic-version"))
         if which is None:
             return _error(request, None, 404, "cg does not proxy this path")
@@ -78,6 +82,27 @@ class ProxyResource(resource.Resource):
             self.stats.statuses[413] += 1
             return _error(request, which, 413, "request body is larger than cg's --max-body")
         _Exchange(self, request, which).start()
+        return server.NOT_DONE_YET
+
+    def _show_original(self, request, ref: str):
+        """GET /cg/expand/ID: an original, to whoever may read it under --tenant (else 404)."""
+        ident = parse_marker_ref(unquote(ref))
+        if ident is None or self.store is None:
+            return _error(request, None, 404, "no such original")
+        tenant = self.tenant_of(request.requestHeaders)
+
+        def found(original):
+            if original is None:
+                request.write(_error(request, None, 404, "no such original (unknown, evicted, or another tenant's)"))
+            else:
+                request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+                request.setHeader(b"content-length", b"%d" % len(original))
+                request.write(original)
+            request.finish()
+
+        self.store.get(tenant, ident).addCallback(found).addErrback(
+            lambda failure: log.failure("reading an original failed", failure)
+        )
         return server.NOT_DONE_YET
 
     def prepare(self, exchange, body: bytes) -> defer.Deferred:

@@ -193,3 +193,24 @@ def test_openai_injection_skips_streams(make_cg, fake_openai, stream):
         assert names == ["shell"] and MARKER not in sent["messages"][2]["content"]
     else:
         assert names == ["shell", EXPAND_TOOL] and MARKER in sent["messages"][2]["content"]
+
+
+@inlineCallbacks
+def test_a_person_can_read_an_original_under_their_tenant(make_cg, fake):
+    cg = make_cg(anthropic_upstream=fake.url, expand=True, tenant="credential")
+    bash = command_output()
+    client = yield post(cg.port, claude_code_bytes(history(bash, "x")), [("x-api-key", "sk-one")])
+    yield client.closed
+    ident = marker_id(bash.encode())
+    for ref, key, status in [
+        (ident, "sk-one", 200),
+        (f"%3C%3Ccg:{ident}%3E%3E", "sk-one", 200),  # the whole marker, URL-encoded
+        (ident, "sk-two", 404),  # another key's model cannot read it, nor can its user
+        ("0000000000000000", "sk-one", 404),
+    ]:
+        client = yield connect(cg.port, http_request("GET", f"/cg/expand/{ref}", headers=[("x-api-key", key)]))
+        got_status, _, body = split_response((yield client.closed))
+        assert got_status == status, ref
+        if status == 200:
+            assert body == bash.encode()
+    assert fake.received[1:] == []  # never forwarded
