@@ -74,42 +74,58 @@ class _Step:
 
 @attrs.frozen
 class _Decision:
+    result_id: str  # the original's marker ID
     text: str | None
     steps: tuple[_Step, ...]
     ran: tuple[str, ...] = ()  # components that ran on the result
     reverted: tuple[str, ...] = ()  # ...of which raised, broke the contract or did not shorten it
 
 
-class Memo:
-    """Decisions already made, so a re-sent history costs a hash and a lookup per result.
+class _Bounded:
+    """A mapping bounded in entries and in characters held, least recently used out first."""
 
-    Keyed by (marker ID, tool name, config, lossy, seen earlier in the request): everything a
-    decision depends on. Bounded in entries and in stored text, least recently used out first.
-    """
-
-    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20):
-        self._decisions: OrderedDict[tuple, _Decision] = OrderedDict()
+    def __init__(self, max_entries: int, max_chars: int):
+        self._items: OrderedDict[object, tuple[object, int]] = OrderedDict()
         self._chars = 0
         self._max_entries = max_entries
         self._max_chars = max_chars
 
     def __len__(self) -> int:
-        return len(self._decisions)
+        return len(self._items)
 
-    def get(self, key: tuple) -> _Decision | None:
-        decision = self._decisions.get(key)
-        if decision is not None:
-            self._decisions.move_to_end(key)
-        return decision
+    def get(self, key):
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
 
-    def put(self, key: tuple, decision: _Decision) -> None:
-        if key in self._decisions:
+    def put(self, key, value, chars: int) -> None:
+        if key in self._items:
             return
-        self._decisions[key] = decision
-        self._chars += len(decision.text or "")
-        while len(self._decisions) > self._max_entries or self._chars > self._max_chars:
-            _, evicted = self._decisions.popitem(last=False)
-            self._chars -= len(evicted.text or "")
+        self._items[key] = (value, chars)
+        self._chars += chars
+        while len(self._items) > self._max_entries or self._chars > self._max_chars:
+            _, (_, evicted) = self._items.popitem(last=False)
+            self._chars -= evicted
+
+
+class Memo:
+    """Decisions already made, and where results sit in each message, so a re-sent history
+    costs a dict lookup per result and per changed message.
+
+    Decisions are keyed by (result text, tool name, config, lossy, seen earlier in the request):
+    everything a decision depends on. The text itself is the key (its hash is computed once per
+    parse), so a memo hit needs no encoding or SHA-256. Both tables are bounded in entries and in
+    the text they hold, least recently used out first.
+    """
+
+    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20):
+        self.decisions = _Bounded(max_entries, max_chars)
+        self.spans = _Bounded(max_entries, max_chars)
+
+    def __len__(self) -> int:
+        return len(self.decisions)
 
 
 @attrs.frozen
@@ -170,14 +186,14 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool,
     edits, originals, changes, runs, reverted = [], {}, [], Counter(), Counter()
     message_spans: dict[int, dict[tuple, jsonbytes.Span]] = {}
     doc = body.doc
-    for result, original, result_id, decision in _decisions(messages, dialect, config, lossy, memo):
+    for result, decision in _decisions(messages, dialect, config, lossy, memo):
         runs.update(decision.ran)
         reverted.update(decision.reverted)
         if decision.text is None:
             continue
+        result_id = decision.result_id
         if result.message_index not in message_spans:
-            message_start = body.spans[("messages", result.message_index)][0]
-            message_spans[result.message_index] = jsonbytes.spans_below(doc, message_start, _MESSAGE_SPINE)
+            message_spans[result.message_index] = _message_spans(body, result.message_index, memo)
         start, end = message_spans[result.message_index][result.path]
         edits.append(((start, end), StringStyle.of(doc[start:end], result.text).encode(decision.text)))
         changes += [
@@ -188,8 +204,21 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool,
             for step in decision.steps
         ]
         if any(step.lossy for step in decision.steps):
-            originals[result_id] = original
+            originals[result_id] = result.text.encode("utf-8")
     return Plan(edits, originals, changes, runs, reverted)
+
+
+def _message_spans(body: ParsedBody, index: int, memo: Memo | None) -> dict[tuple, jsonbytes.Span]:
+    """Where the strings of message `index` sit: walked once per distinct message text."""
+    start, end = body.spans[("messages", index)]
+    if memo is None:
+        return jsonbytes.spans_below(body.doc, start, _MESSAGE_SPINE)
+    text = body.doc[start:end]
+    relative = memo.spans.get(text)
+    if relative is None:
+        relative = jsonbytes.spans_below(text, 0, _MESSAGE_SPINE)
+        memo.spans.put(text, relative, len(text))
+    return {path: (start + a, start + b) for path, (a, b) in relative.items()}
 
 
 def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
@@ -208,25 +237,26 @@ def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
 
 
 def _decisions(messages: list, dialect: str, config: CompactConfig, lossy: bool,
-               memo: Memo | None) -> Iterator[tuple[_ToolResult, bytes, str, _Decision]]:
-    """Each tool result with its original, marker ID and decision (text None: no change)."""
-    seen: set[str] = set()
+               memo: Memo | None) -> Iterator[tuple[_ToolResult, _Decision]]:
+    """Each tool result with its decision (text None: no change)."""
+    seen_texts: set[str] = set()
+    seen_ids: set[str] = set()
     for result in _FIND_RESULTS[dialect](messages):
         if result.tool_name == EXPAND_TOOL:
             continue  # what the model asked to see again stays as it is
-        try:
-            original = result.text.encode("utf-8")
-        except UnicodeEncodeError:
-            continue  # a lone surrogate: no exact original to give back
-        result_id = marker_id(original)
-        key = (result_id, result.tool_name, config, lossy, result_id in seen)
-        decision = memo.get(key) if memo is not None else None
+        key = (result.text, result.tool_name, config, lossy, result.text in seen_texts)
+        decision = memo.decisions.get(key) if memo is not None else None
         if decision is None:
-            decision = _decide(result, original, result_id, seen, config, lossy)
+            try:
+                original = result.text.encode("utf-8")
+            except UnicodeEncodeError:
+                continue  # a lone surrogate: no exact original to give back
+            decision = _decide(result, original, marker_id(original), seen_ids, config, lossy)
             if memo is not None:
-                memo.put(key, decision)
-        seen.add(result_id)
-        yield result, original, result_id, decision
+                memo.decisions.put(key, decision, len(result.text) + len(decision.text or ""))
+        seen_texts.add(result.text)
+        seen_ids.add(decision.result_id)
+        yield result, decision
 
 
 def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[str],
@@ -254,7 +284,7 @@ def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[s
             continue
         steps.append(_Step(component.name, component.lossy, tokens, after))
         text, tokens = outcome.text, after
-    return _Decision(text if steps else None, tuple(steps), tuple(ran), tuple(reverted))
+    return _Decision(result_id, text if steps else None, tuple(steps), tuple(ran), tuple(reverted))
 
 
 def _keeps_contract(component: Component, outcome: Outcome, ctx: Context) -> bool:
