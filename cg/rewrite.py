@@ -1,4 +1,4 @@
-"""The request side of cg: one parse of the body, then compact and inject, then one splice.
+"""The request side of cg: one parse of the body, then repair, compact and inject, then one splice.
 
 Pure: bytes in, bytes out. Lossy compaction runs exactly where the expand tool is
 injected (the model can ask for the original back); elsewhere only the reformat
@@ -10,6 +10,7 @@ import attrs
 from cg import expand
 from cg.compact import Change, CompactConfig, Memo, ParsedBody, plan
 from cg.dialect import ANTHROPIC, OPENAI, split_path
+from cg.repair import Repair, find_repairs, repair_edits
 
 # Paths whose bodies cg rewrites, and whether what it stashes there matters
 # (count_tokens is read-only: it sizes the request cg would send, nothing more).
@@ -38,6 +39,22 @@ class Rewrite:
     parsed: dict  # the body as parsed (session keys, later stages)
     runs: dict = attrs.Factory(dict)  # component -> tool results it ran on
     reverted: dict = attrs.Factory(dict)  # component -> rewrites the contract undid
+    repaired: int = 0  # client answers to expand calls replaced by what cg would have answered
+
+
+@attrs.frozen
+class Incoming:
+    """A request body parsed, with what the rewrite needs to know before it can finish.
+
+    `repairs` are expand calls the client answered with an error; their texts come from the
+    store (frozen per tool_use_id), so the caller looks them up and passes them to `finish`.
+    """
+
+    body: ParsedBody
+    dialect: str
+    stash: bool
+    injection: list | None
+    repairs: list[Repair]
 
 
 class Rewriter:
@@ -47,11 +64,8 @@ class Rewriter:
         self.config = config
         self.memo = memo if memo is not None else Memo()
 
-    def rewrite(self, raw: bytes, uri: bytes, lossy: bool = True) -> Rewrite | None:
-        """The rewrite of a request to `uri`, or None where cg leaves the body alone.
-
-        `lossy=False` forbids lossy compaction (the store could not keep an original).
-        """
+    def parse(self, raw: bytes, uri: bytes) -> Incoming | None:
+        """The parsed request to `uri`, or None where cg leaves the body alone."""
         route = _PATHS.get(split_path(uri))
         if route is None or not raw:
             return None
@@ -60,18 +74,37 @@ class Rewriter:
         if body is None:
             return None
         injection = self._injection(body, dialect)
-        compaction = plan(body, dialect, self.config.compact, lossy and injection is not None, self.memo)
-        edits = compaction.edits + (injection or [])
+        # Exactly where cg manages expand does it repair the client's answers to expand calls.
+        repairs = find_repairs(body, dialect) if injection is not None else []
+        return Incoming(body, dialect, stash, injection, repairs)
+
+    def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
+               lossy: bool = True) -> Rewrite:
+        """Repair, compact and inject in one splice.
+
+        `lossy=False` forbids lossy compaction (the store could not keep an original).
+        """
+        body, dialect = incoming.body, incoming.dialect
+        injected = incoming.injection is not None
+        compaction = plan(body, dialect, self.config.compact, lossy and injected, self.memo)
+        repairs = repair_edits(body, incoming.repairs, repair_texts) if repair_texts else []
+        edits = repairs + compaction.edits + (incoming.injection or [])
         return Rewrite(
             body=body.apply(edits),
-            originals=compaction.originals if stash else {},
+            originals=compaction.originals if incoming.stash else {},
             changes=compaction.changes,
-            injected=injection is not None,
-            stash=stash,
+            injected=injected,
+            stash=incoming.stash,
             parsed=body.value,
             runs=compaction.runs,
             reverted=compaction.reverted,
+            repaired=len(repairs),
         )
+
+    def rewrite(self, raw: bytes, uri: bytes, lossy: bool = True) -> Rewrite | None:
+        """`parse` then `finish`, for a request that needs no repair texts."""
+        incoming = self.parse(raw, uri)
+        return None if incoming is None else self.finish(incoming, lossy=lossy)
 
     def _injection(self, body: ParsedBody, dialect: str):
         if not self.config.expand:

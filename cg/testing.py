@@ -42,8 +42,10 @@ __all__ = [
     "anthropic_message",
     "anthropic_stream_events",
     "anthropic_text_block",
+    "anthropic_request_problems",
     "default_reply",
     "openai_completion",
+    "openai_request_problems",
     "openai_stream_events",
     "sse_event",
 ]
@@ -288,6 +290,7 @@ class JSONReply:
 
     def play(self, request: Request, upstream: FakeUpstream) -> None:
         body = self.body if isinstance(self.body, bytes) else _dumps(self.body)
+        upstream._sent_json(body)
         defaults = [(b"content-type", b"application/json")]
         if self.gzip:
             body = _gzip.compress(body, mtime=0)
@@ -317,6 +320,7 @@ class SSEReply:
         if self.gzip:
             defaults.append((b"content-encoding", b"gzip"))
         _start_response(request, self.status, defaults, self.headers)
+        upstream._sent_events(self.events)
         request.write(b"")  # headers go out now, as a provider's do, before the first event
         _SSEPlayback(self, request, upstream.reactor).start()
 
@@ -504,6 +508,129 @@ def default_reply(received: Received) -> Reply:
 
 
 # ---------------------------------------------------------------------------------------------
+# Strict mode: check requests as the real APIs do
+
+
+def _cache_marks(body: dict) -> int:
+    """How many blocks carry ``cache_control``: tools, system blocks, message blocks and their parts."""
+    def marked(items: object) -> list[dict]:
+        return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+    blocks = marked(body.get("tools")) + marked(body.get("system"))
+    for message in marked(body.get("messages")):
+        for block in marked(message.get("content")):
+            blocks += [block, *marked(block.get("content"))]
+    return sum(block.get("cache_control") is not None for block in blocks)
+
+
+def anthropic_request_problems(
+    body: object, thinking: dict[str, str] | None = None, redacted: set[str] | frozenset = frozenset()
+) -> list[str]:
+    """Why the Messages API would reject ``body`` (empty if it would not), for what cg can break.
+
+    Each assistant message's ``tool_use`` ids must be answered, in order, by the ``tool_result``
+    blocks of the next message (a user message; ``role: "system"`` entries are skipped), and a
+    ``tool_result`` must answer the message before; at most 4 ``cache_control`` blocks; a thinking
+    block must carry a signature in ``thinking`` (signature -> text, what the fake sent) with its
+    text unaltered, a redacted_thinking block ``data`` in ``redacted``.
+    """
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return ["messages: Field required"]
+    thinking = thinking or {}
+    problems = []
+    expected: list = []  # the tool_use ids the next message must answer
+    previous = None
+    for i, message in enumerate(body["messages"]):
+        if not isinstance(message, dict) or message.get("role") == "system":
+            continue
+        role = message.get("role")
+        content = message.get("content")
+        blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+        if results != expected:
+            problems.append(
+                f"messages.{i}: tool_result ids {results} do not answer the tool_use ids {expected} "
+                f"of messages.{previous}, in order: each `tool_use` block must have a corresponding "
+                "`tool_result` block in the next message"
+            )
+        expected = [b.get("id") for b in blocks if b.get("type") == "tool_use"] if role == "assistant" else []
+        previous = i
+        for j, block in enumerate(blocks if role == "assistant" else ()):
+            where = f"messages.{i}.content.{j}"
+            if block.get("type") == "thinking":
+                signature = block.get("signature")
+                if signature not in thinking:
+                    problems.append(f"{where}: Invalid `signature` in `thinking` block")
+                elif thinking[signature] != block.get("thinking"):
+                    problems.append(f"{where}: `thinking` block altered since the model produced it")
+            elif block.get("type") == "redacted_thinking" and block.get("data") not in redacted:
+                problems.append(f"{where}: Invalid `data` in `redacted_thinking` block")
+    if expected:
+        problems.append(
+            f"messages.{previous}: `tool_use` ids were found without `tool_result` blocks "
+            f"immediately after: {', '.join(map(str, expected))}"
+        )
+    marks = _cache_marks(body)
+    if marks > 4:
+        problems.append(f"A maximum of 4 blocks with cache_control may be provided. Found {marks}.")
+    return problems
+
+
+def openai_request_problems(body: object) -> list[str]:
+    """Why chat.completions would reject ``body``: every assistant ``tool_calls`` id answered by a
+    ``role: "tool"`` message before the next other message, and no tool message answering none."""
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return ["messages: Field required"]
+    problems = []
+    pending: list = []
+    previous = None
+    for i, message in enumerate(body["messages"]):
+        if not isinstance(message, dict):
+            continue
+        if message.get("role") == "tool":
+            if message.get("tool_call_id") in pending:
+                pending.remove(message.get("tool_call_id"))
+            else:
+                problems.append(
+                    f"messages.{i}: messages with role 'tool' must be a response to a preceding "
+                    f"message with 'tool_calls' ({message.get('tool_call_id')!r} is not pending)"
+                )
+            continue
+        if pending:
+            problems.append(
+                f"messages.{previous}: an assistant message with 'tool_calls' must be followed by tool "
+                f"messages responding to each 'tool_call_id'; missing before messages.{i}: {pending}"
+            )
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        pending = [c.get("id") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+        previous = i
+    if pending:
+        problems.append(
+            f"messages.{previous}: an assistant message with 'tool_calls' must be followed by tool "
+            f"messages responding to each 'tool_call_id'; missing: {pending}"
+        )
+    return problems
+
+
+def _sse_data(event: bytes) -> object:
+    """The JSON of one framed event's data lines, or None."""
+    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    try:
+        return ujson.loads(b"\n".join(lines)) if lines else None
+    except ValueError:
+        return None
+
+
+def _block_thinking(block: object, thinking: dict[str, str], redacted: set[str]) -> None:
+    if not isinstance(block, dict):
+        return
+    if block.get("type") == "thinking" and block.get("signature"):
+        thinking[block["signature"]] = block.get("thinking")
+    elif block.get("type") == "redacted_thinking" and isinstance(block.get("data"), str):
+        redacted.add(block["data"])
+
+
+# ---------------------------------------------------------------------------------------------
 # The server
 
 
@@ -568,10 +695,20 @@ class FakeUpstream:
     ``reset_reused_connections`` is a budget: while positive, a request that is not the first on
     its connection gets the connection aborted (as a server closing an idle keep-alive
     connection would) and the budget drops by one. Such requests are recorded but use no reply.
+
+    ``strict`` (off by default) checks each /v1/messages and /v1/chat/completions request as the
+    real API does (``anthropic_request_problems``, ``openai_request_problems``; thinking blocks are
+    checked against every one the fake has sent, JSON or SSE). A request that fails is recorded, its
+    reasons appended to ``rejections``, and answered 400 in the provider's error shape without
+    using a queued reply.
     """
 
     default_reply: Callable[[Received], Reply] = default_reply
     reset_reused_connections: int = 0
+    strict: bool = False
+    rejections: list[str] = field(factory=list, init=False)
+    _thinking: dict[str, str] = field(factory=dict, init=False)  # signature -> text, as sent
+    _redacted: set[str] = field(factory=set, init=False)  # redacted_thinking data, as sent
     received: list[Received] = field(factory=list, init=False)
     flood_bytes_written: int = field(default=0, init=False)  # by Flood replies, cumulative
     reactor: IReactorTCP | None = field(default=None, init=False)
@@ -635,8 +772,70 @@ class FakeUpstream:
             self.reset_reused_connections -= 1
             Reset().play(request, self)
             return
+        if self.strict and self._reject(received, request):
+            return
         reply = self._queue.popleft() if self._queue else self.default_reply(received)
         reply.play(request, self)
+
+
+    def _reject(self, received: Received, request: Request) -> bool:
+        """In strict mode: answer 400 if the API would reject the request."""
+        path = received.path.split(b"?", 1)[0]
+        if path not in (b"/v1/messages", b"/v1/chat/completions"):
+            return False
+        try:
+            body = ujson.loads(received.body)
+        except ValueError:
+            body = None
+        if path == b"/v1/messages":
+            problems = anthropic_request_problems(body, self._thinking, self._redacted)
+        else:
+            problems = openai_request_problems(body)
+        if not problems:
+            return False
+        self.rejections += problems
+        message = "; ".join(problems)
+        if path == b"/v1/messages":
+            error = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+        else:
+            error = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+        JSONReply(error, status=400).play(request, self)
+        return True
+
+    def _sent_json(self, body: bytes) -> None:
+        """Remember the thinking blocks of a JSON reply (cheaply skipped when it has none)."""
+        if b"thinking" not in body:
+            return
+        try:
+            doc = ujson.loads(body)
+        except ValueError:
+            return
+        content = doc.get("content") if isinstance(doc, dict) else None
+        for block in content if isinstance(content, list) else ():
+            _block_thinking(block, self._thinking, self._redacted)
+
+    def _sent_events(self, events: Sequence[bytes]) -> None:
+        """Remember the thinking blocks of an Anthropic stream: start, thinking and signature deltas."""
+        open_blocks: dict[object, dict] = {}
+        for event in events:
+            if b"thinking" not in event and b"signature" not in event:
+                continue
+            doc = _sse_data(event)
+            if not isinstance(doc, dict):
+                continue
+            index = doc.get("index")
+            if doc.get("type") == "content_block_start" and isinstance(doc.get("content_block"), dict):
+                _block_thinking(open_blocks.pop(index, None), self._thinking, self._redacted)
+                open_blocks[index] = dict(doc["content_block"])
+            elif doc.get("type") == "content_block_delta" and index in open_blocks:
+                delta = doc.get("delta") if isinstance(doc.get("delta"), dict) else {}
+                block = open_blocks[index]
+                if delta.get("type") == "thinking_delta":
+                    block["thinking"] = (block.get("thinking") or "") + str(delta.get("thinking", ""))
+                elif delta.get("type") == "signature_delta":
+                    block["signature"] = delta.get("signature")
+        for block in open_blocks.values():
+            _block_thinking(block, self._thinking, self._redacted)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,0 +1,409 @@
+"""The expand loop's pure parts: which calls to answer, the continuation request, the merged response.
+
+Transport-independent (the JSON exchange and the streaming Inspector share it) and pure: dicts and
+bytes in, dicts and bytes out; no store, no Twisted. The caller looks the refs up in the store
+(`refs_to_resolve`, then `resolve` for each), builds the next request with `continuation_body`,
+and when the loop ends sends the client `merge(rounds)` and counts `billed(rounds)`.
+
+Decisions:
+
+- A response is answered by cg only when **all** its tool calls are `context_guru_expand`
+  (`lone_expand_calls`); batched with a client tool it goes to the client verbatim. Server tools
+  (`server_tool_use`) run at the provider and are not calls cg or the client must answer.
+- Every call is answered, in order, by text: the original (UTF-8), or a final answer. A ref not
+  stored is EVICTED when it has the shape of the IDs cg gives out (16 hex digits: cg most likely
+  made it and the store let it go, or the model mistyped one; either way retrying cannot help) and
+  UNKNOWN otherwise (cg never gave out such an ID). A call whose input has no usable `id` is
+  MALFORMED. Failure answers carry no `is_error` (like a repair, which clears it): they are final
+  answers, not faults, and the same text reads the same whichever path delivered it.
+- The continuation appends to the request cg forwarded, never rewriting a byte of it (so each
+  round reads the previous round's cache): pass the previous continuation as `forwarded` for the
+  next round. New JSON is written the way the body's client writes it (`ClientStyle`). No
+  `cache_control` is added.
+"""
+
+import enum
+import json
+import re
+
+import attrs
+
+from cg import jsonbytes
+from cg.compact import ParsedBody
+from cg.dialect import ANTHROPIC, OPENAI
+from cg.markers import EXPAND_TOOL, marker, parse_marker_ref
+from cg.usage import Usage, anthropic_usage, openai_usage
+
+__all__ = [
+    "EVICTED",
+    "MALFORMED",
+    "UNKNOWN",
+    "Answer",
+    "ClientStyle",
+    "ExpandCall",
+    "Resolution",
+    "answer",
+    "answers",
+    "billed",
+    "continuation_body",
+    "expand_calls",
+    "is_cg_answer",
+    "lone_expand_calls",
+    "merge",
+    "refs_to_resolve",
+    "resolve",
+]
+
+# The shape of cg's marker IDs (cg.markers.marker_id): an unstored ID of this shape was most likely
+# cg's and evicted; any other was never cg's.
+_CG_ID = re.compile(r"[0-9a-f]{16}")
+_MAX_SHOWN_INPUT = 200
+
+
+class Resolution(enum.Enum):
+    """Why an expand call gets a final answer instead of its original."""
+
+    UNKNOWN = "unknown"
+    EVICTED = "evicted"
+    MALFORMED = "malformed"
+
+
+UNKNOWN = Resolution.UNKNOWN
+EVICTED = Resolution.EVICTED
+MALFORMED = Resolution.MALFORMED
+
+_EVICTED_TEXT = "the original for {marker} is no longer stored; do not retry; re-run the command that produced it"
+_UNKNOWN_TEXT = (
+    "nothing is stored under {ref!r}: IDs come from <<cg:ID>> markers in this conversation; "
+    "do not retry with this ID"
+)
+_MALFORMED_TEXT = (
+    'context_guru_expand takes {{"id": "ID"}}, where ID is the ID in a <<cg:ID>> marker (bare, or '
+    "the whole marker); it was given {given}"
+)
+# How each final answer starts, so a repair can tell cg's own answers from a client's error text.
+_FINAL_PREFIXES = ("the original for <<cg:", "nothing is stored under ", "context_guru_expand takes {")
+
+
+@attrs.frozen
+class ExpandCall:
+    """One `context_guru_expand` call of a response."""
+
+    id: str  # the tool_use id (Anthropic) or tool_call id (OpenAI)
+    raw_input: object  # the input dict (Anthropic) or arguments string (OpenAI), as given
+    ref: str | None  # the marker ID asked for; None when the input names none (malformed)
+
+
+@attrs.frozen
+class Answer:
+    """The text that answers one call, and which case it is (for /stats)."""
+
+    call_id: str
+    kind: str  # "resolved", or a Resolution's value
+    text: str
+
+
+def lone_expand_calls(message: dict, dialect: str) -> list[ExpandCall] | None:
+    """The expand calls of a response whose tool calls are all expand calls; else None.
+
+    None when the response has no tool call, or any tool call that is not `context_guru_expand`
+    (the client owns that one, so the whole response goes to it). `message` is the response
+    (Anthropic message; OpenAI chat.completion, whose `choices[0].message` is read).
+    """
+    calls = []
+    for call_id, name, raw_input, arguments in _tool_calls(message, dialect):
+        if name != EXPAND_TOOL or not isinstance(call_id, str):
+            return None
+        calls.append(ExpandCall(call_id, raw_input, _ref(arguments)))
+    return calls or None
+
+
+def expand_calls(message: dict, dialect: str) -> list[ExpandCall]:
+    """Every expand call of an assistant message or response, whatever else it calls."""
+    return [ExpandCall(call_id, raw_input, _ref(arguments))
+            for call_id, name, raw_input, arguments in _tool_calls(message, dialect)
+            if name == EXPAND_TOOL and isinstance(call_id, str)]
+
+
+def _tool_calls(message, dialect):
+    """(id, name, input as given, input as a dict or None) of each tool call of a response."""
+    if dialect == ANTHROPIC:
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "tool_use":
+                raw = block.get("input")
+                yield block.get("id"), block.get("name"), raw, raw if isinstance(raw, dict) else None
+        return
+    for call in _openai_message(message).get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            yield None, None, None, None  # unreadable: not ours to answer
+            continue
+        raw = function.get("arguments")
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            arguments = None
+        yield call.get("id"), function.get("name"), raw, arguments if isinstance(arguments, dict) else None
+
+
+def _openai_message(doc) -> dict:
+    """The assistant message of a chat.completion (or `doc` itself when it is already one)."""
+    if not isinstance(doc, dict):
+        return {}
+    choices = doc.get("choices")
+    if choices is None:
+        return doc
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        return message if isinstance(message, dict) else {}
+    return {}
+
+
+def _ref(arguments: dict | None) -> str | None:
+    ident = arguments.get("id") if arguments is not None else None
+    return parse_marker_ref(ident) if isinstance(ident, str) else None
+
+
+def refs_to_resolve(calls: list[ExpandCall]) -> list[str]:
+    """The refs to look up, each once, in call order (malformed calls need no lookup)."""
+    return list(dict.fromkeys(call.ref for call in calls if call.ref is not None))
+
+
+def resolve(ref: str, original: bytes | None) -> bytes | Resolution:
+    """What a lookup of `ref` gave: the original, or EVICTED / UNKNOWN (see the module docstring)."""
+    if original is not None:
+        return original
+    return EVICTED if _CG_ID.fullmatch(ref) else UNKNOWN
+
+
+def answer(call: ExpandCall, resolution: bytes | Resolution | None) -> Answer:
+    """The answer to one call. A missing resolution (None) counts as "not stored"."""
+    if call.ref is None:
+        return Answer(call.id, MALFORMED.value, _MALFORMED_TEXT.format(given=_shown(call.raw_input)))
+    if resolution is None:
+        resolution = resolve(call.ref, None)
+    if isinstance(resolution, bytes):
+        return Answer(call.id, "resolved", resolution.decode("utf-8", errors="replace"))
+    if resolution is EVICTED:
+        return Answer(call.id, EVICTED.value, _EVICTED_TEXT.format(marker=marker(call.ref)))
+    if resolution is UNKNOWN:
+        return Answer(call.id, UNKNOWN.value, _UNKNOWN_TEXT.format(ref=call.ref))
+    # MALFORMED given for a call that does name a ref: answer as the caller says.
+    return Answer(call.id, MALFORMED.value, _MALFORMED_TEXT.format(given=_shown(call.raw_input)))
+
+
+def answers(calls: list[ExpandCall], resolutions: dict[str, bytes | Resolution]) -> list[Answer]:
+    """The answer to every call, in order (the same ref answered the same way each time)."""
+    return [answer(call, resolutions.get(call.ref) if call.ref is not None else None) for call in calls]
+
+
+def is_cg_answer(text: str) -> bool:
+    """Whether `text` is one of cg's final answers (not an original: those are not recognisable)."""
+    return text.startswith(_FINAL_PREFIXES)
+
+
+def _shown(raw_input) -> str:
+    text = raw_input if isinstance(raw_input, str) else json.dumps(raw_input, ensure_ascii=False)
+    return text if len(text) <= _MAX_SHOWN_INPUT else text[:_MAX_SHOWN_INPUT] + "…"
+
+
+# ---------------------------------------------------------------------------------------------
+# The continuation request
+
+
+@attrs.frozen
+class ClientStyle:
+    """How the client that wrote a document serializes JSON, for the values cg adds to it.
+
+    Always compact (Claude Code and the SDKs send compact JSON; in a spaced body it is still valid).
+    The escaping is read from `evidence` (the document, or the part of it before the edit), and
+    without evidence a character goes raw, as JSON.stringify writes it: non-ASCII is escaped only in
+    an all-ASCII document showing a \\uXXXX escape of a non-ASCII character (Python's default);
+    "/" only when the document's first "/" is escaped (PHP); <, > and & only when the document has
+    none of them raw but shows one escaped (Go).
+    """
+
+    evidence: str
+
+    def dumps(self, value) -> str:
+        evidence = self.evidence
+        ascii_only = evidence.isascii() and _shows(_NON_ASCII_ESCAPE, evidence)
+        raw = json.dumps(value, separators=(",", ":"), ensure_ascii=ascii_only)
+        if not ascii_only and not _utf8(raw):  # a lone surrogate can only travel escaped
+            raw = json.dumps(value, separators=(",", ":"))
+        # Outside strings JSON has no "/", "<", ">", "&", U+2028/9: replacing them edits strings only.
+        slash = evidence.find("/")
+        if slash > 0 and _escaped(evidence, slash):
+            raw = raw.replace("/", "\\/")
+        if not any(char in evidence for char in "<>&") and _shows(_HTML_ESCAPE, evidence):
+            raw = re.sub("[<>&\u2028\u2029]", lambda match: _HTML_ESCAPES[match[0]], raw)
+        return raw
+
+
+# Literal-prefixed patterns (the regex engine scans for "\\u" at C speed); `_shows` then checks that
+# the backslash is not itself escaped.
+_NON_ASCII_ESCAPE = re.compile(r"\\u(?!00[0-7])[0-9a-fA-F]{4}")
+_HTML_ESCAPE = re.compile(r"\\u00(?:3[cCeE]|26)")
+_HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def _shows(escape: re.Pattern, evidence: str) -> bool:
+    """Whether `evidence` holds a real `escape` (not an escaped backslash followed by text)."""
+    return any(not _escaped(evidence, match.start()) for match in escape.finditer(evidence))
+
+
+def _escaped(text: str, index: int) -> bool:
+    """Whether the character at index follows an escaping backslash (an odd run of them)."""
+    start = index
+    while start > 0 and text[start - 1] == "\\":
+        start -= 1
+    return (index - start) % 2 == 1
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_CONTINUATION_SPINE = {"messages": {}, "stream": {}}
+
+
+def continuation_body(forwarded: bytes, assistant: dict, calls: list[ExpandCall],
+                      resolutions: dict[str, bytes | Resolution], dialect: str,
+                      stream: bool | None = None) -> bytes:
+    """The next request: `forwarded`, then the assistant message as returned, then the answers.
+
+    `assistant` is the response (or its message). Anthropic appends
+    `{"role":"assistant","content":<content as returned>}` and one user message of `tool_result`
+    blocks; OpenAI appends the returned message object and one `role: "tool"` message per call.
+    Every byte of `forwarded` is kept; `stream` (when not None) sets the `stream` key, adding it
+    if absent. Raises ValueError when `forwarded` is not a JSON object with a `messages` array.
+    """
+    doc = forwarded.decode("utf-8")
+    value, spans = jsonbytes.load(doc, _CONTINUATION_SPINE)
+    if not isinstance(value, dict) or not isinstance(value.get("messages"), list):
+        raise ValueError("not a request with a messages array")
+    body = ParsedBody(forwarded, doc, value, spans)
+    style = ClientStyle(doc)
+    replies = answers(calls, resolutions)
+    if dialect == ANTHROPIC:
+        new = [
+            {"role": "assistant", "content": assistant.get("content")},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": reply.call_id, "content": reply.text}
+                for reply in replies
+            ]},
+        ]
+    elif dialect == OPENAI:
+        new = [_openai_message(assistant)] + [
+            {"role": "tool", "tool_call_id": reply.call_id, "content": reply.text} for reply in replies
+        ]
+    else:
+        raise ValueError(f"unknown dialect {dialect!r}")
+    end = spans[("messages",)][1] - 1  # the closing bracket
+    lead = "," if value["messages"] else ""
+    edits = [((end, end), lead + ",".join(style.dumps(message) for message in new))]
+    if stream is not None and value.get("stream") is not stream:
+        literal = "true" if stream else "false"
+        if ("stream",) in spans:
+            edits.append((spans[("stream",)], literal))
+        else:
+            close = len(doc.rstrip()) - 1  # the object's closing brace
+            edits.append(((close, close), ',"stream":' + literal))
+    return body.apply(edits)
+
+
+# ---------------------------------------------------------------------------------------------
+# The response the client receives
+
+
+_ANTHROPIC_FINAL_KEYS = ("stop_reason", "stop_sequence", "stop_details", "container", "context_management")
+
+
+def merge(rounds: list[dict], dialect: str) -> dict:
+    """The one response a JSON exchange of several rounds gives the client.
+
+    The first round's id, model and other keys; the content of every round but the last without
+    its expand calls (text and thinking stay), then the last round's whole; the last stop reason.
+    Usage: the first round's (input-side counts are the live context size, which Claude Code
+    watches to auto-compact) with the output counts summed over all rounds.
+    """
+    if not rounds:
+        raise ValueError("no rounds to merge")
+    if dialect == ANTHROPIC:
+        return _merge_anthropic(rounds)
+    if dialect == OPENAI:
+        return _merge_openai(rounds)
+    raise ValueError(f"unknown dialect {dialect!r}")
+
+
+def _is_expand_use(block) -> bool:
+    return isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == EXPAND_TOOL
+
+
+def _merge_anthropic(rounds: list[dict]) -> dict:
+    first, final = rounds[0], rounds[-1]
+    content = [block for response in rounds[:-1] for block in _list(response.get("content"))
+               if not _is_expand_use(block)]
+    merged = dict(first)
+    merged["content"] = content + _list(final.get("content"))
+    for key in _ANTHROPIC_FINAL_KEYS:
+        if key in final:
+            merged[key] = final[key]
+    if isinstance(first.get("usage"), dict):
+        usage = merged["usage"] = dict(first["usage"])
+        usage["output_tokens"] = sum(_count(_dict(r.get("usage")).get("output_tokens")) for r in rounds)
+    return merged
+
+
+def _merge_openai(rounds: list[dict]) -> dict:
+    first, final = rounds[0], rounds[-1]
+    final_choice = _dict(_list(final.get("choices"))[0]) if _list(final.get("choices")) else {}
+    final_message = _openai_message(final)
+    texts = [text for text in (_openai_message(r).get("content") for r in rounds) if isinstance(text, str) and text]
+    message = dict(final_message)
+    message["content"] = "\n\n".join(texts) if texts else final_message.get("content")
+    merged = dict(first)
+    merged["choices"] = [{**final_choice, "index": 0, "message": message}]
+    usage = first.get("usage")
+    if isinstance(usage, dict):
+        merged_usage = dict(usage)
+        completion = sum(_count(_dict(r.get("usage")).get("completion_tokens")) for r in rounds)
+        merged_usage["completion_tokens"] = completion
+        details = [_dict(r.get("usage")).get("completion_tokens_details") for r in rounds]
+        if isinstance(usage.get("completion_tokens_details"), dict):
+            merged_usage["completion_tokens_details"] = _sum_counts([d for d in details if isinstance(d, dict)])
+        merged_usage["total_tokens"] = _count(usage.get("prompt_tokens")) + completion
+        merged["usage"] = merged_usage
+    return merged
+
+
+def _sum_counts(dicts: list[dict]) -> dict:
+    """Key-wise sum of the counts in `dicts` (the first's keys and order; non-counts kept as is)."""
+    total = dict(dicts[0])
+    for key, value in total.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            total[key] = sum(_count(d.get(key)) for d in dicts)
+    return total
+
+
+def billed(rounds: list[dict], dialect: str) -> list[Usage]:
+    """What each round was billed, for /stats and the change log."""
+    read = anthropic_usage if dialect == ANTHROPIC else openai_usage
+    return [read(response) for response in rounds]
+
+
+def _count(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,601 @@
+"""The incremental inspector: stream every event at once, hold back only a lone expand call, splice.
+
+One ``Inspector`` serves one client response stream (every round of it). The caller parses the
+upstream body with ``cg.sse.SSEParser`` and feeds the events one at a time; each ``feed`` returns a
+``Step``: the bytes to write to the client now, and what to do next. Pure code: no Twisted, no I/O,
+no clocks.
+
+Round 1 (the upstream's own response) is forwarded **byte for byte**, each event the moment it is
+fed, except from a ``content_block_start`` that opens a ``tool_use`` named ``context_guru_expand``
+(with no client-owned ``tool_use`` before it in the response): that event and every later one are
+held. Then:
+
+==========  ======================================================  ===================================
+state       event                                                   action
+==========  ======================================================  ===================================
+WATCH       ``content_block_start`` expand tool_use                 hold it → HOLD
+WATCH       ``content_block_start`` other ``tool_use`` (client's)   forward → THROUGH
+WATCH       anything else                                           forward (content is recorded)
+HOLD        expand start; a delta; a stop; ping; unknown; comment   hold
+HOLD        ``content_block_stop`` of an expand call whose input    release "bad_input" + forward
+            is not a JSON object with a string ``id``               → THROUGH
+HOLD        ``content_block_start`` client ``tool_use``             release "client_tool" + forward
+                                                                    → THROUGH
+HOLD        ``content_block_start`` of any other block              release "other_block" + fwd
+                                                                    → THROUGH
+HOLD        ``message_delta`` ``stop_reason: tool_use``, every      hold, mark *decided*
+            expand input valid and stopped
+HOLD        ``message_delta`` another stop reason                   release "stop_reason" + fwd
+HOLD        ``message_delta`` tool_use with an expand unfinished    release "bad_input" + fwd
+HOLD        ``message_stop`` when decided                           hold → AWAIT, return EXPAND
+HOLD        ``message_stop`` not decided                            release "stop_reason" + fwd
+HOLD        ``error``                                               release "error" + forward
+HOLD        held bytes > ``max_held``                               release "max_held" → THROUGH
+HOLD        ``end()``: decided and complete                         → AWAIT, return EXPAND
+HOLD        ``end()``: otherwise                                    release "ended" → DONE / ABORT
+THROUGH     anything                                                forward
+AWAIT       ``begin_continuation()``                                next round → WATCH (THROUGH at
+                                                                    the round cap)
+AWAIT       ``release()``                                           held bytes, "continuation_failed"
+                                                                    → DONE
+any         ``end()`` (not HOLD)                                    DONE, or ABORT (see ``end``)
+==========  ======================================================  ===================================
+
+"Forward" in round 1 is ``event.raw``. In a continuation round (after ``begin_continuation()``) it
+goes through the splice: the continuation's ``message_start`` is swallowed; ``content_block_*``
+events are re-serialized with their index renumbered so the client's indices stay dense (the next
+index after the last block the client got; held expand blocks of earlier rounds never reach it);
+every ``message_delta`` is rebuilt as the final one (stop reason and other fields from the
+continuation; usage: round 1's input-side fields from its ``message_start``, ``output_tokens`` summed
+over rounds); pings, ``message_stop``, ``error`` and unknown events keep their raw bytes. A
+continuation runs through the same holding logic, up to ``max_rounds`` continuations; the last one
+passes through (renumbered) whatever it holds. A release in a continuation round is renumbered too.
+
+Failures: until a continuation has sent the client anything but pings (``committed``), the previous
+round's held events are kept rendered: a continuation that answers an ``error`` event or ends before
+its first block gets them released instead (the client receives what the upstream sent, a complete
+stream, ``released == "continuation_failed"``). After that a broken continuation is the client's
+broken stream (``ABORT``): never a clean ending on truncated content.
+
+Cost: O(1) amortised per event plus the event's own JSON parse (the content of a round that may still
+expand is recorded as lists of fragments, joined once at EXPAND; held bytes are counted as they come).
+"""
+
+from __future__ import annotations
+
+import attrs
+import ujson
+
+from cg.dialect import ANTHROPIC
+from cg.markers import EXPAND_TOOL
+from cg.sse import Event
+from cg.usage import StreamUsage, Usage
+
+__all__ = [
+    "ABORT",
+    "CONTINUE",
+    "DONE",
+    "EXPAND",
+    "PING",
+    "RELEASE_REASONS",
+    "ExpandCall",
+    "Inspector",
+    "Step",
+]
+
+CONTINUE = "continue"  # send ``send``, keep feeding
+EXPAND = "expand"  # the round ended with a lone expand turn: resolve ``calls``, start a continuation
+DONE = "done"  # send ``send`` and finish the client's response cleanly
+ABORT = "abort"  # send ``send``, then abort the client's connection (the stream broke)
+
+RELEASE_REASONS = (
+    "client_tool",
+    "other_block",
+    "bad_input",
+    "stop_reason",
+    "error",
+    "ended",
+    "max_held",
+    "continuation_failed",
+)
+
+PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+
+# States
+_WATCH = "watch"  # forwarding; an expand start would be held
+_HOLD = "hold"  # holding from an expand start on
+_THROUGH = "through"  # forwarding; nothing more is held in this round
+_AWAIT = "await"  # EXPAND returned: waiting for begin_continuation() or release()
+_DONE = "done"
+
+_INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+_PART_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
+_NAMES = {
+    name: b"event: " + name.encode() + b"\ndata: "
+    for name in ("content_block_start", "content_block_delta", "content_block_stop", "message_delta")
+}
+
+
+@attrs.frozen(slots=True)
+class Step:
+    """What one ``feed`` / ``end`` asks of the caller: write ``send`` to the client, then ``action``."""
+
+    send: bytes
+    action: str = CONTINUE
+
+
+_NOTHING = Step(b"")
+
+
+@attrs.frozen
+class ExpandCall:
+    """One ``context_guru_expand`` call of a decided round: its ``tool_use`` id and parsed input."""
+
+    id: str
+    input: dict
+
+    @property
+    def ref(self) -> str:
+        """What the model asked for: the ``id`` argument (a bare ID or a whole marker)."""
+        return self.input["id"]
+
+
+class _Block:
+    """One block of a round, recorded for the continuation's assistant message."""
+
+    __slots__ = ("start", "parts", "signature", "citations", "other", "input", "expand")
+
+    def __init__(self, start: dict) -> None:
+        self.start = start
+        self.expand = False  # a held context_guru_expand call
+        self.parts: dict[str, list[str]] = {}
+        self.signature: str | None = None
+        self.citations: list | None = None
+        self.other: dict | None = None
+        self.input: dict | None = None  # an expand call's validated input
+
+    def add(self, delta: dict) -> None:
+        kind = delta.get("type")
+        field = _PART_FIELDS.get(kind)
+        if field is not None:
+            value = delta.get(field)
+            if isinstance(value, str):
+                self.parts.setdefault(field, []).append(value)
+        elif kind == "signature_delta":
+            if isinstance(delta.get("signature"), str):
+                self.signature = delta["signature"]
+        elif kind == "citations_delta":
+            if self.citations is None:
+                self.citations = []
+            self.citations.append(delta.get("citation"))
+        else:  # a delta type this module does not know (beta): its fields overwrite the block's
+            if self.other is None:
+                self.other = {}
+            self.other.update((k, v) for k, v in delta.items() if k != "type")
+
+    def joined(self, field: str) -> str:
+        return "".join(self.parts.get(field, ()))
+
+    def content(self) -> dict:
+        """The block as the Messages API returns it in ``content``."""
+        out = dict(self.start)
+        kind = out.get("type")
+        if kind == "text":
+            out["text"] = (out.get("text") or "") + self.joined("text")
+            if self.citations is not None:
+                out["citations"] = list(out.get("citations") or ()) + self.citations
+        elif kind == "thinking":
+            out["thinking"] = (out.get("thinking") or "") + self.joined("thinking")
+            if self.signature is not None:
+                out["signature"] = self.signature
+        elif self.input is not None:
+            out["input"] = self.input
+        elif "partial_json" in self.parts:
+            parsed = _object(self.joined("partial_json"))
+            if parsed is not None:
+                out["input"] = parsed
+        if self.other:
+            out.update(self.other)
+        return out
+
+
+def _object(text: str) -> dict | None:
+    """``text`` parsed as a JSON object ("" is ``{}``, as an input without deltas), else None."""
+    if not text.strip():
+        return {}
+    try:
+        value = ujson.loads(text)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _doc(event: Event) -> dict | None:
+    try:
+        doc = event.json()
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _index(doc: dict | None) -> int | None:
+    if doc is None:
+        return None
+    index = doc.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else None
+
+
+def _start_block(doc: dict | None) -> dict:
+    block = doc.get("content_block") if doc is not None else None
+    return block if isinstance(block, dict) else {}
+
+
+def _frame(name: str, doc: dict) -> bytes:
+    """An event as new bytes: ``event:`` line (the SDKs drop events without one), compact JSON."""
+    try:
+        data = ujson.dumps(doc, ensure_ascii=False, escape_forward_slashes=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate from a \\ud800 escape: keep it escaped
+        data = ujson.dumps(doc, escape_forward_slashes=False).encode()
+    head = _NAMES.get(name) or b"event: " + name.encode() + b"\ndata: "
+    return head + data + b"\n\n"
+
+
+class Inspector:
+    """Inspects one client response stream across all its rounds. See the module docstring.
+
+    ``max_held``: held bytes beyond which the hold is released (16 MiB). ``max_rounds``: how many
+    continuations may be spliced into one response (3); the last one passes through.
+    """
+
+    def __init__(self, max_held: int = 16 << 20, max_rounds: int = 3) -> None:
+        if max_held < 0 or max_rounds < 0:
+            raise ValueError("max_held and max_rounds must be >= 0")
+        self.max_held = max_held
+        self.max_rounds = max_rounds
+        # Counters for stats.
+        self.rounds = 0  # continuations begun (begin_continuation calls)
+        self.held_events = 0  # events ever held, over every round
+        self.released: str | None = None  # why the hold was released (RELEASE_REASONS), if it was
+        self.spliced = False  # a continuation was begun
+        self.capped = False  # an expand call went to the client because of the round cap
+        # What an EXPAND decision exposes.
+        self.calls: list[ExpandCall] = []
+        self.content: list[dict] = []
+        self.message_start: dict | None = None  # round 1's ``message`` object
+        # Across rounds.
+        self._round = 0
+        self._next_index = 0  # the client's next block index
+        self._output_before = 0  # output tokens of the finished rounds
+        self._input_fields: dict = {}  # round 1's message_start usage, input side
+        self._billed: list[Usage] = []  # finished rounds
+        self._fallback: bytes | None = None  # the previous round's release, until committed
+        self._new_round(_WATCH if max_rounds > 0 else _THROUGH)
+
+    def _new_round(self, state: str) -> None:
+        self._state = state
+        self._collect = state == _WATCH  # record content: this round may still expand
+        self._blocks: list[_Block] = []
+        self._by_index: dict[int, _Block] = {}
+        self._map: dict[int, int] = {}  # continuation index -> client index
+        self._base = self._next_index
+        self._held: list[Event] = []
+        self._held_bytes = 0
+        self._expands: list[_Block] = []
+        self._unfinished = 0  # expand calls started and not yet validly stopped
+        self._decided = False
+        self._saw_stop = False
+        self._saw_error = False
+        self._committed = self._round == 0  # sent the client more than pings in this round
+        self._usage = StreamUsage(ANTHROPIC)
+
+    # -----------------------------------------------------------------------------------------
+    # Public API
+
+    @property
+    def state(self) -> str:
+        """``watch``, ``hold``, ``through``, ``await`` or ``done`` (for logs and tests)."""
+        return self._state
+
+    @property
+    def round(self) -> int:
+        """The round being fed: 0 for the upstream's own response, k for the k-th continuation."""
+        return self._round
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held right now."""
+        return self._held_bytes
+
+    @property
+    def billed(self) -> list[Usage]:
+        """The usage each round reported (its own cumulative totals), for /stats and the change log."""
+        return [*self._billed, self._usage.usage]
+
+    def assistant_message(self) -> dict:
+        """The decided round's assistant message, for the continuation request."""
+        return {"role": "assistant", "content": self.content}
+
+    @staticmethod
+    def ping_event() -> bytes:
+        """A keepalive ``ping`` event, for the caller to send while a continuation is awaited."""
+        return PING
+
+    def feed(self, event: Event) -> Step:
+        """One complete upstream event in; what to send the client now out."""
+        state = self._state
+        if state is _AWAIT:
+            raise RuntimeError("the round was decided: call begin_continuation() or release()")
+        if state is _DONE:
+            return Step(b"", DONE)
+        kind = event.name
+        self._usage.observe(event)
+        if kind == "message_start" and self._round == 0:
+            self._note_start(event)
+        elif kind == "message_stop":
+            self._saw_stop = True
+        elif kind == "error":
+            if not self._committed and self._fallback is not None:
+                return Step(self._fail(), DONE)
+            self._saw_error = True
+        if state is _HOLD:
+            return self._holding(event, kind)
+        if self._collect:
+            self._record(event, kind)
+            if kind == "content_block_start":
+                block = _start_block(_doc(event))
+                if block.get("type") == "tool_use":
+                    if block.get("name") == EXPAND_TOOL:
+                        self._state = _HOLD
+                        self._add_expand()
+                        return self._hold(event)
+                    self._pass_through()  # the client owns a call in this batch
+        return Step(self._out(event, kind))
+
+    def end(self, complete: bool, tail: bytes = b"") -> Step:
+        """End of the upstream body: ``complete`` if it ended cleanly, ``tail`` the parser's rest.
+
+        Returns EXPAND (a decided round whose ``message_stop`` never came), DONE (finish the
+        client's response: round 1 ended cleanly, a continuation ended with ``message_stop`` or an
+        ``error`` event, or a continuation failed before committing and the previous round was
+        released), or ABORT (the upstream broke, or a continuation ended on truncated content).
+        ``tail`` (an incomplete last event) is forwarded only in round 1.
+        """
+        state = self._state
+        if state is _AWAIT:
+            raise RuntimeError("the round was decided: call begin_continuation() or release()")
+        if state is _DONE:
+            return Step(b"", DONE)
+        if state is _HOLD and self._decided and complete:
+            return self._expand()
+        if not self._committed and self._fallback is not None:
+            return Step(self._fail(), DONE)
+        send = self._release("ended") if state is _HOLD else b""
+        if self._round == 0:
+            send += tail
+            ok = complete
+        else:
+            ok = complete and (self._saw_stop or self._saw_error)
+        self._state = _DONE
+        return Step(send, DONE if ok else ABORT)
+
+    def begin_continuation(self) -> None:
+        """The continuation's response has begun (2xx): feed its events next."""
+        if self._state is not _AWAIT:
+            raise RuntimeError("begin_continuation() without an EXPAND")
+        # The release this round would give, kept until the continuation commits.
+        next_index = self._next_index
+        self._fallback = self._render(self._held)
+        self._next_index = next_index
+        self._billed.append(self._usage.usage)
+        self._output_before += self._usage.usage.output_tokens
+        self._round += 1
+        self.rounds += 1
+        self.spliced = True
+        self._new_round(_WATCH if self._round < self.max_rounds else _THROUGH)
+
+    def release(self, reason: str = "continuation_failed") -> bytes:
+        """Everything held, for the caller's failure path (``b""`` when nothing is held).
+
+        After an EXPAND (the continuation could not be started, or answered non-2xx): the held
+        events with the round's own ``message_delta``/``message_stop``, a complete stream, verbatim
+        in round 1 (renumbered in a continuation round); the inspector is then done. In a
+        continuation that has sent nothing yet: the previous round's release. While holding:
+        the held events, and the rest of the round passes through.
+        """
+        state = self._state
+        if state is _AWAIT:
+            send = self._render(self._held)
+            self._held = []
+            self._held_bytes = 0
+            self._state = _DONE
+            self.released = reason
+            return send
+        if state is _DONE:
+            return b""
+        if not self._committed and self._fallback is not None:
+            return self._fail(reason)
+        if state is _HOLD:
+            return self._release(reason)
+        return b""
+
+    # -----------------------------------------------------------------------------------------
+    # Holding
+
+    def _hold(self, event: Event) -> Step:
+        self._held.append(event)
+        self.held_events += 1
+        self._held_bytes += len(event.raw)
+        if self._held_bytes > self.max_held:
+            return Step(self._release("max_held"))
+        return _NOTHING
+
+    def _holding(self, event: Event, kind: str | None) -> Step:
+        self._record(event, kind)
+        if kind == "content_block_start":
+            self._decided = False
+            block = _start_block(_doc(event))
+            if block.get("type") != "tool_use":
+                return self._release_with("other_block", event, kind)
+            if block.get("name") != EXPAND_TOOL:
+                return self._release_with("client_tool", event, kind)
+            self._add_expand()
+        elif kind == "content_block_stop":
+            block = self._by_index.get(_index(_doc(event)))
+            if block is not None and block.expand and block.input is None:
+                parsed = _object(block.joined("partial_json"))
+                if (
+                    parsed is None
+                    or not isinstance(parsed.get("id"), str)
+                    or not isinstance(block.start.get("id"), str)
+                ):
+                    return self._release_with("bad_input", event, kind)
+                block.input = parsed
+                self._unfinished -= 1
+        elif kind == "message_delta":
+            doc = _doc(event)
+            delta = doc.get("delta") if doc is not None else None
+            stop = delta.get("stop_reason") if isinstance(delta, dict) else None
+            if stop != "tool_use":
+                return self._release_with("stop_reason", event, kind)
+            if self._unfinished:
+                return self._release_with("bad_input", event, kind)
+            self._decided = True
+        elif kind == "message_stop":
+            if not self._decided:
+                return self._release_with("stop_reason", event, kind)
+            step = self._hold(event)
+            return step if step is not _NOTHING else self._expand()
+        elif kind == "error":
+            return self._release_with("error", event, kind)
+        return self._hold(event)
+
+    def _add_expand(self) -> None:
+        block = self._blocks[-1]
+        block.expand = True
+        self._expands.append(block)
+        self._unfinished += 1
+
+    def _expand(self) -> Step:
+        self._state = _AWAIT
+        self.calls = [ExpandCall(block.start.get("id"), block.input) for block in self._expands]
+        self.content = [block.content() for block in self._blocks]
+        self._blocks = []
+        self._by_index = {}
+        return Step(b"", EXPAND)
+
+    def _release(self, reason: str) -> bytes:
+        """Send everything held (through the round's renumbering); the round passes through."""
+        self.released = reason
+        held = self._held
+        self._held = []
+        self._held_bytes = 0
+        self._pass_through()
+        return self._render(held)
+
+    def _release_with(self, reason: str, event: Event, kind: str | None) -> Step:
+        return Step(self._release(reason) + self._out(event, kind))
+
+    def _pass_through(self) -> None:
+        self._state = _THROUGH
+        self._collect = False
+        self._blocks = []
+        self._by_index = {}
+        self._expands = []
+
+    def _fail(self, reason: str = "continuation_failed") -> bytes:
+        """The continuation failed before committing: the previous round's release instead."""
+        send = self._fallback or b""
+        self._fallback = None
+        self._held = []
+        self._held_bytes = 0
+        self._state = _DONE
+        self.released = reason
+        return send
+
+    # -----------------------------------------------------------------------------------------
+    # Recording and output
+
+    def _note_start(self, event: Event) -> None:
+        doc = _doc(event)
+        message = doc.get("message") if doc is not None else None
+        if isinstance(message, dict):
+            self.message_start = message
+            usage = message.get("usage")
+            if isinstance(usage, dict):
+                self._input_fields = {k: usage[k] for k in _INPUT_FIELDS if k in usage}
+
+    def _record(self, event: Event, kind: str | None) -> None:
+        """Keep the round's content, for the assistant message of a continuation."""
+        if kind == "content_block_start":
+            doc = _doc(event)
+            block = _Block(dict(_start_block(doc)))
+            self._blocks.append(block)
+            index = _index(doc)
+            if index is not None:
+                self._by_index[index] = block
+        elif kind == "content_block_delta":
+            doc = _doc(event)
+            block = self._by_index.get(_index(doc))
+            delta = doc.get("delta") if doc is not None else None
+            if block is not None and isinstance(delta, dict):
+                block.add(delta)
+
+    def _render(self, events: list[Event]) -> bytes:
+        return b"".join([self._out(event, event.name) for event in events])
+
+    def _out(self, event: Event, kind: str | None) -> bytes:
+        """The bytes the client gets for ``event``, forwarded now."""
+        if self._round == 0:
+            if kind == "content_block_start":
+                index = _index(_doc(event))
+                if index is not None and index >= self._next_index:
+                    self._next_index = index + 1
+                if self.max_rounds == 0:
+                    self._note_capped(event)
+            return event.raw
+        if kind == "message_start":
+            return b""  # the client has round 1's
+        if kind is None or kind == "ping":
+            return event.raw
+        self._commit()
+        if kind == "message_delta":
+            doc = _doc(event)
+            return event.raw if doc is None else self._final_delta(doc)
+        if kind not in _NAMES:  # message_stop, error, unknown events: as they came
+            return event.raw
+        doc = _doc(event)
+        index = _index(doc)
+        if index is None:
+            return event.raw
+        if kind == "content_block_start":
+            client = self._map[index] = self._next_index
+            self._next_index += 1
+            if self._round >= self.max_rounds:
+                self._note_capped(event)
+        else:
+            client = self._map.get(index)
+            if client is None:  # a block never started: the client would see the same fault
+                client = self._base + index
+        doc = dict(doc)
+        doc["index"] = client
+        return _frame(kind, doc)
+
+    def _commit(self) -> None:
+        if not self._committed:
+            self._committed = True
+            self._fallback = None
+
+    def _note_capped(self, event: Event) -> None:
+        block = _start_block(_doc(event))
+        if block.get("type") == "tool_use" and block.get("name") == EXPAND_TOOL:
+            self.capped = True
+
+    def _final_delta(self, doc: dict) -> bytes:
+        """The spliced response's message_delta: input side from round 1, output summed."""
+        out = dict(doc)
+        usage = doc.get("usage")
+        usage = dict(usage) if isinstance(usage, dict) else {}
+        usage.update(self._input_fields)
+        usage["output_tokens"] = self._output_before + self._usage.usage.output_tokens
+        out["usage"] = usage
+        return _frame("message_delta", out)

@@ -1,0 +1,169 @@
+"""Repair: answer, on the next request, the expand calls that reached the client.
+
+An expand call reaches the client when it was batched with a client tool, came past the round cap,
+on a stream cg does not splice, or before a continuation failed. The client cannot run it and
+answers with an error (Claude Code: `is_error: true`, `<tool_use_error>Error: No such tool
+available: context_guru_expand</tool_use_error>`), which stays in its history. Where cg injects the
+tool (the caller's decision: this module does not look at `tools`), cg replaces that answer with
+what the call asked for before compaction runs, and the model reads the original from then on.
+
+Pure: `find_repairs` reads a `ParsedBody`; the caller builds each text (`repair_answer`, from the
+store's original), freezes it per tool_use_id in the store, and splices `repair_edits`, which are
+span edits over `body.doc` like `cg.compact.plan`'s (never overlapping them: compaction leaves the
+results of expand calls alone).
+
+What counts as an error answer (to a call of `context_guru_expand`, found by its id in an earlier
+assistant message):
+
+- Anthropic: `is_error: true`;
+- otherwise (OpenAI `role: "tool"` messages have no flag; an Anthropic client might not set it):
+  a text that is not one of cg's own final answers, is at most 2,000 characters (the originals cg
+  offloads are far longer; clients' errors are one line), and is empty or reads like an error:
+  "error", "not found / available / supported / allowed / recognized / defined / exist",
+  "no such", "unknown tool", "invalid tool", "unavailable", "is not a valid".
+
+A repaired result is content = the text, no `is_error`, every other key kept in its place
+(`cache_control` stays where the client put it). It is no longer an error, so repairing a repaired
+body changes nothing; and should a short original read like an error, it is found again and
+replaced by the same frozen text, giving the same bytes: the same text always gives the same bytes.
+"""
+
+import re
+
+import attrs
+
+from cg import jsonbytes
+from cg.compact import ParsedBody
+from cg.continuation import Answer, ClientStyle, ExpandCall, answer, expand_calls, is_cg_answer, resolve
+from cg.dialect import ANTHROPIC, OPENAI
+from cg.jsonbytes import EACH
+
+__all__ = ["Repair", "find_repairs", "looks_like_error", "repair_answer", "repair_edits"]
+
+_MAX_ERROR_CHARS = 2000
+_ERROR_WORDS = re.compile(
+    r"error|no such|not (?:found|available|supported|allowed|permitted|recogni[sz]ed|registered|defined|exist)"
+    r"|(?:unknown|invalid) (?:tool|function)|does not exist|doesn't exist|unavailable|is not a valid",
+    re.IGNORECASE,
+)
+_BLOCKS = {"content": {EACH: {}}}
+_CONTENT = {"content": {}}
+
+
+@attrs.frozen
+class Repair:
+    """An expand call the client answered with an error, and where that answer sits."""
+
+    tool_use_id: str
+    ref: str | None  # the marker ID the call asked for; None when its input named none
+    raw_input: object  # the call's input as the model gave it (for the malformed answer)
+    message_index: int  # the message holding the answer
+    block_index: int | None  # Anthropic: the tool_result's index in that message; OpenAI: None
+
+    @property
+    def call(self) -> ExpandCall:
+        return ExpandCall(self.tool_use_id, self.raw_input, self.ref)
+
+
+def looks_like_error(text: str, is_error: object = None) -> bool:
+    """Whether a client's answer to an expand call is an error (see the module docstring)."""
+    if is_error is True:
+        return True
+    if is_cg_answer(text) or len(text) > _MAX_ERROR_CHARS:
+        return False
+    return not text.strip() or _ERROR_WORDS.search(text) is not None
+
+
+def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
+    """The error answers to expand calls in `body`'s messages, in order."""
+    messages = body.value.get("messages")
+    if not isinstance(messages, list):
+        return []
+    calls: dict[str, ExpandCall] = {}
+    repairs = []
+    for message_index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "assistant":
+            calls.update((call.id, call) for call in expand_calls(message, dialect))
+        elif dialect == ANTHROPIC and role == "user" and isinstance(message.get("content"), list):
+            for block_index, block in enumerate(message["content"]):
+                if (isinstance(block, dict) and block.get("type") == "tool_result"
+                        and _is_error_answer(calls, block.get("tool_use_id"), block)):
+                    call = calls[block["tool_use_id"]]
+                    repairs.append(Repair(call.id, call.ref, call.raw_input, message_index, block_index))
+        elif dialect == OPENAI and role == "tool" and _is_error_answer(calls, message.get("tool_call_id"), message):
+            call = calls[message["tool_call_id"]]
+            repairs.append(Repair(call.id, call.ref, call.raw_input, message_index, None))
+    return repairs
+
+
+def _is_error_answer(calls: dict, call_id, answered: dict) -> bool:
+    return (isinstance(call_id, str) and call_id in calls
+            and looks_like_error(_text(answered.get("content")), answered.get("is_error")))
+
+
+def _text(content) -> str:
+    """The text of a result's content: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content
+                       if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""
+
+
+def repair_answer(repair: Repair, original: bytes | None) -> Answer:
+    """The answer a repair puts in place: the original, or cg's final "not available" text."""
+    if repair.ref is None:
+        return answer(repair.call, None)
+    return answer(repair.call, resolve(repair.ref, original))
+
+
+def repair_edits(body: ParsedBody, repairs: list[Repair],
+                 texts: dict[str, str]) -> list[tuple[jsonbytes.Span, str]]:
+    """Span edits over `body.doc` putting `texts[tool_use_id]` in place of each error answer.
+
+    Anthropic: the whole tool_result block is rewritten with content = the text, without
+    `is_error`, its other keys in their order. OpenAI: the tool message's content. A repair with no
+    text in `texts` is left out. The JSON is written in the style the body shows before the edit
+    (`ClientStyle`): the history before it does not change between turns, so neither do the bytes.
+    """
+    doc = body.doc
+    edits = []
+    below: dict[int, dict] = {}
+    for repair in repairs:
+        text = texts.get(repair.tool_use_id)
+        if text is None:
+            continue
+        message = body.value["messages"][repair.message_index]
+        message_start = body.spans[("messages", repair.message_index)][0]
+        if repair.block_index is not None:
+            if repair.message_index not in below:
+                below[repair.message_index] = jsonbytes.spans_below(doc, message_start, _BLOCKS)
+            span = below[repair.message_index][("content", repair.block_index)]
+            value = _repaired_block(message["content"][repair.block_index], text)
+        else:
+            span = jsonbytes.spans_below(doc, message_start, _CONTENT).get(("content",))
+            if span is None:
+                continue
+            value = _repaired_content(message.get("content"), text)
+        edits.append((span, ClientStyle(doc[:span[0]]).dumps(value)))
+    return edits
+
+
+def _repaired_block(block: dict, text: str) -> dict:
+    repaired = {key: _repaired_content(value, text) if key == "content" else value
+                for key, value in block.items() if key != "is_error"}
+    repaired.setdefault("content", text)
+    return repaired
+
+
+def _repaired_content(content, text: str):
+    """The text; as a one-part list where the client's parts carried a cache_control (kept)."""
+    if isinstance(content, list):
+        marks = [part["cache_control"] for part in content if isinstance(part, dict) and "cache_control" in part]
+        if marks:
+            return [{"type": "text", "text": text, "cache_control": marks[-1]}]
+    return text
