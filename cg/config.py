@@ -36,3 +36,5 @@ class Config:
     keep_tools: tuple[str, ...] = ("Read",)
     disabled_components: tuple[str, ...] = ()
     changelog: str | None = None
+    max_expand_rounds: int = 3
+    max_held: int = 16 << 20

@@ -66,8 +66,9 @@ from __future__ import annotations
 import attrs
 import ujson
 
+from cg.continuation import ExpandCall
 from cg.dialect import ANTHROPIC
-from cg.markers import EXPAND_TOOL
+from cg.markers import EXPAND_TOOL, parse_marker_ref
 from cg.sse import Event
 from cg.usage import StreamUsage, Usage
 
@@ -78,7 +79,6 @@ __all__ = [
     "EXPAND",
     "PING",
     "RELEASE_REASONS",
-    "ExpandCall",
     "Inspector",
     "Step",
 ]
@@ -125,19 +125,6 @@ class Step:
 
 
 _NOTHING = Step(b"")
-
-
-@attrs.frozen
-class ExpandCall:
-    """One ``context_guru_expand`` call of a decided round: its ``tool_use`` id and parsed input."""
-
-    id: str
-    input: dict
-
-    @property
-    def ref(self) -> str:
-        """What the model asked for: the ``id`` argument (a bare ID or a whole marker)."""
-        return self.input["id"]
 
 
 class _Block:
@@ -477,7 +464,10 @@ class Inspector:
 
     def _expand(self) -> Step:
         self._state = _AWAIT
-        self.calls = [ExpandCall(block.start.get("id"), block.input) for block in self._expands]
+        self.calls = [
+            ExpandCall(block.start.get("id"), block.input, parse_marker_ref(block.input["id"]))
+            for block in self._expands
+        ]
         self.content = [block.content() for block in self._blocks]
         self._blocks = []
         self._by_index = {}

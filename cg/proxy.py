@@ -12,7 +12,7 @@ import zlib
 from urllib.parse import unquote
 
 import ujson
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.web import resource, server
@@ -21,7 +21,19 @@ from twisted.web.http import PotentialDataLoss
 
 from cg import dialect, headers
 from cg.changelog import NullChangeLog, compaction_record, usage_record
+from cg.continuation import (
+    answers,
+    billed,
+    continuation_body,
+    lone_expand_calls,
+    merge,
+    refs_to_resolve,
+    resolve,
+)
+from cg.inspector import ABORT, DONE, EXPAND, Inspector
 from cg.markers import parse_marker_ref
+from cg.repair import repair_answer
+from cg.sse import SSEParser
 from cg.upstream import is_timeout
 from cg.usage import ResponseUsage, session_key
 
@@ -44,7 +56,10 @@ class ProxyResource(resource.Resource):
         tenant_of=None,
         observe: bool = False,
         changelog=None,
+        max_expand_rounds: int = 3,
+        max_held: int = 16 << 20,
         clock=time.perf_counter,
+        reactor=None,
     ):
         super().__init__()
         self.upstream = upstream
@@ -55,6 +70,11 @@ class ProxyResource(resource.Resource):
         self.tenant_of = tenant_of
         self.observe = observe
         self.changelog = changelog if changelog is not None else NullChangeLog()
+        self.max_expand_rounds = max_expand_rounds
+        self.max_held = max_held
+        if reactor is None:
+            from twisted.internet import reactor
+        self.reactor = reactor
         self.clock = clock
         # Request numbers for the change log, unique across restarts of this process.
         self._seq = itertools.count(int(time.time()) * 1_000_000)
@@ -106,7 +126,7 @@ class ProxyResource(resource.Resource):
         return server.NOT_DONE_YET
 
     def prepare(self, exchange, body: bytes) -> defer.Deferred:
-        """The body to forward: rewritten, with every new original stored first.
+        """The body to forward: repaired, compacted and injected, with new originals stored first.
 
         Fails open: a body cg cannot parse goes as it came, and when the store
         cannot keep an original the request goes without lossy compaction.
@@ -116,30 +136,66 @@ class ProxyResource(resource.Resource):
         if request.requestHeaders.getRawHeaders(b"x-cg-bypass") == [b"1"]:
             self.stats.bypassed += 1
             return defer.succeed(body)
-        rewrite = self.rewriter.rewrite(body, request.uri) if self.rewriter else None
-        exchange.session = session_key(_header_getter(request), rewrite.parsed if rewrite else None)
-        if rewrite is None:
+        incoming = self.rewriter.parse(body, request.uri) if self.rewriter else None
+        exchange.session = session_key(_header_getter(request), incoming.body.value if incoming else None)
+        if incoming is None:
             return defer.succeed(body)
+        exchange.tenant = self.tenant_of(request.requestHeaders)
+        texts = self._repair_texts(incoming, exchange.tenant) if incoming.repairs else defer.succeed({})
+        return texts.addCallback(lambda texts: self._finish(exchange, body, incoming, texts))
+
+    def _repair_texts(self, incoming, tenant: str) -> defer.Deferred:
+        """The answer for each expand call the client answered with an error, frozen per tool_use_id.
+
+        The first repair of a call stores its text; every later turn replays exactly those bytes,
+        even after the original was evicted, so a repair never changes what the provider cached.
+        """
+
+        def one(repair):
+            def answered(original):
+                text = repair_answer(repair, original).text
+                if not incoming.stash:  # count_tokens reads, never writes
+                    return text
+                return self.store.freeze(tenant, repair.tool_use_id, text.encode("utf-8")).addCallbacks(
+                    lambda frozen: frozen.decode("utf-8"), lambda failure: text
+                )
+
+            def lookup(frozen):
+                if frozen is not None:
+                    return frozen.decode("utf-8")
+                original = self.store.get(tenant, repair.ref) if repair.ref else defer.succeed(None)
+                return original.addCallback(answered)
+
+            frozen = self.store.frozen(tenant, repair.tool_use_id).addErrback(lambda failure: None)
+            return frozen.addCallback(lookup).addCallback(lambda text: (repair.tool_use_id, text))
+
+        return defer.gatherResults([one(r) for r in incoming.repairs], consumeErrors=True).addCallback(dict)
+
+    def _finish(self, exchange, body: bytes, incoming, texts: dict) -> defer.Deferred | bytes:
+        rewrite = self.rewriter.finish(incoming, texts)
         if self.observe or not rewrite.originals:
-            return defer.succeed(self._chosen(exchange, body, rewrite))
-        tenant = self.tenant_of(request.requestHeaders)
+            return self._chosen(exchange, body, rewrite)
+        tenant = exchange.tenant
         known = self.store.known(tenant, rewrite.originals)
         if known:
             self.store.touch(tenant, known)
         new = {i: original for i, original in rewrite.originals.items() if i not in known}
         if not new:
-            return defer.succeed(self._chosen(exchange, body, rewrite))
+            return self._chosen(exchange, body, rewrite)
 
         def unstored(failure):
             self.stats.compaction.store_fail_open += 1
             log.warn("store failed ({why}): forwarding without lossy compaction", why=failure.getErrorMessage())
-            return self._chosen(exchange, body, self.rewriter.rewrite(body, request.uri, lossy=False))
+            return self._chosen(exchange, body, self.rewriter.finish(incoming, texts, lossy=False))
 
         stored = self.store.put(tenant, new)
         return stored.addCallbacks(lambda _: self._chosen(exchange, body, rewrite), unstored)
 
     def _chosen(self, exchange, body: bytes, rewrite) -> bytes:
         self.stats.compaction.record(rewrite)
+        self.stats.expand.repairs += rewrite.repaired
+        if not self.observe:
+            exchange.rewrite = rewrite
         now = time.time()
         for change in rewrite.changes:
             self.changelog.write(
@@ -153,8 +209,8 @@ class ProxyResource(resource.Resource):
             )
         return body if self.observe else rewrite.body
 
-    def billed(self, exchange, usage) -> None:
-        """A response's billed usage: into /stats and the change log."""
+    def billed(self, exchange, usage, expand_rounds: int = 0) -> None:
+        """A response's billed usage (every round of it): into /stats and the change log."""
         self.stats.usage.add(usage, exchange.session)
         self.changelog.write(
             usage_record(
@@ -162,6 +218,7 @@ class ProxyResource(resource.Resource):
                 path=dialect.split_path(exchange.request.uri).decode("latin-1"),
                 input_tokens=usage.input_tokens, cache_read_tokens=usage.cache_read_tokens,
                 cache_write_tokens=usage.cache_write_tokens, output_tokens=usage.output_tokens,
+                expand_rounds=expand_rounds,
             )
         )
 
@@ -208,7 +265,13 @@ def _error(request, which, status: int, message: str) -> bytes:
 
 
 class _Exchange:
-    """One client request and its upstream counterpart."""
+    """One client request and its upstream counterpart(s).
+
+    The response takes one of three paths, chosen when its headers arrive:
+    pass-through (`_PassThrough`), the incremental inspector for an Anthropic stream
+    where cg injected the expand tool (`_Inspected`), or the expand loop for a JSON
+    response there (`_Collected`). Every path ends in `_end`, exactly once.
+    """
 
     def __init__(self, proxy: ProxyResource, request, which: str):
         self.proxy = proxy
@@ -216,8 +279,8 @@ class _Exchange:
         self.which = which
         self.stats = proxy.stats
         self.clock = proxy.clock
-        self.pending = None  # the upstream request, until its headers arrive
-        self.relay = None  # the upstream body, once it flows
+        self.pending = None  # an upstream request, until its headers arrive
+        self.relay = None  # an upstream body, while it flows
         self.status = None
         self.outcome = "ok"
         self.ended = False
@@ -226,7 +289,15 @@ class _Exchange:
         self.bytes_in = self.bytes_out = 0
         self.session = "-"
         self.seq = 0
-        self.meter = None  # reads billed usage off the response
+        self.tenant = ""
+        self.rewrite = None  # what cg did to the request body, when it did anything
+        self.forwarded = None  # the body sent upstream last (a continuation extends it)
+        self.meter = None  # reads billed usage off a passed-through response
+        self.inspector = None
+        self.rounds: list[dict] = []  # the JSON responses of the expand loop
+        self._first_body = None
+        self.pinger = None
+        self.streaming = False
 
     def start(self):
         request = self.request
@@ -236,52 +307,72 @@ class _Exchange:
         self.bytes_in = len(body)
         self.stats.bytes_from_client += len(body)
         self.decode = dialect.reads_response(request.uri)
-        upstream_headers = headers.request_headers(
+        self.upstream_headers = headers.request_headers(
             request.requestHeaders, accept_encoding=b"gzip" if self.decode else None
         )
         request.notifyFinish().addErrback(self._client_gone)
-        prepared = self.proxy.prepare(self, body)
-        prepared.addCallback(self._forward, upstream_headers)
+        prepared = defer.maybeDeferred(self.proxy.prepare, self, body)
+        prepared.addCallback(self._forward)
         prepared.addErrback(self._bug)
 
-    def _forward(self, body: bytes, upstream_headers):
+    def _forward(self, body: bytes):
         if self.ended:  # the client left while cg was storing originals
             return
         request = self.request
         if not body and request.method in (b"GET", b"HEAD", b"DELETE", b"OPTIONS"):
             body = None
-        url = self.proxy.upstreams[self.which] + request.uri
         self.t_sent = self.clock()
-        self.pending = self.proxy.upstream.request(request.method, url, upstream_headers, body)
+        self.forwarded = body
+        self._send(body, self._respond, self._upstream_failed)
+
+    def _send(self, body, on_response, on_failure):
+        url = self.proxy.upstreams[self.which] + self.request.uri
+        self.pending = self.proxy.upstream.request(self.request.method, url, self.upstream_headers, body)
         self.stats.bytes_to_upstream += len(body or b"")
-        self.pending.addCallbacks(self._respond, self._upstream_failed)
-        self.pending.addErrback(self._bug)
+
+        def responded(response):
+            self.pending = None
+            return on_response(response)
+
+        def failed(failure):
+            self.pending = None
+            if not self.ended:
+                return on_failure(failure)
+
+        self.pending.addCallbacks(responded, failed).addErrback(self._bug)
 
     def _respond(self, response):
-        self.pending = None
         self.t_headers = self.clock()
         self.stats.upstream_ttfb.add(self.t_headers - self.t_sent)
-        decoder = None
-        drop = frozenset()
-        if self.decode and response.headers.getRawHeaders(b"content-encoding") == [b"gzip"]:
-            decoder = zlib.decompressobj(wbits=31)
-            drop = frozenset({b"content-encoding"})
+        decoder, drop = self._decoder(response)
         self.status = response.code
         request = self.request
         request.setResponseCode(response.code, response.phrase)
         request.responseHeaders = headers.response_headers(response.headers, drop)
-        content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
-        streaming = content_type.startswith(b"text/event-stream")
+        streaming = self.streaming = _is_stream(response)
         if streaming:
             self.stats.streamed += 1
-        if self.decode and 200 <= response.code < 300:
+        expanding = self.rewrite is not None and self.rewrite.injected and self.rewrite.stash
+        if expanding and 200 <= response.code < 300:
+            if streaming and self.which == dialect.ANTHROPIC:
+                self.inspector = Inspector(max_held=self.proxy.max_held, max_rounds=self.proxy.max_expand_rounds)
+                sink = _Inspected(self)
+            elif not streaming:
+                sink = _Collected(self._json_round)
+            else:
+                sink = _PassThrough(self)
+        else:
+            sink = _PassThrough(self)
+        if isinstance(sink, _PassThrough) and self.decode and 200 <= response.code < 300:
             self.meter = ResponseUsage(self.which, streaming)
-        response.deliverBody(_Relay(self, decoder))
+        response.deliverBody(_Relay(self, decoder, sink))
+
+    def _decoder(self, response):
+        if self.decode and response.headers.getRawHeaders(b"content-encoding") == [b"gzip"]:
+            return zlib.decompressobj(wbits=31), frozenset({b"content-encoding"})
+        return None, frozenset()
 
     def _upstream_failed(self, failure):
-        self.pending = None
-        if self.ended:
-            return
         self.stats.upstream_errors += 1
         status = 504 if is_timeout(failure) else 502
         reason = failure.getErrorMessage() or failure.type.__name__
@@ -290,8 +381,7 @@ class _Exchange:
         body = _error(self.request, self.which, status, f"cg {what} the upstream: {reason}")
         self.status = status
         self.write(body)
-        self.request.finish()
-        self._end()
+        self.finish()
 
     def _bug(self, failure):
         log.failure("proxying {path} failed", failure, path=self.request.uri)
@@ -312,19 +402,19 @@ class _Exchange:
             self.t_upstream_first = self.clock()
         self.stats.bytes_from_upstream += size
 
-    def upstream_ended(self, complete: bool):
-        """The upstream body ended; a client response must never look complete if it was cut."""
+    def finish(self):
+        """The client's response is complete."""
         if self.ended:
-            return
-        self.request.unregisterProducer()
-        if not complete:
-            self.stats.upstream_errors += 1
-            self.abort_client("upstream_broke")
             return
         if self.t_client_first is None:
             self.write(b"")
         self.request.finish()
         self._end()
+
+    def upstream_broke(self):
+        """A response cut short upstream must never look complete to the client."""
+        self.stats.upstream_errors += 1
+        self.abort_client("upstream_broke")
 
     def abort_client(self, outcome: str = "aborted"):
         """Cut the client's connection, so a truncated response cannot look complete."""
@@ -346,17 +436,140 @@ class _Exchange:
         self._end()
 
     def _stop_upstream(self):
+        self._stop_pinging()
         if self.pending is not None:
             self.pending.cancel()
         elif self.relay is not None:
             self.relay.transport.stopProducing()
 
+    # The expand loop, shared by both paths: resolve the calls, send the continuation.
+
+    def _continue(self, calls, assistant: dict, stream: bool, on_response, on_failure):
+        self.stats.expand.bounces += 1
+
+        def send(resolutions):
+            if self.ended:
+                return
+            body = continuation_body(self.forwarded, assistant, calls, resolutions, self.which,
+                                     stream=True if stream else None)
+            self.forwarded = body
+            self._send(body, on_response, on_failure)
+
+        self._resolve(calls).addCallback(send).addErrback(self._bug)
+
+    def _resolve(self, calls) -> defer.Deferred:
+        """The originals the calls ask for, from the store under this request's tenant."""
+        refs = refs_to_resolve(calls)
+        lookups = [self.proxy.store.get(self.tenant, ref) for ref in refs]
+
+        def resolved(originals):
+            resolutions = {ref: resolve(ref, original) for ref, original in zip(refs, originals)}
+            for reply in answers(calls, resolutions):
+                self.stats.expand.count(reply.kind, reply.text)
+            return resolutions
+
+        return defer.gatherResults(lookups, consumeErrors=True).addCallback(resolved)
+
+    def _continuation_failed(self, why: str):
+        self.stats.expand.continuations_failed += 1
+        log.warn("expand continuation failed ({why}): the client gets the rounds so far", why=why)
+
+    # JSON responses where cg injected the tool: collect, maybe continue, answer once.
+
+    def _json_round(self, complete: bool, body: bytes):
+        if self.ended:
+            return
+        first = not self.rounds
+        if not complete:
+            if first:
+                return self.upstream_broke()
+            self._continuation_failed("the continuation broke")
+            return self._answer_json()
+        try:
+            doc = ujson.loads(body)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            if first:
+                self.write(body)  # not what cg can read: as it came
+                return self.finish()
+            self._continuation_failed("the continuation is not JSON")
+            return self._answer_json()
+        self.rounds.append(doc)
+        if first:
+            self._first_body = body
+        calls = lone_expand_calls(doc, self.which)
+        if calls is None or len(self.rounds) > self.proxy.max_expand_rounds:
+            return self._answer_json()
+        self._continue(calls, doc, False, self._json_continues, self._json_continuation_refused)
+
+    def _json_continues(self, response):
+        if not 200 <= response.code < 300:
+            response.deliverBody(_Discard())
+            return self._json_continuation_refused(None, f"HTTP {response.code}")
+        decoder, _ = self._decoder(response)
+        response.deliverBody(_Relay(self, decoder, _Collected(self._json_round)))
+
+    def _json_continuation_refused(self, failure, why: str | None = None):
+        self._continuation_failed(why or failure.getErrorMessage())
+        self._answer_json()
+
+    def _answer_json(self):
+        """One response for the client: the first as it came, or every round merged."""
+        rounds = self.rounds
+        if len(rounds) == 1:
+            self.write(self._first_body)
+        else:
+            self.write(ujson.dumps(merge(rounds, self.which), ensure_ascii=False,
+                                   escape_forward_slashes=False).encode("utf-8"))
+        self.finish()
+
+    # Anthropic streams where cg injected the tool: the inspector.
+
+    def stream_expands(self):
+        """The inspector held a lone expand turn: continue upstream, pinging the client meanwhile."""
+        self.pinger = task.LoopingCall(self.write, Inspector.ping_event())
+        self.pinger.clock = self.proxy.reactor
+        self.pinger.start(PING_INTERVAL, now=False)
+        inspector = self.inspector
+        self._continue(inspector.calls, inspector.assistant_message(), True,
+                       self._stream_continues, self._stream_continuation_refused)
+
+    def _stream_continues(self, response):
+        self._stop_pinging()
+        if not 200 <= response.code < 300 or not _is_stream(response):
+            response.deliverBody(_Discard())
+            return self._stream_continuation_refused(None, f"HTTP {response.code}")
+        self.inspector.begin_continuation()
+        decoder, _ = self._decoder(response)
+        response.deliverBody(_Relay(self, decoder, _Inspected(self)))
+
+    def _stream_continuation_refused(self, failure, why: str | None = None):
+        """Nothing of the continuation reached the client: it gets what upstream sent, verbatim."""
+        self._stop_pinging()
+        self._continuation_failed(why or failure.getErrorMessage())
+        self.write(self.inspector.release())
+        self.finish()
+
+    def _stop_pinging(self):
+        if self.pinger is not None and self.pinger.running:
+            self.pinger.stop()
+
+    def _billed(self):
+        """(usage of every round, continuation rounds) for this request, or (None, 0)."""
+        if self.rounds:
+            return sum(billed(self.rounds, self.which)), len(self.rounds) - 1
+        if self.inspector is not None:
+            return (sum(self.inspector.billed) if self.inspector.billed else None), self.inspector.rounds
+        return (self.meter.usage() if self.meter is not None else None), 0
+
     def _end(self):
         self.ended = True
-        usage = self.meter.usage() if self.meter is not None else None
+        self._stop_pinging()
+        usage, rounds = self._billed()
         if usage is not None:
-            self.proxy.billed(self, usage)
-        self.stats.statuses[self.status or 499] += 1
+            self.proxy.billed(self, usage, rounds)
+        self.stats.record_response(self)
         self.proxy.ended(self)
         ms = _ms
         log.info(
@@ -373,16 +586,28 @@ class _Exchange:
         )
 
 
+PING_INTERVAL = 5.0  # seconds; Claude Code gives up on a silent stream after ~180 s
+
+
+def _is_stream(response) -> bool:
+    return response.headers.getRawHeaders(b"content-type", [b""])[0].startswith(b"text/event-stream")
+
+
 def _ms(start, end):
     return "-" if start is None or end is None else f"{(end - start) * 1000:.1f}"
 
 
 class _Relay(Protocol):
-    """Hands each upstream body chunk to the client as it arrives."""
+    """Hands an upstream body, decoded, to a sink chunk by chunk as it arrives.
 
-    def __init__(self, exchange: _Exchange, decoder):
+    The upstream socket is the client response's registered producer, so a client
+    that stops reading pauses the upstream read.
+    """
+
+    def __init__(self, exchange: _Exchange, decoder, sink):
         self.exchange = exchange
         self.decoder = decoder
+        self.sink = sink
 
     def connectionMade(self):
         exchange = self.exchange
@@ -405,12 +630,90 @@ class _Relay(Protocol):
                 self.transport.stopProducing()
                 return
         if data:
-            if exchange.meter is not None:
-                exchange.meter.feed(data)
-            exchange.write(data)
+            self.sink.received(data)
 
     def connectionLost(self, reason=None):
+        exchange = self.exchange
+        if exchange.relay is self:
+            exchange.relay = None
+        if exchange.ended:
+            return
+        exchange.request.unregisterProducer()
         complete = bool(reason.check(ResponseDone, PotentialDataLoss))
         if self.decoder is not None:
             complete = complete and self.decoder.eof
-        self.exchange.upstream_ended(complete)
+        self.sink.finished(complete)
+
+
+class _PassThrough:
+    """Every byte to the client as it arrives (usage read on the way)."""
+
+    def __init__(self, exchange: _Exchange):
+        self.exchange = exchange
+
+    def received(self, data: bytes):
+        if self.exchange.meter is not None:
+            self.exchange.meter.feed(data)
+        self.exchange.write(data)
+
+    def finished(self, complete: bool):
+        if complete:
+            self.exchange.finish()
+        else:
+            self.exchange.upstream_broke()
+
+
+class _Inspected:
+    """One round of an Anthropic stream through the exchange's inspector."""
+
+    def __init__(self, exchange: _Exchange):
+        self.exchange = exchange
+        self.parser = SSEParser()
+        self.expanded = False
+
+    def received(self, data: bytes):
+        for event in self.parser.feed(data):
+            if self.expanded or self.exchange.ended:
+                return
+            self._step(self.exchange.inspector.feed(event))
+
+    def finished(self, complete: bool):
+        exchange = self.exchange
+        if not self.expanded:
+            for event in self.parser.flush():
+                self._step(exchange.inspector.feed(event))
+        if self.expanded:
+            return exchange.stream_expands()
+        if not exchange.ended:
+            self._step(exchange.inspector.end(complete, self.parser.close()))
+            if self.expanded:
+                exchange.stream_expands()
+
+    def _step(self, step):
+        exchange = self.exchange
+        if step.send:
+            exchange.write(step.send)
+        if step.action == EXPAND:
+            self.expanded = True
+        elif step.action == DONE:
+            exchange.finish()
+        elif step.action == ABORT:
+            exchange.upstream_broke()
+
+
+class _Collected:
+    """A JSON body, whole, for the expand loop (the client waits for a JSON answer anyway)."""
+
+    def __init__(self, done):
+        self.chunks: list[bytes] = []
+        self.done = done
+
+    def received(self, data: bytes):
+        self.chunks.append(data)
+
+    def finished(self, complete: bool):
+        self.done(complete, b"".join(self.chunks))
+
+
+class _Discard(Protocol):
+    """Reads and drops a body cg will not use, so its connection goes back to the pool."""

@@ -100,6 +100,9 @@ class CGService(service.Service):
             tenant_of=parse_tenant(config.tenant),
             observe=config.observe,
             changelog=self.changelog,
+            max_expand_rounds=config.max_expand_rounds,
+            max_held=config.max_held,
+            reactor=reactor,
         )
         self.site = ProxySite(self.resource, config.max_body)
         self.site.noisy = False

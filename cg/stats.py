@@ -5,6 +5,7 @@ from collections import Counter, deque
 
 import attrs
 
+from cg.tokens import estimate_tokens
 from cg.usage import UsageTotals
 
 
@@ -60,7 +61,14 @@ class Stats:
     store: object = None  # the store's own counters (cg.store.StoreStats), when there is one
     store_info: object = None  # the store's size (cg.store.StoreInfo), refreshed off the request path
     usage: UsageTotals = attrs.field(factory=UsageTotals)
+    expand: "ExpandStats" = attrs.field(factory=lambda: ExpandStats())
+    sse: "StreamStats" = attrs.field(factory=lambda: StreamStats())
     changelog: object = None  # the change log, for its error count
+
+    def record_response(self, exchange) -> None:
+        """Once per client request, from its single exit path."""
+        self.statuses[exchange.status or 499] += 1
+        self.sse.record(exchange)
 
     def snapshot(self) -> dict:
         return {
@@ -87,6 +95,8 @@ class Stats:
                 **(attrs.asdict(self.store_info) if self.store_info is not None else {}),
             },
             "usage": self.usage.as_dict(),
+            "expand": attrs.asdict(self.expand),
+            **self.sse.snapshot(),
             "changelog_errors": getattr(self.changelog, "errors", 0),
         }
 
@@ -152,4 +162,76 @@ class CompactionStats:
             "savings_pct": round(100 * saved / self.tokens_before, 2) if self.tokens_before else 0.0,
             "store_fail_open": self.store_fail_open,
             "components": {name: attrs.asdict(c) for name, c in sorted(self.components.items())},
+        }
+
+
+@attrs.define
+class ExpandStats:
+    """The expand loop and repairs: how often the model asked for an original, and what it got."""
+
+    bounces: int = 0  # continuation rounds cg ran upstream
+    wasted_tokens: int = 0  # estimated tokens of originals sent back to the model
+    resolved: int = 0
+    unknown: int = 0
+    evicted: int = 0
+    malformed: int = 0
+    repairs: int = 0  # client answers to expand calls replaced by the original
+    continuations_failed: int = 0
+
+    def count(self, kind: str, text: str) -> None:
+        setattr(self, kind, getattr(self, kind) + 1)
+        if kind == "resolved":
+            self.wasted_tokens += estimate_tokens(text)
+
+
+@attrs.define
+class StreamStats:
+    """SSE responses, one sample per client request whatever its exit path.
+
+    `sse_buffered` counts streams the client got only at the end (read whole first):
+    with the incremental inspector it stays 0. `sse_ttfb_ms_avg_buffered` is then
+    the time to the last byte, by construction.
+    """
+
+    streamed: int = 0
+    buffered: int = 0
+    inspected: int = 0
+    spliced: int = 0
+    held_events: int = 0
+    expand_rounds: int = 0
+    released: Counter = attrs.field(factory=Counter)
+    _ttfb_streamed: float = 0.0
+    _ttfb_buffered: float = 0.0
+
+    def record(self, exchange) -> None:
+        if exchange.t_headers is None or not exchange.streaming:
+            return
+        ttfb = (exchange.t_client_first or exchange.clock()) - exchange.t_received
+        self.streamed += 1
+        self._ttfb_streamed += ttfb
+        inspector = exchange.inspector
+        if inspector is None:
+            return
+        self.inspected += 1
+        self.spliced += bool(inspector.spliced)
+        self.held_events += inspector.held_events
+        self.expand_rounds += inspector.rounds
+        if inspector.released:
+            self.released[inspector.released] += 1
+
+    def snapshot(self) -> dict:
+        total = self.streamed + self.buffered
+        return {
+            "sse_streamed": self.streamed,
+            "sse_buffered": self.buffered,
+            "sse_buffered_pct": round(100 * self.buffered / total, 2) if total else 0.0,
+            "sse_ttfb_ms_avg": round(1000 * self._ttfb_streamed / self.streamed, 3) if self.streamed else None,
+            "sse_ttfb_ms_avg_buffered": (
+                round(1000 * self._ttfb_buffered / self.buffered, 3) if self.buffered else None
+            ),
+            "sse_inspected": self.inspected,
+            "sse_spliced": self.spliced,
+            "sse_released": dict(self.released),
+            "sse_held_events": self.held_events,
+            "expand_rounds": self.expand_rounds,
         }

@@ -92,6 +92,21 @@ class Options(usage.Options):
             int,
         ],
         [
+            "max-expand-rounds",
+            None,
+            _DEFAULTS.max_expand_rounds,
+            "Continuations cg runs per client request when the model calls context_guru_expand; "
+            "at the cap the last response goes to the client as it is.",
+            int,
+        ],
+        [
+            "max-held",
+            None,
+            "16MiB",
+            "Most bytes of a stream cg holds back while it decides on an expand call; past it, "
+            "it releases them as they came.",
+        ],
+        [
             "changelog",
             None,
             None,
@@ -158,6 +173,8 @@ class Options(usage.Options):
             keep_tools=tuple(t for t in self["keep-tools"].split(",") if t),
             disabled_components=tuple(self["disable"]),
             changelog=self["changelog"],
+            max_expand_rounds=self["max-expand-rounds"],
+            max_held=parse_size(self["max-held"]),
         )
 
 

@@ -130,6 +130,49 @@ def anthropic_text_block(index: int, texts: Sequence[str]) -> list[bytes]:
     ]
 
 
+def anthropic_block_start(index: int, block: dict) -> bytes:
+    return sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+
+
+def anthropic_block_delta(index: int, delta: dict) -> bytes:
+    return sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+
+def anthropic_block_stop(index: int) -> bytes:
+    return sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def anthropic_thinking_block(
+    index: int, thought: str = "I should expand the marker.", signature: str = "EqQBsig=="
+) -> list[bytes]:
+    """A streamed thinking block: thinking deltas, then its signature just before the stop."""
+    return [
+        anthropic_block_start(index, {"type": "thinking", "thinking": "", "signature": ""}),
+        anthropic_block_delta(index, {"type": "thinking_delta", "thinking": thought[:5]}),
+        anthropic_block_delta(index, {"type": "thinking_delta", "thinking": thought[5:]}),
+        anthropic_block_delta(index, {"type": "signature_delta", "signature": signature}),
+        anthropic_block_stop(index),
+    ]
+
+
+def anthropic_tool_block(
+    index: int, name: str = "Bash", parts: Sequence[str] = ("", '{"command": ', '"ls -la"}'), id: str | None = None
+) -> list[bytes]:
+    """A streamed tool_use block; its input travels in input_json_delta ``parts``, as the API sends it."""
+    block = {"type": "tool_use", "id": id or f"toolu_{name}_{index}", "name": name, "input": {}}
+    deltas = [anthropic_block_delta(index, {"type": "input_json_delta", "partial_json": p}) for p in parts]
+    return [anthropic_block_start(index, block), *deltas, anthropic_block_stop(index)]
+
+
+def anthropic_expand_block(
+    index: int, ref: str = "0123456789abcdef", id: str | None = None, parts: Sequence[str] | None = None
+) -> list[bytes]:
+    """A streamed ``context_guru_expand`` call asking for ``ref``."""
+    if parts is None:
+        parts = ("", '{"id": "', ref[:6], ref[6:] + '"}')
+    return anthropic_tool_block(index, "context_guru_expand", parts, id or f"toolu_expand_{index}")
+
+
 def anthropic_stream_events(
     texts: Sequence[str] = ("Hello", " world"),
     id: str = "msg_fake",

@@ -15,11 +15,21 @@ import ujson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cg.inspector import ABORT, CONTINUE, DONE, EXPAND, PING, ExpandCall, Inspector, Step
+from cg.continuation import ExpandCall
+from cg.inspector import ABORT, CONTINUE, DONE, EXPAND, PING, Inspector, Step
 from cg.markers import EXPAND_TOOL
 from cg.sse import Event, SSEParser
 from cg.streamcheck import check_anthropic_stream
-from cg.testing import anthropic_text_block, sse_event
+from cg.testing import (
+    anthropic_block_delta,
+    anthropic_block_start,
+    anthropic_block_stop,
+    anthropic_expand_block,
+    anthropic_text_block,
+    anthropic_thinking_block,
+    anthropic_tool_block,
+    sse_event,
+)
 from cg.usage import Usage
 
 # ---------------------------------------------------------------------------------------------
@@ -71,44 +81,16 @@ def stream(*blocks, stop="end_turn", output_tokens=5, **start) -> list[bytes]:
     ]
 
 
-def cb_start(index, block) -> bytes:
-    return sse_event(
-        "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
-    )
-
-
-def cb_delta(index, delta) -> bytes:
-    return sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
-
-
-def cb_stop(index) -> bytes:
-    return sse_event("content_block_stop", {"type": "content_block_stop", "index": index})
+cb_start = anthropic_block_start
+cb_delta = anthropic_block_delta
+cb_stop = anthropic_block_stop
+thinking = anthropic_thinking_block
+tool = anthropic_tool_block
+expand = anthropic_expand_block
 
 
 def text(index, *texts) -> list[bytes]:
     return anthropic_text_block(index, texts)
-
-
-def thinking(index, thought="I should expand the marker.", signature="EqQBsig==") -> list[bytes]:
-    return [
-        cb_start(index, {"type": "thinking", "thinking": "", "signature": ""}),
-        cb_delta(index, {"type": "thinking_delta", "thinking": thought[:5]}),
-        cb_delta(index, {"type": "thinking_delta", "thinking": thought[5:]}),
-        cb_delta(index, {"type": "signature_delta", "signature": signature}),
-        cb_stop(index),
-    ]
-
-
-def tool(index, name="Bash", parts=("", '{"command": ', '"ls -la"}'), id=None) -> list[bytes]:
-    block = {"type": "tool_use", "id": id or f"toolu_{name}_{index}", "name": name, "input": {}}
-    deltas = [cb_delta(index, {"type": "input_json_delta", "partial_json": p}) for p in parts]
-    return [cb_start(index, block), *deltas, cb_stop(index)]
-
-
-def expand(index, ref="0123456789abcdef", id=None, parts=None) -> list[bytes]:
-    if parts is None:
-        parts = ("", '{"id": "', ref[:6], ref[6:] + '"}')
-    return tool(index, EXPAND_TOOL, parts, id or f"toolu_expand_{index}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,8 +252,8 @@ def test_text_then_expand_holds_only_the_expand_turn():
             assert step == Step(b"", CONTINUE)
     assert step.action == EXPAND
     assert b"".join(sent) == b"".join(events[:first_held])
-    assert insp.calls == [ExpandCall("toolu_expand_1", {"id": "abc123"})]
-    assert insp.calls[0].ref == "abc123"
+    assert insp.calls == [ExpandCall("toolu_expand_1", {"id": "abc123"}, "abc123")]
+    assert insp.calls[0].raw_input["id"] == "abc123"
     assert insp.content == [
         {"type": "text", "text": "Let me look."},
         {"type": "tool_use", "id": "toolu_expand_1", "name": EXPAND_TOOL, "input": {"id": "abc123"}},
@@ -377,7 +359,7 @@ def test_two_expand_calls_in_one_turn():
     round1 = stream(text(0, "Both."), expand(1, "aaa"), expand(2, "bbb"), stop="tool_use")
     run = splice([round1, stream(text(0, "Got them."))])
     calls, content = run.decisions[0]
-    assert [(c.id, c.ref) for c in calls] == [("toolu_expand_1", "aaa"), ("toolu_expand_2", "bbb")]
+    assert [(c.id, c.raw_input["id"]) for c in calls] == [("toolu_expand_1", "aaa"), ("toolu_expand_2", "bbb")]
     assert [b["type"] for b in content] == ["text", "tool_use", "tool_use"]
     message = client_ok(run.client)
     assert [b.text for b in message.content] == ["Both.", "Got them."]
@@ -400,7 +382,7 @@ def test_a_continuation_that_expands_again():
     run = splice([round1, round2, round3])
     assert run.inspector.rounds == 2 and run.action == DONE
     calls2, content2 = run.decisions[1]
-    assert [c.ref for c in calls2] == ["bbb"]
+    assert [c.raw_input["id"] for c in calls2] == ["bbb"]
     assert [b["type"] for b in content2] == ["thinking", "text", "tool_use"]
     assert indices(run.client) == [0, 1, 2, 3]
     message = client_ok(run.client)
