@@ -30,7 +30,7 @@ class Config:
     store: str | None = None  # None: cg.store.default_store_url()
     store_max_mb: int = 1024
     tenant: str = "none"
-    expand: bool = False
+    expand: bool = True
     observe: bool = False
     offload_min_tokens: int = 2000
     keep_tools: tuple[str, ...] = ("Read",)

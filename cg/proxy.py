@@ -417,13 +417,22 @@ class _Exchange:
         self.abort_client("upstream_broke")
 
     def abort_client(self, outcome: str = "aborted"):
-        """Cut the client's connection, so a truncated response cannot look complete."""
+        """Cut the client's connection, so a truncated response cannot look complete.
+
+        A chunked response is closed once what cg already wrote is flushed: without its
+        last chunk it cannot look complete, and the client gets every byte upstream sent.
+        Any other framing ends by close, so there the connection is aborted outright.
+        """
         if self.ended:
             return
         self.ended = True
         self.outcome = outcome
         self._stop_upstream()
-        self.request.channel.transport.abortConnection()
+        transport = self.request.channel.transport
+        if self.request.clientproto == b"HTTP/1.1" and not self.request.responseHeaders.hasHeader(b"content-length"):
+            transport.loseConnection()
+        else:
+            transport.abortConnection()
         self._end()
 
     def _client_gone(self, failure):
@@ -527,7 +536,11 @@ class _Exchange:
     # Anthropic streams where cg injected the tool: the inspector.
 
     def stream_expands(self):
-        """The inspector held a lone expand turn: continue upstream, pinging the client meanwhile."""
+        """The inspector held a lone expand turn: continue upstream, pinging the client meanwhile.
+
+        The pings go on until the continuation's first event reaches the client.
+        """
+        self._stop_pinging()
         self.pinger = task.LoopingCall(self.write, Inspector.ping_event())
         self.pinger.clock = self.proxy.reactor
         self.pinger.start(PING_INTERVAL, now=False)
@@ -536,7 +549,6 @@ class _Exchange:
                        self._stream_continues, self._stream_continuation_refused)
 
     def _stream_continues(self, response):
-        self._stop_pinging()
         if not 200 <= response.code < 300 or not _is_stream(response):
             response.deliverBody(_Discard())
             return self._stream_continuation_refused(None, f"HTTP {response.code}")
@@ -692,6 +704,7 @@ class _Inspected:
     def _step(self, step):
         exchange = self.exchange
         if step.send:
+            exchange._stop_pinging()
             exchange.write(step.send)
         if step.action == EXPAND:
             self.expanded = True

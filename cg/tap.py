@@ -73,7 +73,7 @@ class Options(usage.Options):
         [
             "expand",
             None,
-            "off",
+            "on",
             "on: add the context_guru_expand tool to requests that declare tools, and only there "
             "run lossy compaction (offload, dedup). off: reformat only.",
         ],

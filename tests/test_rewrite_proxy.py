@@ -96,7 +96,8 @@ def test_expand_tool_bytes_are_identical_across_requests_and_processes(make_cg, 
 
 
 @inlineCallbacks
-def test_without_expand_only_reformat_runs(cg, fake):
+def test_without_expand_only_reformat_runs(make_cg, fake):
+    cg = make_cg(anthropic_upstream=fake.url, expand=False)
     ansi = "\x1b[32mok\x1b[0m build step\n" * 2000
     raw = claude_code_bytes(history(ansi, "x"))
     client = yield post(cg.port, raw)

@@ -11,12 +11,17 @@ The pieces, each usable on its own by later scenarios:
   or None for the default (a short text stream, good for side requests).
 - ``bash_round_trip()``: the first scenario's ``decide``: a Bash tool_use, then a final answer
   that quotes the tool_result it got back.
+- ``OffloadExpand``: the expand scenarios' ``decide``: a Bash command with a big output
+  (``numbered_output``), then a ``context_guru_expand`` call for the marker cg put in its place
+  (alone, or batched with a client tool, or after failed streams), then an answer quoting the line
+  in the middle of the original that offload elided.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -393,6 +398,11 @@ class ClaudeRequest:
             if b.get("type") == "tool_result"
         ]
 
+    def tool_result_blocks(self) -> list[dict]:
+        """The tool_result blocks of the last user message, as sent (to see which keys they carry)."""
+        message = self.last_user_message()
+        return [b for b in _blocks(message) if b.get("type") == "tool_result"] if message else []
+
     def prompt(self) -> str:
         """The text of the first user message (the ``-p`` prompt, with Claude Code's additions)."""
         first = next((m for m in self.messages if m.get("role") == "user"), None)
@@ -571,3 +581,102 @@ def bash_round_trip(command: str, tool_use_id: str, answer: Callable[[str], str]
         )
 
     return decide
+
+
+# ---------------------------------------------------------------------------------------------
+# Offload and expand: a big Bash output that cg offloads, and the model asking for it back
+
+EXPAND_TOOL = "context_guru_expand"
+MARKER = re.compile(r"<<cg:([A-Za-z0-9_-]{1,64})>>")
+
+
+def numbered_output(lines: int, needle_at: int, needle: str) -> tuple[str, str]:
+    """(a shell command, the output it prints): ``lines`` numbered lines, line ``needle_at`` being
+    ``needle NNN TOKEN`` where NNN is computed by the shell (so it is not in the command's text).
+
+    Nothing in it looks like an error, so offload keeps only the head and tail lines: the needle,
+    in the middle, is elided."""
+    product = needle_at * 7
+    command = (
+        f"seq 1 {lines} | awk '{{ if ($1 == {needle_at}) print \"{needle}\", $1 * 7; "
+        "else printf \"line %05d of the cg e2e listing, nothing to see here\\n\", $1 }'"
+    )
+    out = [
+        f"{needle} {product}" if n == needle_at else f"line {n:05d} of the cg e2e listing, nothing to see here"
+        for n in range(1, lines + 1)
+    ]
+    return command, "\n".join(out) + "\n"
+
+
+def turn_blocks(run: ClaudeRun) -> list[dict]:
+    """Every content block of the assistant and user messages Claude Code printed (stream-json)."""
+    blocks = []
+    for message in run.messages():
+        if message.get("type") in ("assistant", "user") and isinstance(message.get("message"), dict):
+            blocks += _blocks(message["message"])
+    return blocks
+
+
+def error_event(kind: str = "overloaded_error", message: str = "Overloaded") -> bytes:
+    return sse_event("error", {"type": "error", "error": {"type": kind, "message": message}})
+
+
+@attrs.define
+class OffloadExpand:
+    """A ``decide`` for the expand scenarios, keeping what it saw for the test's assertions.
+
+    Main loop, in order:
+
+    1. no tool_result yet → a Bash tool_use running ``command`` (its output is big);
+    2. the Bash tool_result back (cg has offloaded it: the marker is in it) → ``Text(lead)`` and a
+       ``context_guru_expand`` call for that marker, batched with ``batch_with`` if given (a client
+       tool: cg cannot answer the expand call then). While ``stream_errors`` lasts, a streamed
+       request gets an ``event: error`` before any content instead (Claude Code's retries, then its
+       non-streaming fallback);
+    3. a tool_result for the expand call (cg's continuation, or the client's answer repaired by cg)
+       → the final answer, quoting the line ``needle`` finds in it.
+    """
+
+    command: str
+    bash_id: str
+    expand_id: str
+    needle: re.Pattern
+    lead: str = "Let me look at the full output."
+    batch_with: ToolUse | None = None
+    stream_errors: int = 0
+    marker_id: str | None = None
+    offloaded: ClaudeRequest | None = None  # the first request carrying the Bash tool_result
+    expanded: list[ClaudeRequest] = attrs.Factory(list)  # requests carrying the expand call's result
+    errored: list[ClaudeRequest] = attrs.Factory(list)  # requests answered with an error event
+
+    @staticmethod
+    def answer(line: str) -> str:
+        return f"The middle of the output reads: {line}"
+
+    def __call__(self, request: ClaudeRequest) -> Decision:
+        if not request.is_main_loop:
+            return None
+        results = {r.tool_use_id: r for r in request.tool_results()}
+        if self.expand_id in results:
+            self.expanded.append(request)
+            found = self.needle.search(results[self.expand_id].text)
+            return Turn([Text(self.answer(found[0]) if found else "The expanded output has no needle.")])
+        if self.bash_id in results:
+            if self.offloaded is None:
+                self.offloaded = request
+                found = MARKER.search(results[self.bash_id].text)
+                self.marker_id = found[1] if found else None
+            if self.marker_id is None:
+                return Turn([Text("cg did not offload the output: no marker to expand.")])
+            if request.streaming and self.stream_errors > 0:
+                self.stream_errors -= 1
+                self.errored.append(request)
+                return SSEReply([error_event()])
+            expand = ToolUse(self.expand_id, EXPAND_TOOL, {"id": self.marker_id})
+            return Turn([Text(self.lead), expand, *([self.batch_with] if self.batch_with else [])])
+        return Turn(
+            [
+                Text("I'll run the listing command."),
+                ToolUse(self.bash_id, "Bash", {"command": self.command, "description": "Print the cg e2e listing"}),
+            ]
+        )

@@ -4,9 +4,20 @@ Skipped unless CG_E2E is set and npm is on PATH (``tox -e e2e``). The CLI is ins
 $CG_E2E_NPM_DIR (default ~/.cache/cg-e2e/claude-code) and reused by later runs.
 """
 
+import re
 import secrets
 
-from claude_harness import Script, bash_round_trip, claude_env, run_claude
+from claude_harness import (
+    EXPAND_TOOL,
+    OffloadExpand,
+    Script,
+    ToolUse,
+    bash_round_trip,
+    claude_env,
+    numbered_output,
+    run_claude,
+    turn_blocks,
+)
 from pytest_twisted import ensureDeferred
 
 from cg import dialect
@@ -87,3 +98,248 @@ async def test_bash_tool_round_trip(claude_bin, claude_home, workdir, fake, make
     assert stats["upstream_errors"] == 0, _failure("cg saw upstream errors", run, script, cg)
     assert stats["in_flight"] == 0
     assert stats["streamed"] == sum(1 for r, _ in script.log if r.streaming)
+
+
+# ---------------------------------------------------------------------------------------------
+# Offload and expand (issues 3, 4 and 5): a big Bash output that cg offloads, and the model
+# asking for it back. Claude Code keeps a Bash output of more than 30,000 characters in a file and
+# sends the model a 2 KB preview instead, so the output stays under that (~27 KB, ~6,000 tokens):
+# still well over --offload-min-tokens.
+
+LINES, NEEDLE_AT = 500, 250
+PROMPT = "Run the cg e2e listing command and tell me what its middle line says."
+
+
+def _expand_scenario(token: str, **kw) -> tuple[OffloadExpand, str, str]:
+    """(the scenario, the output the command prints, the needle line in its middle)."""
+    needle = f"cg-e2e-needle-{token}"
+    command, output = numbered_output(LINES, NEEDLE_AT, needle)
+    line = f"{needle} {NEEDLE_AT * 7}"
+    scenario = OffloadExpand(
+        command, f"toolu_cge2e_bash_{token}", f"toolu_cge2e_expand_{token}", re.compile(rf"{needle} \d+"), **kw
+    )
+    return scenario, output, line
+
+
+async def _run_expand(claude_bin, claude_home, workdir, fake, make_cg, scenario: OffloadExpand):
+    script = Script(scenario)
+    fake.default_reply = script
+    fake.strict = True  # a request the real API would refuse gets a 400 and lands in fake.rejections
+    cg = make_cg(anthropic_upstream=fake.url, expand=True)
+    run = await run_claude(
+        claude_bin,
+        ["-p", PROMPT, "--output-format", "stream-json", "--verbose", "--allowedTools", "Bash", "--max-turns", "6"],
+        env=claude_env(claude_home, cg.url),
+        cwd=workdir,
+    )
+    print(f"claude run: {run.seconds:.1f}s, {len(fake.received)} requests\n{script.describe()}")
+    return cg, script, run
+
+
+def _assert_offloaded(scenario: OffloadExpand, script: Script, output: str, line: str, fail) -> None:
+    """What the fake got with the Bash result: cg's offloaded version, the needle elided from every
+    request but those answering the expand call."""
+    request = scenario.offloaded
+    assert request is not None, fail("the Bash tool_result never reached the fake")
+    text = next(r.text for r in request.tool_results() if r.tool_use_id == scenario.bash_id)
+    assert scenario.marker_id is not None, fail(f"no <<cg:ID>> marker in the Bash tool_result: {text[:500]!r}")
+    for seen, _ in script.log:
+        if not any(seen is r for r in scenario.expanded):
+            assert line.encode() not in seen.received.body, fail(f"the needle line was not elided: {seen.summary()}")
+    assert len(text) < len(output) // 4, fail(f"the offloaded result is {len(text)} chars of {len(output)}")
+    assert text.startswith(output[:200]), fail("offload lost the head of the output")
+
+
+def _assert_original(text: str, output: str, fail) -> None:
+    assert text.rstrip("\n") == output.rstrip("\n"), fail(
+        f"the expand answer is not the original output ({len(text)} chars, expected {len(output)})"
+    )
+
+
+def _assert_claude_ok(run, line: str, fail) -> None:
+    assert not run.timed_out, fail("Claude Code timed out")
+    assert run.exit_code == 0, fail("Claude Code failed")
+    result = run.result()
+    assert result is not None, fail("no stream-json result message")
+    assert result.get("subtype") == "success" and result.get("is_error") is False, fail(f"result: {result}")
+    assert result.get("result", "").strip() == OffloadExpand.answer(line), fail("the result is not the answer")
+
+
+def _no_such_tool(request) -> bool:
+    return b"No such tool available" in request.received.body
+
+
+def _expand_tool_uses(run) -> list[dict]:
+    return [b for b in turn_blocks(run) if b.get("type") == "tool_use" and b.get("name") == EXPAND_TOOL]
+
+
+def _common_stats(stats: dict, fake, bounces: int, fail) -> None:
+    """cg answered every client request 200, sent the fake each of them plus ``bounces`` continuations."""
+    clients = len(fake.received) - bounces
+    assert stats["requests_by_dialect"] == {dialect.ANTHROPIC: clients}, fail("request count")
+    assert stats["responses_by_status"] == {"200": clients}, fail("non-200 responses")
+    assert stats["upstream_errors"] == 0 and stats["in_flight"] == 0, fail("upstream errors")
+    assert stats["sse_buffered"] == 0, fail("a stream was buffered")
+    assert stats["expand"]["bounces"] == bounces, fail("expand bounces")
+    assert stats["expand"]["continuations_failed"] == 0, fail("a continuation failed")
+    assert all(stats["expand"][k] == 0 for k in ("unknown", "evicted", "malformed")), fail("bad expand ids")
+    compaction = stats["compaction"]
+    assert compaction["components"]["offload"]["acted"] >= 1, fail("offload never acted")
+    assert compaction["saved_tokens"] > 2000 and compaction["saved_tokens_unique"] > 2000, fail("savings")
+    assert compaction["store_fail_open"] == 0, fail("the store failed open")
+    assert fake.rejections == [], fail(f"the fake (strict) rejected requests: {fake.rejections}")
+
+
+@ensureDeferred
+async def test_offloaded_output_expanded_mid_stream(claude_bin, claude_home, workdir, fake, make_cg):
+    """Issue 5: cg offloads the big Bash output; the model answers with a text block and a lone
+    expand call; cg holds the call, resolves it, and splices the continuation (which sees the
+    original) into the same stream. Claude Code never sees the tool and ends on the answer."""
+    scenario, output, line = _expand_scenario(secrets.token_hex(4))
+    cg, script, run = await _run_expand(claude_bin, claude_home, workdir, fake, make_cg, scenario)
+
+    def fail(what: str) -> str:
+        return _failure(what, run, script, cg)
+
+    _assert_claude_ok(run, line, fail)
+    _assert_offloaded(scenario, script, output, line, fail)
+
+    # Turn 1 (Bash), turn 2 (offloaded result → expand), cg's continuation: nothing else.
+    main = script.main_loop_requests()
+    assert len(main) == 3, fail("expected two agent-loop requests and one continuation")
+    turn2, continuation = main[1], main[2]
+    assert main[1] is scenario.offloaded and scenario.expanded == [continuation], fail("request order")
+    assert continuation.streaming and continuation.query == "beta=true", fail("the continuation is not a stream")
+    session = b"x-claude-code-session-id"
+    assert continuation.received.header(session) == turn2.received.header(session) is not None, fail("session")
+    # The continuation extends what cg forwarded on turn 2: the same messages, then the model's turn
+    # (text + expand call), then the answer to the call carrying the original.
+    n = len(turn2.messages)
+    assert continuation.messages[:n] == turn2.messages and len(continuation.messages) == n + 2, fail("prefix")
+    assistant = continuation.messages[n]
+    assert assistant.get("role") == "assistant", fail("no assistant turn in the continuation")
+    assert [b.get("type") for b in assistant["content"]] == ["text", "tool_use"], fail("assistant turn")
+    assert assistant["content"][0].get("text") == scenario.lead, fail("the text block was not kept")
+    call = assistant["content"][1]
+    assert (call.get("id"), call.get("name"), call.get("input")) == (
+        scenario.expand_id, EXPAND_TOOL, {"id": scenario.marker_id}
+    ), fail("the expand call in the continuation")
+    [answered] = continuation.tool_result_blocks()
+    assert answered.get("tool_use_id") == scenario.expand_id and "is_error" not in answered, fail("answer")
+    _assert_original(continuation.tool_results()[0].text, output, fail)
+
+    # Claude Code never saw the tool: no expand call in what it printed, no "No such tool" answer,
+    # and the lead text and the final answer arrived as one turn (one message id).
+    assert _expand_tool_uses(run) == [], fail("Claude Code saw the expand call")
+    assert not any(_no_such_tool(r) for r, _ in script.log), fail("Claude Code answered 'No such tool'")
+    assistant_ids = {
+        m["message"].get("id") for m in run.messages() if m.get("type") == "assistant" and m.get("parent_tool_use_id") is None
+    }
+    texts = [b.get("text") for b in turn_blocks(run) if b.get("type") == "text"]
+    assert texts[-2:] == [scenario.lead, OffloadExpand.answer(line)], fail("the spliced turn's texts")
+    assert len(assistant_ids) == 2, fail(f"expected two assistant turns, got ids {assistant_ids}")
+
+    stats = cg.stats.snapshot()
+    _common_stats(stats, fake, 1, fail)
+    assert stats["sse_spliced"] == 1 and stats["expand_rounds"] == 1, fail("not spliced")
+    assert stats["sse_released"] == {}, fail("the inspector released a hold")
+    assert stats["expand"]["resolved"] == 1 and stats["expand"]["repairs"] == 0, fail("expand counts")
+    assert stats["expand"]["wasted_tokens"] > 2000, fail("wasted_tokens")
+    original = await cg.service.store.get("", scenario.marker_id)
+    _assert_original((original or b"").decode("utf-8"), output, fail)
+
+
+@ensureDeferred
+async def test_expand_batched_with_bash_is_repaired(claude_bin, claude_home, workdir, fake, make_cg):
+    """Issue 4: the expand call comes batched with a Bash call, so cg lets both through; Claude Code
+    runs Bash and answers the expand call "No such tool available"; on the next request cg puts the
+    original in place of that error, and the final answer rests on it."""
+    token = secrets.token_hex(4)
+    bash = ToolUse(f"toolu_cge2e_true_{token}", "Bash", {"command": "true", "description": "Do nothing"})
+    scenario, output, line = _expand_scenario(token, lead="Let me look at the full output too.", batch_with=bash)
+    cg, script, run = await _run_expand(claude_bin, claude_home, workdir, fake, make_cg, scenario)
+
+    def fail(what: str) -> str:
+        return _failure(what, run, script, cg)
+
+    _assert_claude_ok(run, line, fail)
+    _assert_offloaded(scenario, script, output, line, fail)
+
+    # Turn 1 (Bash), turn 2 (expand + Bash true), turn 3 (both answered): all Claude Code's.
+    main = script.main_loop_requests()
+    assert len(main) == 3 and scenario.expanded == [main[2]], fail("expected three agent-loop requests")
+    turn3 = main[2]
+    blocks = {b.get("tool_use_id"): b for b in turn3.tool_result_blocks()}
+    assert set(blocks) == {scenario.expand_id, bash.id}, fail("turn 3 does not answer both calls")
+    assert "is_error" not in blocks[scenario.expand_id], fail("the repaired answer still has is_error")
+    repaired = next(r for r in turn3.tool_results() if r.tool_use_id == scenario.expand_id)
+    _assert_original(repaired.text, output, fail)
+    assert not _no_such_tool(turn3), fail("the 'No such tool' answer reached the fake")
+    # The Bash result of turn 1 is offloaded again, to the same bytes (its marker unchanged).
+    first = next(r.text for r in scenario.offloaded.tool_results() if r.tool_use_id == scenario.bash_id)
+    again = next(m for m in turn3.messages if m.get("role") == "user" and any(
+        b.get("tool_use_id") == scenario.bash_id for b in m.get("content", []) if isinstance(b, dict)
+    ))
+    again_text = next(b for b in again["content"] if b.get("tool_use_id") == scenario.bash_id)["content"]
+    assert again_text == first, fail("the offloaded Bash result changed between turns")
+
+    # Claude Code did see the call (released with the client tool) and answered it with the error.
+    assert [b.get("id") for b in _expand_tool_uses(run)] == [scenario.expand_id], fail("the call was not released")
+    errors = [
+        b for b in turn_blocks(run)
+        if b.get("type") == "tool_result" and b.get("tool_use_id") == scenario.expand_id
+    ]
+    assert len(errors) == 1 and errors[0].get("is_error") is True, fail("Claude Code's answer to the call")
+    assert "No such tool available" in str(errors[0].get("content")), fail("not the 'No such tool' error")
+
+    stats = cg.stats.snapshot()
+    _common_stats(stats, fake, 0, fail)
+    assert stats["expand"]["repairs"] == 1, fail("no repair counted")
+    assert stats["sse_spliced"] == 0 and stats["sse_released"] == {"client_tool": 1}, fail("not released")
+    frozen = await cg.service.store.frozen("", scenario.expand_id)
+    _assert_original((frozen or b"").decode("utf-8"), output, fail)
+
+
+@ensureDeferred
+async def test_expand_in_non_streaming_fallback(claude_bin, claude_home, workdir, fake, make_cg):
+    """Issue 4, JSON: every streamed attempt at turn 2 fails with an ``event: error`` before any
+    content; Claude Code retries, then falls back to a non-streaming request (no ``stream`` key).
+    The fake answers that with a JSON lone expand call; cg's continuation loop resolves it (the
+    continuation is not streamed either) and Claude Code gets one merged message."""
+    scenario, output, line = _expand_scenario(secrets.token_hex(4), stream_errors=10)
+    cg, script, run = await _run_expand(claude_bin, claude_home, workdir, fake, make_cg, scenario)
+
+    def fail(what: str) -> str:
+        return _failure(what, run, script, cg)
+
+    _assert_claude_ok(run, line, fail)
+    _assert_offloaded(scenario, script, output, line, fail)
+
+    # Turn 1, the failed streamed attempts at turn 2, the non-streaming one, cg's continuation.
+    main = script.main_loop_requests()
+    retries = len(scenario.errored)
+    assert 1 <= retries < 10, fail(f"{retries} streamed attempts failed before the fallback")
+    assert main[1 : 1 + retries] == scenario.errored, fail("the failed attempts")
+    assert len(main) == retries + 3, fail("expected one non-streaming attempt and one continuation")
+    fallback, continuation = main[-2], main[-1]
+    assert "stream" not in fallback.body and "stream" not in continuation.body, fail("not the JSON fallback")
+    assert scenario.expanded == [continuation], fail("the continuation")
+    n = len(fallback.messages)
+    assert continuation.messages[:n] == fallback.messages and len(continuation.messages) == n + 2, fail("prefix")
+    [answered] = continuation.tool_result_blocks()
+    assert answered.get("tool_use_id") == scenario.expand_id and "is_error" not in answered, fail("answer")
+    _assert_original(continuation.tool_results()[0].text, output, fail)
+
+    # One merged message: the lead text and the final answer, no expand call, one id.
+    assert _expand_tool_uses(run) == [], fail("Claude Code saw the expand call")
+    assert not any(_no_such_tool(r) for r, _ in script.log), fail("Claude Code answered 'No such tool'")
+    last = [m["message"] for m in run.messages() if m.get("type") == "assistant"][-2:]
+    assert [b.get("text") for m in last for b in m["content"]] == [scenario.lead, OffloadExpand.answer(line)], fail(
+        "the merged message's texts"
+    )
+    assert len({m.get("id") for m in last}) == 1 and last[-1].get("stop_reason") == "end_turn", fail("merged")
+
+    stats = cg.stats.snapshot()
+    _common_stats(stats, fake, 1, fail)
+    assert stats["expand"]["resolved"] == 1 and stats["expand"]["repairs"] == 0, fail("expand counts")
+    assert stats["sse_spliced"] == 0 and stats["sse_released"] == {}, fail("the inspector did something")
