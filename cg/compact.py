@@ -152,11 +152,20 @@ class ParsedBody:
     spans: dict[tuple, jsonbytes.Span]
 
     @classmethod
-    def parse(cls, raw: bytes) -> "ParsedBody | None":
-        """None for anything that is not a JSON object (it is then forwarded untouched)."""
+    def parse(cls, raw: bytes, previous: "ParsedBody | None" = None) -> "ParsedBody | None":
+        """None for anything that is not a JSON object (it is then forwarded untouched).
+
+        `previous`, the same conversation's last body, lets the messages it shares with this
+        one stand unparsed (the values are the same objects: treat them as read-only).
+        """
+        if previous is not None and raw == previous.raw:
+            return previous
         try:
             doc = raw.decode("utf-8")
-            value, spans = jsonbytes.load(doc, _BODY_SPINE)
+            reuse = None
+            if previous is not None:
+                reuse = jsonbytes.Reuse(previous.value, previous.spans, jsonbytes.common_prefix(doc, previous.doc))
+            value, spans = jsonbytes.load(doc, _BODY_SPINE, reuse)
         except ValueError:
             return None
         return cls(raw, doc, value, spans) if isinstance(value, dict) else None

@@ -25,16 +25,55 @@ _scan_string = json.decoder.scanstring
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
-def load(doc: str, spine: dict) -> tuple[object, dict[tuple, Span]]:
+@attrs.frozen
+class Reuse:
+    """An earlier parse whose first `limit` characters are the new document's too.
+
+    An array item the spine records without descending, lying wholly inside that prefix at the
+    same position, is taken from the earlier parse instead of being scanned again: an agent's
+    history grows at its end, so most of a re-sent body is the previous request's.
+    """
+
+    value: object
+    spans: dict[tuple, Span]
+    limit: int
+
+    def item(self, path: tuple, pos: int):
+        span = self.spans.get(path)
+        if span is None or span[0] != pos or span[1] > self.limit:
+            return None
+        value = self.value
+        for key in path:
+            value = value[key]
+        return value, span[1]
+
+
+def common_prefix(a: str, b: str, block: int = 1 << 16) -> int:
+    """The length of the longest common prefix of a and b, comparing in blocks (C speed)."""
+    n = min(len(a), len(b))
+    pos = 0
+    while pos < n and a[pos:pos + block] == b[pos:pos + block]:
+        pos += block
+    low, high = min(pos, n), min(pos + block, n)
+    while low < high:  # the first differing character is in [low, high]
+        middle = (low + high) // 2
+        if a[low:middle + 1] == b[low:middle + 1]:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def load(doc: str, spine: dict, reuse: Reuse | None = None) -> tuple[object, dict[tuple, Span]]:
     """Parse doc like json.loads; also return the span of every value the spine reaches, by path.
 
     A spine is a nested dict: an object key (or EACH for array items) maps to the spine below it;
     `{}` records a value's span without descending. Raises ValueError on anything that is not one
-    JSON document.
+    JSON document. `reuse` lets array items of an earlier parse stand (see Reuse).
     """
     spans: dict[tuple, Span] = {}
     try:
-        value, end = _parse(doc, _skip(doc, 0), spine, (), spans)
+        value, end = _parse(doc, _skip(doc, 0), spine, (), spans, reuse)
         if _skip(doc, end) != len(doc):
             raise ValueError("trailing data after the JSON document")
     except (IndexError, StopIteration, RecursionError) as error:
@@ -48,7 +87,7 @@ def spans_below(doc: str, start: int, spine: dict) -> dict[tuple, Span]:
     Lets a caller walk only the parts of a document it is about to edit.
     """
     spans: dict[tuple, Span] = {}
-    _parse(doc, start, spine, (), spans)
+    _parse(doc, start, spine, (), spans, None)
     return spans
 
 
@@ -69,19 +108,19 @@ def _skip(doc: str, pos: int) -> int:
     return pos
 
 
-def _parse(doc: str, pos: int, spine: dict, path: tuple, spans: dict) -> tuple[object, int]:
+def _parse(doc: str, pos: int, spine: dict, path: tuple, spans: dict, reuse) -> tuple[object, int]:
     opener = doc[pos]
     if opener == "{" and spine:
-        value, end = _parse_object(doc, pos, spine, path, spans)
+        value, end = _parse_object(doc, pos, spine, path, spans, reuse)
     elif opener == "[" and EACH in spine:
-        value, end = _parse_array(doc, pos, spine[EACH], path, spans)
+        value, end = _parse_array(doc, pos, spine[EACH], path, spans, reuse)
     else:
         value, end = _scan_value(doc, pos)
     spans[path] = (pos, end)
     return value, end
 
 
-def _parse_object(doc, pos, spine, path, spans):
+def _parse_object(doc, pos, spine, path, spans, reuse):
     members = {}
     pos = _skip(doc, pos + 1)
     if doc[pos] == "}":
@@ -98,7 +137,7 @@ def _parse_object(doc, pos, spine, path, spans):
         if below is None:
             members[key], pos = _scan_value(doc, pos)
         else:
-            members[key], pos = _parse(doc, pos, below, path + (key,), spans)
+            members[key], pos = _parse(doc, pos, below, path + (key,), spans, reuse)
         pos = _skip(doc, pos)
         if doc[pos] == "}":
             return members, pos + 1
@@ -107,13 +146,20 @@ def _parse_object(doc, pos, spine, path, spans):
         pos = _skip(doc, pos + 1)
 
 
-def _parse_array(doc, pos, spine, path, spans):
+def _parse_array(doc, pos, spine, path, spans, reuse):
     items = []
     pos = _skip(doc, pos + 1)
     if doc[pos] == "]":
         return items, pos + 1
     while True:
-        value, pos = _parse(doc, pos, spine, path + (len(items),), spans)
+        item_path = path + (len(items),)
+        earlier = reuse.item(item_path, pos) if reuse is not None and not spine else None
+        if earlier is not None:
+            value, end = earlier
+            spans[item_path] = (pos, end)
+            pos = end
+        else:
+            value, pos = _parse(doc, pos, spine, item_path, spans, reuse)
         items.append(value)
         pos = _skip(doc, pos)
         if doc[pos] == "]":

@@ -136,7 +136,8 @@ class ProxyResource(resource.Resource):
         if request.requestHeaders.getRawHeaders(b"x-cg-bypass") == [b"1"]:
             self.stats.bypassed += 1
             return defer.succeed(body)
-        incoming = self.rewriter.parse(body, request.uri) if self.rewriter else None
+        conversation = (request.requestHeaders.getRawHeaders(b"x-claude-code-session-id") or [b""])[0]
+        incoming = self.rewriter.parse(body, request.uri, conversation.decode("latin-1")) if self.rewriter else None
         exchange.session = session_key(_header_getter(request), incoming.body.value if incoming else None)
         if incoming is None:
             return defer.succeed(body)

@@ -5,6 +5,8 @@ injected (the model can ask for the original back); elsewhere only the reformat
 components run. Anything unexpected forwards the client's bytes unchanged.
 """
 
+from collections import OrderedDict
+
 import attrs
 
 from cg import expand
@@ -60,19 +62,30 @@ class Incoming:
 class Rewriter:
     """Rewrites request bodies with a memo shared across requests (a re-sent history is cheap)."""
 
-    def __init__(self, config: RewriteConfig, memo: Memo | None = None):
+    def __init__(self, config: RewriteConfig, memo: Memo | None = None, conversations: int = 8):
         self.config = config
         self.memo = memo if memo is not None else Memo()
+        # The last body of the most recent conversations: the next one repeats most of it.
+        self._last: OrderedDict[str, ParsedBody] = OrderedDict()
+        self._conversations = conversations
 
-    def parse(self, raw: bytes, uri: bytes) -> Incoming | None:
-        """The parsed request to `uri`, or None where cg leaves the body alone."""
+    def parse(self, raw: bytes, uri: bytes, conversation: str = "") -> Incoming | None:
+        """The parsed request to `uri`, or None where cg leaves the body alone.
+
+        `conversation` (e.g. Claude Code's session id) names whose last body this one
+        most likely extends; only messages they share byte for byte are reused.
+        """
         route = _PATHS.get(split_path(uri))
         if route is None or not raw:
             return None
         dialect, stash = route
-        body = ParsedBody.parse(raw)
+        body = ParsedBody.parse(raw, self._last.get(conversation))
         if body is None:
             return None
+        self._last[conversation] = body
+        self._last.move_to_end(conversation)
+        if len(self._last) > self._conversations:
+            self._last.popitem(last=False)
         injection = self._injection(body, dialect)
         # Exactly where cg manages expand does it repair the client's answers to expand calls.
         repairs = find_repairs(body, dialect) if injection is not None else []

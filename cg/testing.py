@@ -31,6 +31,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
 __all__ = [
+    "FAKE_EXPAND_ID",
     "HELLO",
     "FakeUpstream",
     "Flood",
@@ -511,11 +512,28 @@ def _fake_texts(n: int) -> list[str]:
     return [text[len(text) * i // n : len(text) * (i + 1) // n] for i in range(n)]
 
 
+FAKE_EXPAND_ID = "toolu_fake_expand"  # the tool_use id of the expand call ``x-fake-expand`` plays
+
+
+def _answers_fake_expand(body: dict) -> bool:
+    """Whether the last user message of ``body`` holds a tool_result for the ``x-fake-expand`` call."""
+    messages = body.get("messages")
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"] if isinstance(messages, list) else []
+    content = users[-1].get("content") if users else None
+    return isinstance(content, list) and any(
+        isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") == FAKE_EXPAND_ID
+        for block in content
+    )
+
+
 def default_reply(received: Received) -> Reply:
     """What the fake answers when nothing is queued: a plausible reply for the path and body.
 
     Streams can be shaped per request (for benchmarks) with ``x-fake-events``,
-    ``x-fake-delay-ms`` and ``x-fake-first-delay-ms``.
+    ``x-fake-delay-ms`` and ``x-fake-first-delay-ms``. ``x-fake-expand: REF`` (Anthropic
+    /v1/messages only) plays a model that asks for an original: the reply is a text block, then a
+    ``context_guru_expand`` call (id ``FAKE_EXPAND_ID``) asking for REF, ``stop_reason: "tool_use"``;
+    a request whose last user message holds a ``tool_result`` for that call gets the normal reply.
     """
     try:
         body = ujson.loads(received.body)
@@ -530,9 +548,16 @@ def default_reply(received: Received) -> Reply:
         return JSONReply({"input_tokens": 10})
     anthropic = path == b"/v1/messages" or path.startswith(b"/v1/messages/")
     openai = path == b"/v1/chat/completions"
+    expand = received.header(b"x-fake-expand") if path == b"/v1/messages" else None
+    expand = expand.decode("utf-8", "replace") if expand and not _answers_fake_expand(body) else None
     if body.get("stream") is True and (anthropic or openai):
         texts = _fake_texts(int(received.header(b"x-fake-events") or 3))
-        if anthropic:
+        if expand:
+            call = _dumps({"id": expand}).decode()
+            parts = ("", call[:8], call[8:])  # cut mid-string, as the API's input_json_delta may be
+            blocks = [anthropic_text_block(0, texts), anthropic_expand_block(1, expand, FAKE_EXPAND_ID, parts)]
+            events = anthropic_stream_events(blocks=blocks, stop_reason="tool_use", **model_kw)
+        elif anthropic:
             events = anthropic_stream_events(texts, **model_kw)
         else:
             options = body.get("stream_options")
@@ -543,6 +568,12 @@ def default_reply(received: Received) -> Reply:
             delay=float(received.header(b"x-fake-delay-ms") or 0) / 1000,
             first_delay=float(received.header(b"x-fake-first-delay-ms") or 0) / 1000,
         )
+    if expand:
+        content = [
+            {"type": "text", "text": HELLO},
+            {"type": "tool_use", "id": FAKE_EXPAND_ID, "name": "context_guru_expand", "input": {"id": expand}},
+        ]
+        return JSONReply(anthropic_message(content=content, stop_reason="tool_use", **model_kw))
     if anthropic:
         return JSONReply(anthropic_message(**model_kw))
     if openai:

@@ -495,6 +495,56 @@ async def test_default_streams_follow_the_x_fake_headers(up, http):
     assert all("usage" not in ujson.loads(d) for _, d in chunks[:-1])  # not asked for
 
 
+@pytest_twisted.ensureDeferred
+async def test_x_fake_expand_plays_a_model_asking_for_an_original(up, http):
+    """Opt-in: a text block then a context_guru_expand call; answering that call ends it."""
+    ref = "0123456789abcdef"
+    shaped = {"x-fake-expand": ref, "x-fake-events": "4"}
+    asked = {"model": "claude-x", "stream": True, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_other", "name": "Bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_other", "content": "x"}]},
+    ]}
+    r1 = await http.post(up.url + "/v1/messages?beta=true", json=asked, headers=shaped)
+    events = [(n, ujson.loads(d)) for n, d in parse_sse(await r1.content())]
+    starts = [d["content_block"] for n, d in events if n == "content_block_start"]
+    assert [b["type"] for b in starts] == ["text", "tool_use"]
+    assert (starts[1]["name"], starts[1]["id"]) == ("context_guru_expand", cg.testing.FAKE_EXPAND_ID)
+    deltas = [d for n, d in events if n == "content_block_delta"]
+    assert "".join(d["delta"]["text"] for d in deltas if d["index"] == 0) == HELLO
+    assert len([d for d in deltas if d["index"] == 0]) == 4
+    call = "".join(d["delta"]["partial_json"] for d in deltas if d["index"] == 1)
+    assert ujson.loads(call) == {"id": ref}
+    assert [d["delta"]["stop_reason"] for n, d in events if n == "message_delta"] == ["tool_use"]
+    assert [n for n, _ in events][-1] == "message_stop"
+
+    answered = dict(asked, messages=asked["messages"] + [
+        {"role": "assistant", "content": [{"type": "text", "text": HELLO}, {
+            "type": "tool_use", "id": cg.testing.FAKE_EXPAND_ID, "name": "context_guru_expand", "input": {"id": ref}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": cg.testing.FAKE_EXPAND_ID, "content": "o"}]},
+    ])
+    r2 = await http.post(up.url + "/v1/messages", json=answered, headers=shaped)
+    events = [(n, ujson.loads(d)) for n, d in parse_sse(await r2.content())]
+    assert [d["content_block"]["type"] for n, d in events if n == "content_block_start"] == ["text"]
+    assert [d["delta"]["stop_reason"] for n, d in events if n == "message_delta"] == ["end_turn"]
+
+    r3 = await http.post(up.url + "/v1/messages", json=dict(asked, stream=False), headers=shaped)
+    message = ujson.loads(await r3.content())
+    assert message["stop_reason"] == "tool_use"
+    assert [b["type"] for b in message["content"]] == ["text", "tool_use"]
+    assert message["content"][1]["input"] == {"id": ref}
+    r4 = await http.post(up.url + "/v1/messages", json=dict(answered, stream=False), headers=shaped)
+    assert ujson.loads(await r4.content()) == cg.testing.anthropic_message(model="claude-x")
+
+    # Without the header, or on another path, nothing changes.
+    r5 = await http.post(up.url + "/v1/messages", json=asked)
+    assert [n for n, _ in parse_sse(await r5.content())].count("content_block_start") == 1
+    r6 = await http.post(up.url + "/v1/chat/completions", json={"stream": False}, headers=shaped)
+    assert ujson.loads(await r6.content()) == cg.testing.openai_completion()
+    r7 = await http.post(up.url + "/v1/messages/count_tokens", json=asked, headers=shaped)
+    assert ujson.loads(await r7.content()) == {"input_tokens": 10}
+
+
 # ---------------------------------------------------------------------------------------------
 # The official SDKs accept what the fake sends
 

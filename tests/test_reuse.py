@@ -1,0 +1,56 @@
+"""Parsing a body against the previous one of its conversation gives what a fresh parse gives."""
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cg import jsonbytes
+from cg.compact import ParsedBody
+
+TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+MESSAGE = st.fixed_dictionaries({
+    "role": st.sampled_from(["user", "assistant", "system"]),
+    "content": st.one_of(TEXT, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}),
+                                        max_size=3)),
+})
+STYLE = st.sampled_from([{"separators": (",", ":"), "ensure_ascii": False}, {"ensure_ascii": True}, {"indent": 1}])
+
+
+def body(messages, tools=("Bash",)) -> dict:
+    return {"model": "m", "messages": messages, "system": [{"type": "text", "text": "s"}],
+            "tools": [{"name": t} for t in tools]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(history=st.lists(MESSAGE, max_size=8), added=st.lists(MESSAGE, max_size=3),
+       edit_at=st.integers(min_value=0, max_value=10), edited=MESSAGE, style=STYLE)
+def test_reuse_gives_a_fresh_parse(history, added, edit_at, edited, style):
+    before = json.dumps(body(history), **style).encode()
+    grown = history + added
+    if grown and edit_at < len(grown):  # a client may rewrite an earlier message, too
+        grown = grown[:edit_at] + [edited] + grown[edit_at + 1:]
+    after = json.dumps(body(grown), **style).encode()
+    previous = ParsedBody.parse(before)
+    reused, fresh = ParsedBody.parse(after, previous), ParsedBody.parse(after)
+    assert reused.value == fresh.value
+    assert reused.spans == fresh.spans
+    assert reused.doc == fresh.doc
+
+
+def test_shared_messages_are_not_scanned_again():
+    history = [{"role": "user", "content": "x" * 1000} for _ in range(50)]
+    previous = ParsedBody.parse(json.dumps(body(history)).encode())
+    grown = ParsedBody.parse(json.dumps(body([*history, {"role": "user", "content": "new"}])).encode(), previous)
+    assert all(grown.value["messages"][i] is previous.value["messages"][i] for i in range(50))
+    assert ParsedBody.parse(previous.raw, previous) is previous
+
+
+def test_common_prefix():
+    assert jsonbytes.common_prefix("abcdef", "abcxef") == 3
+    assert jsonbytes.common_prefix("abc", "abc") == 3
+    assert jsonbytes.common_prefix("abc", "abcd") == 3
+    assert jsonbytes.common_prefix("", "a") == 0
+    long = "y" * 200_000
+    assert jsonbytes.common_prefix(long + "a", long + "b") == 200_000
+    assert jsonbytes.common_prefix(long, "y" * 70_000 + "z") == 70_000
