@@ -4,7 +4,11 @@ The fake upstream runs strict: it answers 400, as the real API does, to a reques
 are not all answered in order, or whose thinking blocks differ from what it sent.
 """
 
+import hashlib
 import json
+import os
+import subprocess
+import sys
 
 import anthropic
 import openai
@@ -284,3 +288,15 @@ def test_count_tokens_sees_what_cg_sends_and_stores_nothing(strict_cg, fake):
     assert counted["tools"][-1]["name"] == EXPAND_TOOL
     assert "<<cg:" in json.dumps(counted["messages"])
     assert strict_cg.service.store.known("", [marker_id(output.encode())]) == set()
+
+
+def test_tool_bytes_are_the_same_in_every_process():
+    """Pinned: a change to the tool's bytes re-bills every user's cache once (note it in CHANGES.md)."""
+    script = "from cg.expand import ANTHROPIC_TOOL, OPENAI_TOOL; print(ANTHROPIC_TOOL); print(OPENAI_TOOL)"
+    outputs = {
+        subprocess.run([sys.executable, "-c", script], capture_output=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        for seed in ("0", "1", "4242")
+    }
+    assert len(outputs) == 1
+    assert hashlib.sha256(ANTHROPIC_TOOL.encode()).hexdigest()[:12] == "47c7d3620d32"
