@@ -289,6 +289,11 @@ class Inspector:
         return self._round
 
     @property
+    def committed(self) -> bool:
+        """This round has sent the client more than pings (so the caller's keepalive can stop)."""
+        return self._committed
+
+    @property
     def held_bytes(self) -> int:
         """Bytes held right now."""
         return self._held_bytes

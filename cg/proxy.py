@@ -432,6 +432,8 @@ class _Exchange:
         transport = self.request.channel.transport
         if self.request.clientproto == b"HTTP/1.1" and not self.request.responseHeaders.hasHeader(b"content-length"):
             transport.loseConnection()
+            # A client that stopped reading would keep the flush waiting: cut it after a while.
+            self.proxy.reactor.callLater(FLUSH_TIMEOUT, _abort_if_open, transport)
         else:
             transport.abortConnection()
         self._end()
@@ -600,6 +602,12 @@ class _Exchange:
 
 
 PING_INTERVAL = 5.0  # seconds; Claude Code gives up on a silent stream after ~180 s
+FLUSH_TIMEOUT = 10.0  # seconds a cut client connection may take to take its last bytes
+
+
+def _abort_if_open(transport):
+    if not transport.disconnected:
+        transport.abortConnection()
 
 
 def _is_stream(response) -> bool:
@@ -705,7 +713,8 @@ class _Inspected:
     def _step(self, step):
         exchange = self.exchange
         if step.send:
-            exchange._stop_pinging()
+            if exchange.inspector.committed:
+                exchange._stop_pinging()
             exchange.write(step.send)
         if step.action == EXPAND:
             self.expanded = True

@@ -24,6 +24,7 @@ import ujson
 from attrs import define, field, frozen
 from attrs.validators import gt, in_
 from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import IListeningPort, IPushProducer, IReactorTCP
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
@@ -282,6 +283,12 @@ def openai_stream_events(
 
 # ---------------------------------------------------------------------------------------------
 # Requests as received
+
+
+def _client_left(failure):
+    """The client went away: "lost". Anything else (a test's timeout cancelling the wait) stays a failure."""
+    failure.trap(ConnectionDone, ConnectionLost)
+    return "lost"
 
 
 @define
@@ -839,7 +846,7 @@ class FakeUpstream:
             body=request.content.read(),
             connection=channel.serial,
             nth_on_connection=channel.requests_seen,
-            finished=request.notifyFinish().addCallbacks(lambda _: "done", lambda _: "lost"),
+            finished=request.notifyFinish().addCallbacks(lambda _: "done", _client_left),
         )
         self.received.append(received)
         if received.nth_on_connection >= 2 and self.reset_reused_connections > 0:

@@ -261,6 +261,8 @@ class ResponseUsage:
 
     def feed(self, data: bytes) -> None:
         if self._stream is not None:
+            if not self._parser.buffered and data.endswith(b"\n\n") and b"usage" not in data:
+                return  # whole events, none about usage: nothing to parse
             for event in self._parser.feed(data):
                 self._stream.observe(event)
         elif self._size <= self._max_json:

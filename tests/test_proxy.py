@@ -410,3 +410,4 @@ def test_many_concurrent_streams(cg, fake):
     expected = b"".join(anthropic_stream_events(texts=["x"] * 5))
     assert all(split_response(raw)[2] == expected for raw in raws)
     assert cg.stats.in_flight == 0
+
