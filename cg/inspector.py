@@ -63,6 +63,8 @@ expand is recorded as lists of fragments, joined once at EXPAND; held bytes are 
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import ujson
 
@@ -215,6 +217,31 @@ def _index(doc: dict | None) -> int | None:
 def _start_block(doc: dict | None) -> dict:
     block = doc.get("content_block") if doc is not None else None
     return block if isinstance(block, dict) else {}
+
+
+_INDEX_KEY = re.compile(rb'[{,]\s*"index"\s*:\s*(\d+)')
+
+
+def _renumbered(event: Event, kind: str, doc: dict, index: int, client: int) -> bytes:
+    """``event`` with its block index set to ``client``.
+
+    The index is rewritten in place in the original bytes when the first ``"index"`` key of
+    the event is a top-level one (the API writes it right after ``type``: no ``{`` or ``[``
+    comes between the object's opening brace and the key; inside a JSON string a quote is
+    always escaped, so the pattern only matches keys). Otherwise the event is re-serialized.
+    Either way the client gets an ``event:`` line and the same JSON value.
+    """
+    raw = event.raw
+    match = _INDEX_KEY.search(raw)
+    opening = raw.find(b"{")
+    if (match is not None and raw.startswith(b"event: ") and int(match[1]) == index
+            and b"{" not in raw[opening + 1:match.start(1)] and b"[" not in raw[opening:match.start(1)]):
+        if index == client:
+            return raw
+        return raw[: match.start(1)] + str(client).encode() + raw[match.end(1):]
+    doc = dict(doc)
+    doc["index"] = client
+    return _frame(kind, doc)
 
 
 def _frame(name: str, doc: dict) -> bytes:
@@ -571,9 +598,7 @@ class Inspector:
             client = self._map.get(index)
             if client is None:  # a block never started: the client would see the same fault
                 client = self._base + index
-        doc = dict(doc)
-        doc["index"] = client
-        return _frame(kind, doc)
+        return _renumbered(event, kind, doc, index, client)
 
     def _commit(self) -> None:
         if not self._committed:

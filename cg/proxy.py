@@ -15,6 +15,7 @@ import ujson
 from twisted.internet import defer, task
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web import resource, server
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
@@ -58,6 +59,7 @@ class ProxyResource(resource.Resource):
         changelog=None,
         max_expand_rounds: int = 3,
         max_held: int = 16 << 20,
+        continuation_timeout: float = 600.0,
         clock=time.perf_counter,
         reactor=None,
     ):
@@ -72,6 +74,7 @@ class ProxyResource(resource.Resource):
         self.changelog = changelog if changelog is not None else NullChangeLog()
         self.max_expand_rounds = max_expand_rounds
         self.max_held = max_held
+        self.continuation_timeout = continuation_timeout
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
@@ -111,7 +114,12 @@ class ProxyResource(resource.Resource):
             return _error(request, None, 404, "no such original")
         tenant = self.tenant_of(request.requestHeaders)
 
+        gone = []
+        request.notifyFinish().addErrback(gone.append)
+
         def found(original):
+            if gone:
+                return
             if original is None:
                 request.write(_error(request, None, 404, "no such original (unknown, evicted, or another tenant's)"))
             else:
@@ -150,7 +158,10 @@ class ProxyResource(resource.Resource):
 
         The first repair of a call stores its text; every later turn replays exactly those bytes,
         even after the original was evicted, so a repair never changes what the provider cached.
+        The original comes from this very body when it still holds it, else from the store. A
+        store that cannot say whether a text is frozen leaves that answer as the client sent it.
         """
+        in_body = self.rewriter.originals(incoming)
 
         def one(repair):
             def answered(original):
@@ -158,19 +169,24 @@ class ProxyResource(resource.Resource):
                 if not incoming.stash:  # count_tokens reads, never writes
                     return text
                 return self.store.freeze(tenant, repair.tool_use_id, text.encode("utf-8")).addCallbacks(
-                    lambda frozen: frozen.decode("utf-8"), lambda failure: text
+                    lambda frozen: frozen.decode("utf-8"), lambda failure: None
                 )
 
             def lookup(frozen):
+                if frozen is _UNKNOWABLE:
+                    return None
                 if frozen is not None:
                     return frozen.decode("utf-8")
+                if repair.ref in in_body:
+                    return answered(in_body[repair.ref])
                 original = self.store.get(tenant, repair.ref) if repair.ref else defer.succeed(None)
                 return original.addCallback(answered)
 
-            frozen = self.store.frozen(tenant, repair.tool_use_id).addErrback(lambda failure: None)
+            frozen = self.store.frozen(tenant, repair.tool_use_id).addErrback(lambda failure: _UNKNOWABLE)
             return frozen.addCallback(lookup).addCallback(lambda text: (repair.tool_use_id, text))
 
-        return defer.gatherResults([one(r) for r in incoming.repairs], consumeErrors=True).addCallback(dict)
+        pairs = defer.gatherResults([one(r) for r in incoming.repairs], consumeErrors=True)
+        return pairs.addCallback(lambda pairs: {key: text for key, text in pairs if text is not None})
 
     def _finish(self, exchange, body: bytes, incoming, texts: dict) -> defer.Deferred | bytes:
         rewrite = self.rewriter.finish(incoming, texts)
@@ -298,7 +314,9 @@ class _Exchange:
         self.rounds: list[dict] = []  # the JSON responses of the expand loop
         self._first_body = None
         self.pinger = None
+        self.stalled = None  # the deadline for a continuation to commit
         self.streaming = False
+        self.decode = dialect.reads_response(request.uri)
 
     def start(self):
         request = self.request
@@ -307,14 +325,20 @@ class _Exchange:
         body = request.content.getvalue()
         self.bytes_in = len(body)
         self.stats.bytes_from_client += len(body)
-        self.decode = dialect.reads_response(request.uri)
         self.upstream_headers = headers.request_headers(
             request.requestHeaders, accept_encoding=b"gzip" if self.decode else None
         )
         request.notifyFinish().addErrback(self._client_gone)
         prepared = defer.maybeDeferred(self.proxy.prepare, self, body)
+        prepared.addErrback(self._unprepared, body)
         prepared.addCallback(self._forward)
         prepared.addErrback(self._bug)
+
+    def _unprepared(self, failure, body: bytes) -> bytes:
+        """A bug on the request side costs its saving, never the request: forward what came."""
+        log.failure("rewriting {path} failed; forwarding it as received", failure, path=self.request.uri)
+        self.rewrite = None
+        return body
 
     def _forward(self, body: bytes):
         if self.ended:  # the client left while cg was storing originals
@@ -346,6 +370,7 @@ class _Exchange:
         self.t_headers = self.clock()
         self.stats.upstream_ttfb.add(self.t_headers - self.t_sent)
         decoder, drop = self._decoder(response)
+        relay_decoder = None if decoder is _UNDECODABLE else decoder  # passed through, encoded
         self.status = response.code
         request = self.request
         request.setResponseCode(response.code, response.phrase)
@@ -354,8 +379,8 @@ class _Exchange:
         if streaming:
             self.stats.streamed += 1
         expanding = self.rewrite is not None and self.rewrite.injected and self.rewrite.stash
-        if expanding and 200 <= response.code < 300:
-            if streaming and self.which == dialect.ANTHROPIC:
+        if expanding and 200 <= response.code < 300 and decoder is not _UNDECODABLE:
+            if streaming and self.rewrite.dialect == dialect.ANTHROPIC:
                 self.inspector = Inspector(max_held=self.proxy.max_held, max_rounds=self.proxy.max_expand_rounds)
                 sink = _Inspected(self)
             elif not streaming:
@@ -364,14 +389,21 @@ class _Exchange:
                 sink = _PassThrough(self)
         else:
             sink = _PassThrough(self)
-        if isinstance(sink, _PassThrough) and self.decode and 200 <= response.code < 300:
+        if isinstance(sink, _PassThrough) and self.decode and 200 <= response.code < 300 and relay_decoder is decoder:
             self.meter = ResponseUsage(self.which, streaming)
-        response.deliverBody(_Relay(self, decoder, sink))
+        response.deliverBody(_Relay(self, relay_decoder, sink))
 
     def _decoder(self, response):
-        if self.decode and response.headers.getRawHeaders(b"content-encoding") == [b"gzip"]:
+        """A gzip decoder for a body cg reads; _UNDECODABLE for an encoding it asked not to get."""
+        if not self.decode:
+            return None, frozenset()
+        encodings = [e.strip().lower() for v in response.headers.getRawHeaders(b"content-encoding", ())
+                     for e in v.split(b",") if e.strip()]
+        if not encodings or encodings == [b"identity"]:
+            return None, frozenset()
+        if encodings == [b"gzip"]:
             return zlib.decompressobj(wbits=31), frozenset({b"content-encoding"})
-        return None, frozenset()
+        return _UNDECODABLE, frozenset()
 
     def _upstream_failed(self, failure):
         self.stats.upstream_errors += 1
@@ -404,9 +436,13 @@ class _Exchange:
         self.stats.bytes_from_upstream += size
 
     def finish(self):
-        """The client's response is complete."""
+        """The client's response is complete (an upstream body still flowing is dropped)."""
         if self.ended:
             return
+        if self.relay is not None:
+            relay, self.relay = self.relay, None
+            self.request.unregisterProducer()
+            relay.transport.stopProducing()
         if self.t_client_first is None:
             self.write(b"")
         self.request.finish()
@@ -462,12 +498,17 @@ class _Exchange:
         def send(resolutions):
             if self.ended:
                 return
-            body = continuation_body(self.forwarded, assistant, calls, resolutions, self.which,
+            body = continuation_body(self.forwarded, assistant, calls, resolutions, self.rewrite.dialect,
                                      stream=True if stream else None)
             self.forwarded = body
             self._send(body, on_response, on_failure)
 
-        self._resolve(calls).addCallback(send).addErrback(self._bug)
+        self._resolve(calls).addCallback(send).addErrback(self._continue_failed, on_failure)
+
+    def _continue_failed(self, failure, on_failure):
+        log.failure("building the expand continuation failed", failure)
+        if not self.ended:
+            on_failure(failure)
 
     def _resolve(self, calls) -> defer.Deferred:
         """The originals the calls ask for, from the store under this request's tenant."""
@@ -510,16 +551,16 @@ class _Exchange:
         self.rounds.append(doc)
         if first:
             self._first_body = body
-        calls = lone_expand_calls(doc, self.which)
+        calls = lone_expand_calls(doc, self.rewrite.dialect)
         if calls is None or len(self.rounds) > self.proxy.max_expand_rounds:
             return self._answer_json()
         self._continue(calls, doc, False, self._json_continues, self._json_continuation_refused)
 
     def _json_continues(self, response):
-        if not 200 <= response.code < 300:
+        decoder, _ = self._decoder(response)
+        if not 200 <= response.code < 300 or decoder is _UNDECODABLE:
             response.deliverBody(_Discard())
             return self._json_continuation_refused(None, f"HTTP {response.code}")
-        decoder, _ = self._decoder(response)
         response.deliverBody(_Relay(self, decoder, _Collected(self._json_round)))
 
     def _json_continuation_refused(self, failure, why: str | None = None):
@@ -532,7 +573,7 @@ class _Exchange:
         if len(rounds) == 1:
             self.write(self._first_body)
         else:
-            self.write(ujson.dumps(merge(rounds, self.which), ensure_ascii=False,
+            self.write(ujson.dumps(merge(rounds, self.rewrite.dialect), ensure_ascii=False,
                                    escape_forward_slashes=False).encode("utf-8"))
         self.finish()
 
@@ -552,12 +593,21 @@ class _Exchange:
                        self._stream_continues, self._stream_continuation_refused)
 
     def _stream_continues(self, response):
-        if not 200 <= response.code < 300 or not _is_stream(response):
+        decoder, _ = self._decoder(response)
+        if not 200 <= response.code < 300 or not _is_stream(response) or decoder is _UNDECODABLE:
             response.deliverBody(_Discard())
             return self._stream_continuation_refused(None, f"HTTP {response.code}")
         self.inspector.begin_continuation()
-        decoder, _ = self._decoder(response)
+        # Headers came; the continuation must also commit (send content) in time.
+        self.stalled = self.proxy.reactor.callLater(self.proxy.continuation_timeout, self._stream_stalled)
         response.deliverBody(_Relay(self, decoder, _Inspected(self)))
+
+    def _stream_stalled(self):
+        """A continuation that answered headers but no content: give the client what upstream sent."""
+        if self.ended or self.inspector.committed:
+            return
+        self._stop_upstream()
+        self._stream_continuation_refused(None, "no content in time")
 
     def _stream_continuation_refused(self, failure, why: str | None = None):
         """Nothing of the continuation reached the client: it gets what upstream sent, verbatim."""
@@ -569,11 +619,13 @@ class _Exchange:
     def _stop_pinging(self):
         if self.pinger is not None and self.pinger.running:
             self.pinger.stop()
+        if self.stalled is not None and self.stalled.active():
+            self.stalled.cancel()
 
     def _billed(self):
         """(usage of every round, continuation rounds) for this request, or (None, 0)."""
         if self.rounds:
-            return sum(billed(self.rounds, self.which)), len(self.rounds) - 1
+            return sum(billed(self.rounds, self.rewrite.dialect)), len(self.rounds) - 1
         if self.inspector is not None:
             return (sum(self.inspector.billed) if self.inspector.billed else None), self.inspector.rounds
         return (self.meter.usage() if self.meter is not None else None), 0
@@ -602,6 +654,8 @@ class _Exchange:
 
 
 PING_INTERVAL = 5.0  # seconds; Claude Code gives up on a silent stream after ~180 s
+_UNDECODABLE = object()  # a response encoding cg did not ask for on a path it reads
+_UNKNOWABLE = object()  # the store could not say whether a repair text is frozen
 FLUSH_TIMEOUT = 10.0  # seconds a cut client connection may take to take its last bytes
 
 
@@ -622,7 +676,8 @@ class _Relay(Protocol):
     """Hands an upstream body, decoded, to a sink chunk by chunk as it arrives.
 
     The upstream socket is the client response's registered producer, so a client
-    that stops reading pauses the upstream read.
+    that stops reading pauses the upstream read. A sink that raises ends the
+    exchange through `_bug` (the client's stream is cut, never left hanging).
     """
 
     def __init__(self, exchange: _Exchange, decoder, sink):
@@ -638,10 +693,16 @@ class _Relay(Protocol):
         exchange.relay = self
         exchange.request.registerProducer(self.transport, True)
 
+    def detach(self):
+        """This body no longer feeds the client (its round is over): let it drain unseen."""
+        if self.exchange.relay is self:
+            self.exchange.relay = None
+            self.exchange.request.unregisterProducer()
+
     def dataReceived(self, data):
         exchange = self.exchange
         exchange.upstream_data(len(data))
-        if exchange.ended:
+        if exchange.ended or exchange.relay is not self:
             return
         if self.decoder is not None:
             try:
@@ -651,19 +712,26 @@ class _Relay(Protocol):
                 self.transport.stopProducing()
                 return
         if data:
-            self.sink.received(data)
+            try:
+                self.sink.received(data)
+            except Exception:
+                exchange._bug(Failure())
 
     def connectionLost(self, reason=None):
         exchange = self.exchange
-        if exchange.relay is self:
-            exchange.relay = None
+        if exchange.relay is not self:
+            return  # the exchange ended, or moved on to another round
+        exchange.relay = None
         if exchange.ended:
             return
         exchange.request.unregisterProducer()
         complete = bool(reason.check(ResponseDone, PotentialDataLoss))
         if self.decoder is not None:
             complete = complete and self.decoder.eof
-        self.sink.finished(complete)
+        try:
+            self.sink.finished(complete)
+        except Exception:
+            exchange._bug(Failure())
 
 
 class _PassThrough:
@@ -700,15 +768,12 @@ class _Inspected:
 
     def finished(self, complete: bool):
         exchange = self.exchange
-        if not self.expanded:
-            for event in self.parser.flush():
-                self._step(exchange.inspector.feed(event))
-        if self.expanded:
-            return exchange.stream_expands()
-        if not exchange.ended:
+        for event in self.parser.flush():
+            if self.expanded or exchange.ended:
+                return
+            self._step(exchange.inspector.feed(event))
+        if not (self.expanded or exchange.ended):
             self._step(exchange.inspector.end(complete, self.parser.close()))
-            if self.expanded:
-                exchange.stream_expands()
 
     def _step(self, step):
         exchange = self.exchange
@@ -717,7 +782,12 @@ class _Inspected:
                 exchange._stop_pinging()
             exchange.write(step.send)
         if step.action == EXPAND:
+            # The round is decided at its message_stop: continue now, whatever the old body
+            # still does (a gateway may keep it open); it drains unseen.
             self.expanded = True
+            if exchange.relay is not None:
+                exchange.relay.detach()
+            exchange.stream_expands()
         elif step.action == DONE:
             exchange.finish()
         elif step.action == ABORT:

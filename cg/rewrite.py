@@ -42,6 +42,7 @@ class Rewrite:
     runs: dict = attrs.Factory(dict)  # component -> tool results it ran on
     reverted: dict = attrs.Factory(dict)  # component -> rewrites the contract undid
     repaired: int = 0  # client answers to expand calls replaced by what cg would have answered
+    dialect: str = ANTHROPIC  # the body's shape (the path's), which the response shares
 
 
 @attrs.frozen
@@ -112,7 +113,12 @@ class Rewriter:
             runs=compaction.runs,
             reverted=compaction.reverted,
             repaired=len(repairs),
+            dialect=dialect,
         )
+
+    def originals(self, incoming: Incoming) -> dict[str, bytes]:
+        """The originals this body itself holds (by marker ID), as lossy compaction would stash them."""
+        return plan(incoming.body, incoming.dialect, self.config.compact, True, self.memo).originals
 
     def rewrite(self, raw: bytes, uri: bytes, lossy: bool = True) -> Rewrite | None:
         """`parse` then `finish`, for a request that needs no repair texts."""

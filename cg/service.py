@@ -102,6 +102,7 @@ class CGService(service.Service):
             changelog=self.changelog,
             max_expand_rounds=config.max_expand_rounds,
             max_held=config.max_held,
+            continuation_timeout=config.header_timeout,
             reactor=reactor,
         )
         self.site = ProxySite(self.resource, config.max_body)

@@ -642,3 +642,19 @@ def test_held_bytes_are_counted_incrementally():
             total += len(event.raw)
             assert insp.held_bytes == total
     assert total > 0
+
+
+def test_renumbering_in_place_only_touches_the_top_level_index():
+    from cg.inspector import _renumbered
+
+    plain = sse_event("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                              "delta": {"type": "text_delta", "text": '"index":1'}})
+    nested_first = sse_event("content_block_start", {"type": "content_block_start",
+                                                     "content_block": {"type": "text", "text": "", "index": 1},
+                                                     "index": 1})
+    for raw in (plain, nested_first):
+        event = events_of(raw)[0]
+        out = _renumbered(event, event.name, event.json(), 1, 7)
+        (renumbered,) = events_of(out)
+        assert renumbered.name == event.name
+        assert renumbered.json() == {**event.json(), "index": 7}
