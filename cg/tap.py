@@ -150,8 +150,12 @@ class Options(usage.Options):
                 raise usage.UsageError(f"--{option} must be one of {', '.join(allowed)}")
         try:
             parse_tenant(self["tenant"])
+            for option in ("max-body", "max-held"):
+                parse_size(self[option])
         except ValueError as error:
             raise usage.UsageError(str(error)) from error
+        if self["max-expand-rounds"] < 0:
+            raise usage.UsageError("--max-expand-rounds must be 0 or more")
 
     def config(self) -> Config:
         return Config(

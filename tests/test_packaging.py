@@ -5,6 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from twisted.python import usage
+
+from cg.tap import Options
+
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 
 
@@ -26,3 +31,11 @@ def test_twistd_lists_and_documents_cg(tmp_path):
         "--drain-timeout",
     ):
         assert option in helped.stdout
+
+
+def test_bad_options_are_usage_errors():
+    for argv in (["--max-expand-rounds", "-1"], ["--max-held", "lots"], ["--max-body", "2X"],
+                 ["--tenant", "everyone"], ["--expand", "maybe"], ["--disable", "nothing"]):
+        with pytest.raises(usage.UsageError):
+            Options().parseOptions(argv)
+    assert Options().parseOptions([]) is None
