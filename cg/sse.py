@@ -105,6 +105,8 @@ class SSEParser:
             raise ValueError("feed() after close()")
         if not chunk:
             return []
+        if not self._buf and not self._first_line and b"\r" not in chunk:
+            return self._feed_lf(chunk)
         self._buf += chunk
         if self._nl < self._pos and self._cr < self._pos and b"\n" not in chunk and b"\r" not in chunk:
             # No line ending pending or arriving (the common case for a long line trickling in):
@@ -113,6 +115,45 @@ class SSEParser:
             self.scanned += 2 * len(chunk)
             return []
         return self._parse(final=False)
+
+    def _feed_lf(self, chunk: bytes) -> list[Event]:
+        """The common case, fast: a chunk that starts on an event boundary and has no CR.
+
+        Whole events are cut at blank lines with bytes.find and split into lines once; the
+        bytes after the last complete event go through the general parser.
+        """
+        events: list[Event] = []
+        start = 0
+        n = len(chunk)
+        while start < n:
+            if chunk[start] == _LF:  # a blank line on its own: an empty block
+                events.append(Event(chunk[start:start + 1]))
+                start += 1
+                continue
+            end = chunk.find(b"\n\n", start)
+            if end < 0:
+                break
+            name = None
+            data: list[bytes] = []
+            for line in chunk[start:end].split(b"\n"):
+                if not line or line[0] == _COLON:
+                    continue
+                field, colon, value = line.partition(b":")
+                if colon and value[:1] == b" ":
+                    value = value[1:]
+                if field == b"data":
+                    data.append(value)
+                elif field == b"event":
+                    name = value.decode("utf-8", "replace")
+            events.append(Event(chunk[start:end + 2], name, data[0] if len(data) == 1 else b"\n".join(data)))
+            start = end + 2
+        self.scanned += n
+        if start < n:
+            self._buf += chunk[start:]
+            self._pos = self._nl_from = self._cr_from = 0
+            self._nl = self._cr = -1
+            events += self._parse(final=False)
+        return events
 
     def flush(self) -> list[Event]:
         """At end of input: the event held only because its last byte was a CR (see above)."""
