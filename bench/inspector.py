@@ -78,6 +78,7 @@ from overhead import (
     busy_s,
     clock,
     cpu_s,
+    drive,
     http_get,
     machine,
     ms,
@@ -88,7 +89,6 @@ from overhead import (
 )
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.python.failure import Failure
 
 SHARED = Path(os.environ.get("CG_SHARED") or Path(__file__).resolve().parents[2] / "shared")
 FIXTURE = SHARED / "fixtures" / "claude-code" / "p_second_request_tool_result.json"
@@ -922,32 +922,14 @@ def main(argv=None) -> int:
     import cg.usage  # noqa: F401
 
     rev = revision()
-    outcome: list = []
     try:
         fake, fake_port = start_fake(tmp, env)
         cg, cg_port = start_cg(tmp, env, fake_port)
         print(f"fake upstream pid {fake.pid} port {fake_port}; cg pid {cg.pid} port {cg_port}", file=sys.stderr)
         bench = Bench(args, fake, fake_port, cg, cg_port)
-
-        def go():
-            d = defer.Deferred.fromCoroutine(bench.run())
-            d.addTimeout(120 if args.quick else 900, reactor)
-            d.addBoth(outcome.append)
-            d.addBoth(lambda _: reactor.stop())
-
-        reactor.callWhenRunning(go)
-        reactor.run()
-        if not outcome:
-            print("interrupted", file=sys.stderr)
-            return 130
-        if isinstance(outcome[0], Failure):
-            outcome[0].printTraceback(file=sys.stderr)
-            print(f"--- cg log tail:\n{_tail(tmp / 'cg.log')}", file=sys.stderr)
-            return 1
-        results = outcome[0]
-        for name, proc in (("fake", fake), ("cg", cg)):
-            if proc.poll() is not None:
-                print(f"warning: {name} exited early ({proc.returncode})", file=sys.stderr)
+        results, code = drive(bench.run, 120 if args.quick else 900, tmp, fake, cg)
+        if results is None:
+            return code
         from cg.testing import _fake_texts, anthropic_stream_events
 
         print("3. in-process: throughput and memory", file=sys.stderr, flush=True)

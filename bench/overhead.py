@@ -871,6 +871,31 @@ def machine() -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+def drive(run, timeout: float, tmp: Path, fake, cg):
+    """Run the coroutine function ``run`` on the reactor: (its result, 0), or (None, exit code)."""
+    outcome: list = []
+
+    def go():
+        d = defer.Deferred.fromCoroutine(run())
+        d.addTimeout(timeout, reactor)
+        d.addBoth(outcome.append)
+        d.addBoth(lambda _: reactor.stop())
+
+    reactor.callWhenRunning(go)
+    reactor.run()
+    if not outcome:
+        print("interrupted", file=sys.stderr)
+        return None, 130
+    if isinstance(outcome[0], Failure):
+        outcome[0].printTraceback(file=sys.stderr)
+        print(f"--- cg log tail:\n{_tail(tmp / 'cg.log')}", file=sys.stderr)
+        return None, 1
+    for name, proc in (("fake", fake), ("cg", cg)):
+        if proc.poll() is not None:
+            print(f"warning: {name} exited early ({proc.returncode})", file=sys.stderr)
+    return outcome[0], 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few trials: a smoke run (< 30 s)")
@@ -885,32 +910,14 @@ def main(argv=None) -> int:
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="cg-bench-"))
     env = _child_env()
-    outcome: list = []
     try:
         fake, fake_port = start_fake(tmp, env)
         cg, cg_port = start_cg(tmp, env, fake_port)
         print(f"fake upstream pid {fake.pid} port {fake_port}; cg pid {cg.pid} port {cg_port}", file=sys.stderr)
         bench = Bench(args, fake.pid, fake_port, cg.pid, cg_port)
-
-        def go():
-            d = defer.Deferred.fromCoroutine(bench.run())
-            d.addTimeout(90 if args.quick else 900, reactor)
-            d.addBoth(outcome.append)
-            d.addBoth(lambda _: reactor.stop())
-
-        reactor.callWhenRunning(go)
-        reactor.run()
-        if not outcome:
-            print("interrupted", file=sys.stderr)
-            return 130
-        if isinstance(outcome[0], Failure):
-            outcome[0].printTraceback(file=sys.stderr)
-            print(f"--- cg log tail:\n{_tail(tmp / 'cg.log')}", file=sys.stderr)
-            return 1
-        results = outcome[0]
-        for name, proc in (("fake", fake), ("cg", cg)):
-            if proc.poll() is not None:
-                print(f"warning: {name} exited early ({proc.returncode})", file=sys.stderr)
+        results, code = drive(bench.run, 90 if args.quick else 900, tmp, fake, cg)
+        if results is None:
+            return code
         results["machine"] = machine()
         results["quick"] = args.quick
         results["wall_s"] = round(time.monotonic() - started, 1)
