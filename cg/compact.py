@@ -186,9 +186,12 @@ class Plan:
     reverted: Counter = attrs.Factory(Counter)  # component -> rewrites undone by the contract
 
 
-def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool,
+def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | frozenset,
          memo: Memo | None = None) -> Plan:
-    """The edits that compact the tool results of `body`; no edits when nothing changes."""
+    """The edits that compact the tool results of `body`; no edits when nothing changes.
+
+    `lossy`: True, False, or the marker IDs whose originals may be replaced by a marker.
+    """
     messages = body.value.get("messages")
     if not isinstance(messages, list):
         return Plan([], {}, [])
@@ -245,27 +248,43 @@ def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
                       originals=edits.originals, changes=edits.changes)
 
 
-def _decisions(messages: list, dialect: str, config: CompactConfig, lossy: bool,
+def _decisions(messages: list, dialect: str, config: CompactConfig, lossy: bool | frozenset,
                memo: Memo | None) -> Iterator[tuple[_ToolResult, _Decision]]:
-    """Each tool result with its decision (text None: no change)."""
+    """Each tool result with its decision (text None: no change).
+
+    `lossy` may be a set of marker IDs: lossy rewrites only for those originals (the ones
+    already stored), reformat only for the rest.
+    """
+    only = lossy if isinstance(lossy, frozenset) else None
     seen_texts: set[str] = set()
     seen_ids: set[str] = set()
     for result in _FIND_RESULTS[dialect](messages):
         if result.tool_name == EXPAND_TOOL:
             continue  # what the model asked to see again stays as it is
-        key = (result.text, result.tool_name, config, lossy, result.text in seen_texts)
-        decision = memo.decisions.get(key) if memo is not None else None
+        earlier = result.text in seen_texts
+        decision = _decision(result, earlier, seen_ids, config, only is not None or lossy, memo)
         if decision is None:
-            try:
-                original = result.text.encode("utf-8")
-            except UnicodeEncodeError:
-                continue  # a lone surrogate: no exact original to give back
-            decision = _decide(result, original, marker_id(original), seen_ids, config, lossy)
-            if memo is not None:
-                memo.decisions.put(key, decision, len(result.text) + len(decision.text or ""))
+            continue  # a lone surrogate: no exact original to give back
+        if only is not None and decision.result_id not in only and any(s.lossy for s in decision.steps):
+            decision = _decision(result, earlier, seen_ids, config, False, memo)
         seen_texts.add(result.text)
         seen_ids.add(decision.result_id)
         yield result, decision
+
+
+def _decision(result: _ToolResult, earlier: bool, seen_ids: set[str], config: CompactConfig,
+              lossy: bool, memo: Memo | None) -> _Decision | None:
+    key = (result.text, result.tool_name, config, lossy, earlier)
+    decision = memo.decisions.get(key) if memo is not None else None
+    if decision is None:
+        try:
+            original = result.text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+        decision = _decide(result, original, marker_id(original), seen_ids, config, lossy)
+        if memo is not None:
+            memo.decisions.put(key, decision, len(result.text) + len(decision.text or ""))
+    return decision
 
 
 def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[str],

@@ -201,9 +201,11 @@ class ProxyResource(resource.Resource):
             return self._chosen(exchange, body, rewrite)
 
         def unstored(failure):
+            # Offloads already stored (sent on earlier turns) stay, so the bytes the provider
+            # has cached do not change; only this request's new originals go unreplaced.
             self.stats.compaction.store_fail_open += 1
-            log.warn("store failed ({why}): forwarding without lossy compaction", why=failure.getErrorMessage())
-            return self._chosen(exchange, body, self.rewriter.finish(incoming, texts, lossy=False))
+            log.warn("store failed ({why}): forwarding without new lossy compaction", why=failure.getErrorMessage())
+            return self._chosen(exchange, body, self.rewriter.finish(incoming, texts, lossy=frozenset(known)))
 
         stored = self.store.put(tenant, new)
         return stored.addCallbacks(lambda _: self._chosen(exchange, body, rewrite), unstored)

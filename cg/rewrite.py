@@ -93,14 +93,15 @@ class Rewriter:
         return Incoming(body, dialect, stash, injection, repairs)
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
-               lossy: bool = True) -> Rewrite:
+               lossy: bool | frozenset = True) -> Rewrite:
         """Repair, compact and inject in one splice.
 
-        `lossy=False` forbids lossy compaction (the store could not keep an original).
+        `lossy=False` forbids lossy compaction; a set of marker IDs allows it only for those
+        originals (the store could not keep the others).
         """
         body, dialect = incoming.body, incoming.dialect
         injected = incoming.injection is not None
-        compaction = plan(body, dialect, self.config.compact, lossy and injected, self.memo)
+        compaction = plan(body, dialect, self.config.compact, lossy if injected else False, self.memo)
         repairs = repair_edits(body, incoming.repairs, repair_texts) if repair_texts else []
         edits = repairs + compaction.edits + (incoming.injection or [])
         return Rewrite(

@@ -215,3 +215,30 @@ def test_a_person_can_read_an_original_under_their_tenant(make_cg, fake):
         if status == 200:
             assert body == bash.encode()
     assert fake.received[1:] == []  # never forwarded
+
+
+@inlineCallbacks
+def test_a_store_failure_keeps_the_offloads_already_sent(make_cg, fake, monkeypatch):
+    from twisted.internet import defer
+
+    from cg.store import MemoryStore, StoreError
+
+    cg = make_cg(anthropic_upstream=fake.url)
+    old, new = command_output(), command_output().replace("PASS", "OK")
+    body = history(old, "x")
+    client = yield post(cg.port, claude_code_bytes(body))
+    yield client.closed
+    first = fake.received[0].json()["messages"][3]["content"][0]["content"]
+    assert MARKER in first
+
+    monkeypatch.setattr(MemoryStore, "put", lambda self, tenant, originals: defer.fail(StoreError("disk full")))
+    body["messages"] += [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_2", "name": "Bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_2", "content": new}]},
+    ]
+    client = yield post(cg.port, claude_code_bytes(body))
+    yield client.closed
+    sent = fake.received[1].json()["messages"]
+    assert sent[3]["content"][0]["content"] == first  # the cached bytes stay as they were
+    assert sent[-1]["content"][0]["content"] == new  # the new original could not be stored: sent whole
+    assert cg.stats.compaction.store_fail_open == 1
