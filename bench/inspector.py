@@ -99,18 +99,6 @@ TARGET_EVENTS_S = 50_000
 # Requests
 
 
-def claude_code_bytes(body) -> bytes:
-    """Serialized as Claude Code does (JSON.stringify: no spaces, non-ASCII and '/' raw)."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def command_output(lines=900) -> str:
-    """tests/test_rewrite_proxy.py's big Bash output: a test log with one failure in the middle."""
-    out = [f"PASS src/module_{i:04d}.test.ts (0.{i % 97:02d} s) — ✓ renders héllo/world" for i in range(lines)]
-    out[lines // 2] = "FAIL src/broken.test.ts: Error: expected 3 to equal 4"
-    return "\n".join(out) + "\n"
-
-
 def fixture() -> dict:
     try:
         return json.loads(FIXTURE.read_text())
@@ -524,10 +512,12 @@ class Bench:
         self.cg_pid, self.cg_port = cg.pid, cg_port
         self.ports = {"direct": fake_port, "cg": cg_port}
         self.results: dict = {}
+        from cg.markers import marker_id
+        from cg.testing import claude_code_bytes, command_output
+
         base = fixture()
         self.headers = base["headers"]
         self.bash = command_output()
-        from cg.markers import marker_id
 
         self.ref = marker_id(self.bash.encode())
         free = copy.deepcopy(base["body"])

@@ -232,12 +232,12 @@ class ClientStyle:
         raw = json.dumps(value, separators=(",", ":"), ensure_ascii=ascii_only)
         if not ascii_only and not _utf8(raw):  # a lone surrogate can only travel escaped
             raw = json.dumps(value, separators=(",", ":"))
-        # Outside strings JSON has no "/", "<", ">", "&", U+2028/9: replacing them edits strings only.
+        # Outside strings JSON has no "/": replacing it edits strings only.
         slash = evidence.find("/")
-        if slash > 0 and _escaped(evidence, slash):
+        if slash > 0 and jsonbytes.escaped(evidence, slash):
             raw = raw.replace("/", "\\/")
         if not any(char in evidence for char in "<>&") and _shows(_HTML_ESCAPE, evidence):
-            raw = re.sub("[<>&\u2028\u2029]", lambda match: _HTML_ESCAPES[match[0]], raw)
+            raw = jsonbytes.html_escaped(raw)
         return raw
 
 
@@ -245,20 +245,11 @@ class ClientStyle:
 # the backslash is not itself escaped.
 _NON_ASCII_ESCAPE = re.compile(r"\\u(?!00[0-7])[0-9a-fA-F]{4}")
 _HTML_ESCAPE = re.compile(r"\\u00(?:3[cCeE]|26)")
-_HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
 def _shows(escape: re.Pattern, evidence: str) -> bool:
     """Whether `evidence` holds a real `escape` (not an escaped backslash followed by text)."""
-    return any(not _escaped(evidence, match.start()) for match in escape.finditer(evidence))
-
-
-def _escaped(text: str, index: int) -> bool:
-    """Whether the character at index follows an escaping backslash (an odd run of them)."""
-    start = index
-    while start > 0 and text[start - 1] == "\\":
-        start -= 1
-    return (index - start) % 2 == 1
+    return any(not jsonbytes.escaped(evidence, match.start()) for match in escape.finditer(evidence))
 
 
 def _utf8(text: str) -> bool:

@@ -334,11 +334,6 @@ class Inspector:
         """The decided round's assistant message, for the continuation request."""
         return {"role": "assistant", "content": self.content}
 
-    @staticmethod
-    def ping_event() -> bytes:
-        """A keepalive ``ping`` event, for the caller to send while a continuation is awaited."""
-        return PING
-
     def feed(self, event: Event) -> Step:
         """One complete upstream event in; what to send the client now out."""
         state = self._state

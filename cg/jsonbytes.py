@@ -172,6 +172,14 @@ def _parse_array(doc, pos, spine, path, spans, reuse):
 _HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
+def html_escaped(literal: str) -> str:
+    """JSON text with <, >, & (and U+2028/9) escaped as Go's encoder writes them.
+
+    Outside strings JSON has none of these characters, so this edits strings only.
+    """
+    return re.sub("[<>&\u2028\u2029]", lambda match: _HTML_ESCAPES[match[0]], literal)
+
+
 @attrs.frozen
 class StringStyle:
     """How a client spells JSON strings, so a spliced string looks like its neighbours.
@@ -196,7 +204,7 @@ class StringStyle:
         slash = literal.find("/")
         return cls(
             ascii_only=literal.isascii() and not text.isascii(),
-            escape_slash=slash > 0 and _escaped(literal, slash),
+            escape_slash=slash > 0 and escaped(literal, slash),
             escape_html=any(char in text and char not in literal for char in "<>&"),
         )
 
@@ -211,13 +219,13 @@ class StringStyle:
         if self.escape_slash:
             literal = literal.replace("/", "\\/")
         if self.escape_html:
-            literal = re.sub("[<>&\u2028\u2029]", lambda match: _HTML_ESCAPES[match[0]], literal)
+            literal = html_escaped(literal)
         return literal
 
 
-def _escaped(literal: str, index: int) -> bool:
-    """Whether the character at index follows an escaping backslash (an odd number of them)."""
+def escaped(text: str, index: int) -> bool:
+    """Whether the character at index follows an escaping backslash (an odd run of them)."""
     start = index
-    while literal[start - 1] == "\\":
+    while start > 0 and text[start - 1] == "\\":
         start -= 1
     return (index - start) % 2 == 1

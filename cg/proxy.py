@@ -11,6 +11,7 @@ import time
 import zlib
 from urllib.parse import unquote
 
+import attrs
 import ujson
 from twisted.internet import defer, task
 from twisted.internet.protocol import Protocol
@@ -31,7 +32,7 @@ from cg.continuation import (
     refs_to_resolve,
     resolve,
 )
-from cg.inspector import ABORT, DONE, EXPAND, Inspector
+from cg.inspector import ABORT, DONE, EXPAND, PING, Inspector
 from cg.markers import parse_marker_ref
 from cg.repair import repair_answer
 from cg.sse import SSEParser
@@ -214,7 +215,8 @@ class ProxyResource(resource.Resource):
         self.stats.compaction.record(rewrite)
         self.stats.expand.repairs += rewrite.repaired
         if not self.observe:
-            exchange.rewrite = rewrite
+            # Kept for the response's life: what it decides by, not the originals (stored) or the parse.
+            exchange.rewrite = attrs.evolve(rewrite, originals={}, parsed={})
         now = time.time()
         for change in rewrite.changes:
             self.changelog.write(
@@ -587,7 +589,7 @@ class _Exchange:
         The pings go on until the continuation's first event reaches the client.
         """
         self._stop_pinging()
-        self.pinger = task.LoopingCall(self.write, Inspector.ping_event())
+        self.pinger = task.LoopingCall(self.write, PING)
         self.pinger.clock = self.proxy.reactor
         self.pinger.start(PING_INTERVAL, now=False)
         inspector = self.inspector

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gzip as _gzip
 import itertools
+import json
 import math
 import zlib
 from collections import deque
@@ -76,6 +77,18 @@ def sse_event(name: str | None, data: dict | list | str) -> bytes:
     payload = data.encode() if isinstance(data, str) else _dumps(data)
     head = b"" if name is None else b"event: " + name.encode() + b"\n"
     return head + b"data: " + payload + b"\n\n"
+
+
+def claude_code_bytes(body) -> bytes:
+    """A request body serialized as Claude Code does (JSON.stringify: no spaces, non-ASCII and '/' raw)."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def command_output(lines: int = 900) -> str:
+    """A big Bash output cg offloads: a test log with one failure in the middle, non-ASCII included."""
+    out = [f"PASS src/module_{i:04d}.test.ts (0.{i % 97:02d} s) — ✓ renders héllo/world" for i in range(lines)]
+    out[lines // 2] = "FAIL src/broken.test.ts: Error: expected 3 to equal 4"
+    return "\n".join(out) + "\n"
 
 
 def anthropic_message(

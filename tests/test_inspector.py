@@ -557,12 +557,12 @@ def test_max_held_releases():
 
 
 def test_ping_event_is_a_valid_keepalive():
-    assert Inspector.ping_event() == PING == b'event: ping\ndata: {"type":"ping"}\n\n'
+    assert PING == b'event: ping\ndata: {"type":"ping"}\n\n'
     round1 = stream(text(0, "a"), expand(1), stop="tool_use")
     insp = Inspector()
     out, action = feed_round(insp, [b"".join(round1)])
     assert action == EXPAND
-    out += insp.ping_event() * 3
+    out += PING * 3
     insp.begin_continuation()
     more, action = feed_round(insp, [b"".join(stream(text(0, "b")))])
     client_ok(out + more)

@@ -13,20 +13,10 @@ from twisted.web.http_headers import Headers
 from cg.expand import ANTHROPIC_TOOL
 from cg.markers import EXPAND_TOOL, marker_id
 from cg.tenant import parse_tenant
+from cg.testing import claude_code_bytes, command_output
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "claude-code"
 MARKER = "<<cg:"
-
-
-def claude_code_bytes(body) -> bytes:
-    """Serialized as Claude Code does (JSON.stringify: no spaces, non-ASCII and '/' raw)."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def command_output(lines=900) -> str:
-    out = [f"PASS src/module_{i:04d}.test.ts (0.{i % 97:02d} s) — ✓ renders héllo/world" for i in range(lines)]
-    out[lines // 2] = "FAIL src/broken.test.ts: Error: expected 3 to equal 4"
-    return "\n".join(out) + "\n"
 
 
 def history(bash_output: str, read_output: str) -> dict:
