@@ -1,9 +1,10 @@
-"""The proxy resource: route a request, forward it, relay the response as it arrives.
+"""The proxy resource: route a request, rewrite it, forward it, relay the response as it arrives.
 
-One `_Exchange` per client request. Bytes flow through untouched; the upstream
-socket is the registered producer of the client response, so a client that
-stops reading pauses the upstream read, and a client that leaves cancels the
-upstream request.
+One `_Exchange` per client request. The request body is rewritten by `cg.rewrite`
+(with new originals stored first); the response is passed through, inspected, or
+answered by the expand loop (see `_Exchange`). The upstream socket is the
+registered producer of the client response, so a client that stops reading
+pauses the upstream read, and a client that leaves cancels the upstream request.
 """
 
 import itertools
@@ -137,8 +138,9 @@ class ProxyResource(resource.Resource):
     def prepare(self, exchange, body: bytes) -> defer.Deferred:
         """The body to forward: repaired, compacted and injected, with new originals stored first.
 
-        Fails open: a body cg cannot parse goes as it came, and when the store
-        cannot keep an original the request goes without lossy compaction.
+        Fails open: a body cg cannot parse goes as it came (as does any body when
+        the rewrite raises: `_Exchange._unprepared`), and when the store cannot
+        keep a new original, that original goes unreplaced.
         """
         request = exchange.request
         exchange.seq = next(self._seq)
