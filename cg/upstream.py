@@ -1,52 +1,35 @@
-"""The upstream leg: one pooled, keep-alive HTTP(S) client shared by every request.
+"""The upstream leg: pooled, keep-alive HTTP/1.1 connections to the provider.
 
-Built on twisted.web.client.Agent rather than treq's HTTPClient: treq wraps every
-request in a cookie jar (which would replay one client's Set-Cookie on another's
-requests) and a gzip decoder that rewrites Accept-Encoding on every path, and a
-transparent proxy wants neither.
+cg speaks HTTP/1.1 upstream itself (wire format in `cg.http1`), on a plain Protocol,
+rather than through twisted.web.client.Agent. A proxy needs a small part of Agent: one
+request at a time per connection, a body of known bytes, and a response relayed chunk by
+chunk. Agent's general machinery around that (a Deferred chain per request, a line
+parser and a state dispatcher per response, a Deferred per body chunk) was about a
+third of cg's CPU per proxied request. treq's HTTPClient was never an option: its cookie
+jar would replay one client's Set-Cookie on another's requests.
+
+What callers see is Agent's shape: `Upstream.request` fires with a response that has
+`code`, `phrase`, `headers` and `deliverBody(protocol)`; the protocol's transport is the
+body's push producer, and its `connectionLost` gets ResponseDone (a complete body),
+PotentialDataLoss (a body delimited by a clean close) or ResponseFailed.
 """
 
-from twisted.internet import defer, ssl
+from twisted.internet import defer, error, ssl
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.error import TimeoutError as ConnectTimeout
+from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
-from twisted.web.client import (
-    Agent,
-    BrowserLikePolicyForHTTPS,
-    HTTPConnectionPool,
-    RequestNotSent,
-    RequestTransmissionFailed,
-    ResponseNeverReceived,
-    _HTTP11ClientFactory,
-)
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
-from zope.interface import implementer
+from twisted.web.client import BrowserLikePolicyForHTTPS, ResponseDone, ResponseFailed
+from twisted.web.http import PotentialDataLoss
+
+from cg import http1
 
 
 class HeaderTimeout(Exception):
     """The upstream accepted the request but sent no response headers in time."""
 
 
-@implementer(IBodyProducer)
-class BytesBody:
-    """A request body that can be sent again, for the one retry on a fresh connection."""
-
-    def __init__(self, data: bytes):
-        self._data = data
-        self.length = len(data)
-
-    def startProducing(self, consumer):
-        consumer.write(self._data)
-        return defer.succeed(None)
-
-    def pauseProducing(self):
-        pass
-
-    def resumeProducing(self):
-        pass
-
-    def stopProducing(self):
-        pass
+class ConnectionDied(Exception):
+    """The connection ended before a response head arrived (the request may not have been read)."""
 
 
 def load_trust_root(ca_file: str):
@@ -60,107 +43,386 @@ def load_trust_root(ca_file: str):
     return ssl.trustRootFromCertificates(certs)
 
 
-class _TunedEndpoint:
-    """Sets TCP_NODELAY (no Nagle stalls on small SSE writes) and TCP keepalive."""
-
-    def __init__(self, wrapped):
-        self._wrapped = wrapped
-
-    def connect(self, factory):
-        def tune(protocol):
-            transport = protocol.transport
-            transport.setTcpNoDelay(True)
-            transport.setTcpKeepAlive(True)
-            return protocol
-
-        return self._wrapped.connect(factory).addCallback(tune)
+def is_timeout(failure) -> bool:
+    """A connect or header timeout: answered 504 rather than 502."""
+    return bool(failure.check(HeaderTimeout, error.TimeoutError))
 
 
-@implementer(IAgentEndpointFactory)
-class _Endpoints:
-    """One endpoint per upstream (scheme, host, port), built once.
+class Response:
+    """An upstream response whose head has arrived; its body goes to one protocol.
 
-    Agent asks for an endpoint on every request, even one served from the pool;
-    building it (and, for HTTPS, its TLS options) each time was a measurable share
-    of cg's CPU per request.
+    It is also that protocol's transport, the body's push producer: pausing it pauses
+    the upstream socket, stopping it abandons the body and drops the connection. Once
+    the body has ended those are no-ops, so a stale reference cannot touch the
+    connection's next request.
     """
 
-    def __init__(self, reactor, connect_timeout: float, tls_policy):
+    def __init__(self, head: http1.ResponseHead, connection: "_Connection"):
+        self.code = head.code
+        self.phrase = head.phrase
+        self.headers = head.headers
+        self._connection = connection  # until the body ends
+        self._protocol = None
+        self._early: list[bytes] = []  # body bytes that came before deliverBody
+        self._end: Failure | None = None  # the body's end, when it came before deliverBody
+
+    def deliverBody(self, protocol):
+        self._protocol = protocol
+        protocol.makeConnection(self)
+        early, self._early = self._early, []
+        for data in early:
+            protocol.dataReceived(data)
+        if self._end is not None:
+            protocol.connectionLost(self._end)
+        elif self._connection is not None:
+            self._connection.resume()
+
+    def pauseProducing(self):
+        if self._connection is not None:
+            self._connection.pause()
+
+    def resumeProducing(self):
+        if self._connection is not None:
+            self._connection.resume()
+
+    def stopProducing(self):
+        if self._connection is not None:
+            self._connection.abandon()
+
+    def _received(self, data: bytes):
+        if self._protocol is not None:
+            self._protocol.dataReceived(data)
+        else:
+            self._early.append(data)
+            self._connection.pause()  # holds at most a read until someone takes the body
+
+    def _ended(self, reason: Failure):
+        self._connection = None
+        if self._protocol is not None:
+            self._protocol.connectionLost(reason)
+        else:
+            self._end = reason
+
+
+class _Connection(Protocol):
+    """One upstream connection: one request at a time, back to the pool after a whole response."""
+
+    def __init__(self, pool: "_Pool"):
+        self._pool = pool
+        self.key = None
+        self.served = 0  # requests sent on this connection
+        self._state = "idle"  # idle | head | body | closed
+        self._waiting: defer.Deferred | None = None  # fires with the Response
+        self._head_request = False
+        self._got_bytes = False
+        self._buf = b""
+        self._response: Response | None = None
+        self._head: http1.ResponseHead | None = None
+        self._left = 0  # bytes of a Content-Length body still to come
+        self._chunks: http1.ChunkedDecoder | None = None
+        self._paused = False
+        self._abandoned = False
+        self.idle_since = 0.0  # when it last went back to the pool
+
+    @property
+    def usable(self) -> bool:
+        return self._state == "idle" and not self.transport.disconnecting
+
+    def connectionMade(self):
+        self.transport.setTcpNoDelay(True)  # no Nagle stall on small requests
+        self.transport.setTcpKeepAlive(True)
+
+    def send(self, head: bytes, body: bytes | None, head_request: bool) -> defer.Deferred:
+        """Write a request; fires with its Response once the response head has arrived."""
+        self.served += 1
+        self._state = "head"
+        self._head_request = head_request
+        self._got_bytes = False
+        self._waiting = defer.Deferred(self._cancel_wait)
+        if body:
+            self.transport.writeSequence([head, body])
+        else:
+            self.transport.write(head)
+        return self._waiting
+
+    def _cancel_wait(self, _d):
+        self._waiting = None
+        self.abandon()
+
+    def pause(self):
+        if not self._paused and self._state != "closed":
+            self._paused = True
+            self.transport.pauseProducing()
+
+    def resume(self):
+        if self._paused and self._state != "closed":
+            self._paused = False
+            self.transport.resumeProducing()
+
+    def abandon(self):
+        """Nobody wants the rest of this response: drop the connection, not the pool's time."""
+        self._abandoned = True
+        if self._state != "closed":
+            self.transport.abortConnection()
+
+    def dataReceived(self, data: bytes):
+        state = self._state
+        if state == "body":
+            self._body(data)
+        elif state == "head":
+            self._got_bytes = True
+            self._head_data(data)
+        elif state == "idle":  # a response nobody asked for
+            self.transport.abortConnection()
+
+    def _head_data(self, data: bytes):
+        if self._buf:
+            data, self._buf = self._buf + data, b""
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            if len(data) > http1.MAX_HEAD:
+                return self._broken(http1.ProtocolError("response head too large"))
+            self._buf = data
+            return
+        try:
+            head = http1.parse_response_head(data[:end])
+        except http1.ProtocolError as e:
+            return self._broken(e)
+        rest = data[end + 4 :]
+        if head.interim:  # 1xx: the real response follows
+            if rest:
+                self._head_data(rest)
+            return
+        self._head = head
+        self._left = head.length or 0
+        self._chunks = http1.ChunkedDecoder() if head.chunked else None
+        self._state = "body"
+        self._response = Response(head, self)
+        waiting, self._waiting = self._waiting, None
+        waiting.callback(self._response)
+        if self._state != "body":
+            return  # the body was abandoned in the callback
+        if not head.has_body(self._head_request):
+            self._complete(rest)
+        elif rest or head.length == 0:
+            self._body(rest)
+
+    def _body(self, data: bytes):
+        head = self._head
+        try:
+            if self._chunks is not None:
+                payload = self._chunks.feed(data)
+                done, extra = self._chunks.done, self._chunks.extra
+            elif head.length is not None:
+                take = min(self._left, len(data))
+                payload = data if take == len(data) else data[:take]
+                self._left -= take
+                done, extra = not self._left, data[take:]
+            else:
+                payload, done, extra = data, False, b""
+        except http1.ProtocolError as e:
+            return self._broken(e)
+        if payload:
+            self._response._received(payload)
+            if self._state != "body":
+                return  # abandoned while handling the data
+        if done:
+            self._complete(extra)
+
+    def _complete(self, extra: bytes):
+        """The whole response is in: pool the connection (when it can serve another), then say so."""
+        response, self._response = self._response, None
+        reusable = self._head.keep_alive and not extra and not self._abandoned
+        self._head = self._chunks = None
+        self._state = "idle"
+        if self._paused:
+            self._paused = False
+            self.transport.resumeProducing()
+        if reusable:
+            self._pool.put(self)
+        else:
+            self.transport.loseConnection()
+        response._ended(Failure(ResponseDone()))
+
+    def _broken(self, reason: Exception):
+        """Not HTTP: end whatever waits with `reason` and drop the connection."""
+        self._abandoned = True
+        self.transport.abortConnection()
+        self._fail(Failure(ResponseFailed([Failure(reason)])))
+
+    def _fail(self, reason: Failure):
+        state, self._state = self._state, "closed"
+        if state == "head" and self._waiting is not None:
+            waiting, self._waiting = self._waiting, None
+            waiting.errback(reason)
+        elif state == "body":
+            response, self._response = self._response, None
+            response._ended(reason)
+
+    def connectionLost(self, reason=None):
+        self._pool.discard(self)
+        if self._state == "head" and not self._got_bytes:
+            reason = Failure(ConnectionDied(f"the upstream connection closed before a response: {reason.value}"))
+        elif self._state == "body" and self._head.length is None and not self._head.chunked:
+            # A body delimited by the close: complete if the close was clean and not ours.
+            if reason.check(error.ConnectionDone) and not self._abandoned:
+                reason = Failure(PotentialDataLoss())
+            else:
+                reason = Failure(ResponseFailed([reason]))
+        elif self._state in ("head", "body"):
+            reason = Failure(ResponseFailed([reason]))
+        self._fail(reason)
+
+
+class _Pool:
+    """Idle keep-alive connections per upstream, newest first, each closed after a bounded idle time.
+
+    One sweep timer for the whole pool, not one per idle connection: a connection
+    goes back to the pool after every response, and a timer each time was a
+    measurable share of cg's CPU per request. A connection idle longer than the
+    timeout is closed by the next sweep, at most half a timeout later.
+    """
+
+    def __init__(self, reactor, idle_timeout: float, max_idle_per_host: int):
         self._reactor = reactor
-        self._timeout = connect_timeout
-        self._tls = tls_policy
-        self._built: dict[tuple, object] = {}
+        self._idle_timeout = idle_timeout
+        self._max_idle = max_idle_per_host
+        self._idle: dict[tuple, list[_Connection]] = {}
+        self._sweep = None
+        self._closing: dict[_Connection, defer.Deferred] = {}
 
-    def endpointForURI(self, uri):
-        key = (uri.scheme, uri.host, uri.port)
-        endpoint = self._built.get(key)
-        if endpoint is None:
-            tcp = HostnameEndpoint(self._reactor, uri.host, uri.port, timeout=self._timeout)
-            endpoint = _TunedEndpoint(tcp)
-            if uri.scheme == b"https":
-                endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
-            self._built[key] = endpoint
-        return endpoint
+    def take(self, key) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            connection = idle.pop()
+            if connection.usable:
+                return connection
+        return None
+
+    def put(self, connection: _Connection):
+        connection.idle_since = self._reactor.seconds()
+        idle = self._idle.setdefault(connection.key, [])
+        idle.append(connection)
+        if len(idle) > self._max_idle:
+            idle.pop(0).transport.loseConnection()
+        if self._sweep is None:
+            self._sweep = self._reactor.callLater(self._idle_timeout / 2, self._close_stale)
+
+    def _close_stale(self):
+        self._sweep = None
+        oldest_allowed = self._reactor.seconds() - self._idle_timeout
+        for idle in self._idle.values():
+            # Oldest first: stop at the first connection young enough to keep.
+            while idle and idle[0].idle_since <= oldest_allowed:
+                idle.pop(0).transport.loseConnection()
+        if any(self._idle.values()):
+            self._sweep = self._reactor.callLater(self._idle_timeout / 2, self._close_stale)
+
+    def discard(self, connection: _Connection):
+        idle = self._idle.get(connection.key)
+        if idle and connection in idle:
+            idle.remove(connection)
+        closed = self._closing.pop(connection, None)
+        if closed is not None:
+            closed.callback(None)
+
+    def close(self) -> defer.Deferred:
+        """Close every idle connection; fires once they are all closed."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for idle in self._idle.values():
+            for connection in idle:
+                self._closing[connection] = defer.Deferred()
+                connection.transport.loseConnection()
+        return defer.gatherResults(list(self._closing.values()))
 
 
-def _died_before_response(failure) -> bool:
-    """Did the request fail because the connection was dead, not because it was cancelled?"""
-    if not failure.check(RequestNotSent, RequestTransmissionFailed, ResponseNeverReceived):
-        return False
-    reasons = getattr(failure.value, "reasons", ())
-    return not any(r.check(defer.CancelledError) for r in reasons)
-
-
-class _RetryOnFreshConnection:
-    """A reused pooled connection: if it turns out dead before any response byte, retry once.
-
-    The peer may have closed it while it sat idle (a server's keep-alive limit,
-    a laptop that slept). Twisted's own retry covers only idempotent methods
-    without a body; every provider call is a POST, and nothing was processed.
-    """
-
-    def __init__(self, connection, new_connection, on_retry):
-        self._connection = connection
-        self._new_connection = new_connection
-        self._on_retry = on_retry
-
-    def request(self, request):
-        def failed(failure):
-            if not _died_before_response(failure):
-                return failure
-            self._on_retry()
-            return self._new_connection().addCallback(lambda fresh: fresh.request(request))
-
-        return self._connection.request(request).addErrback(failed)
-
-    def __getattr__(self, name):
-        return getattr(self._connection, name)
-
-
-class _QuietFactory(_HTTP11ClientFactory):
+class _ConnectionFactory(Factory):
     noisy = False  # no "Starting factory" log line per upstream connection
 
+    def __init__(self, pool: _Pool):
+        self._pool = pool
 
-class _Pool(HTTPConnectionPool):
-    retryAutomatically = False
-    _factory = _QuietFactory
+    def buildProtocol(self, addr):
+        return _Connection(self._pool)
 
-    def __init__(self, reactor, on_retry):
-        super().__init__(reactor, persistent=True)
-        self._on_retry = on_retry
 
-    def getConnection(self, key, endpoint):
-        cached = list(self._connections.get(key, ()))
-        d = super().getConnection(key, endpoint)
+class _Target:
+    """Where an upstream URL goes: the pool key, its endpoint (built once), Host and path."""
 
-        def wrap(connection):
-            if any(connection is c for c in cached):
-                return _RetryOnFreshConnection(
-                    connection, lambda: self._newConnection(key, endpoint), self._on_retry
-                )
-            return connection
+    __slots__ = ("key", "endpoint", "host")
 
-        return d.addCallback(wrap)
+    def __init__(self, key, endpoint, host: bytes):
+        self.key = key
+        self.endpoint = endpoint
+        self.host = host
+
+
+class _Call:
+    """One request upstream: a pooled connection (or a new one), a bounded wait for the head.
+
+    A reused connection that dies before any response byte (the peer closed it while
+    it sat idle: a server's keep-alive limit, a laptop that slept) gets one retry on a
+    fresh connection; nothing else is retried. Every provider call is a POST, and
+    such a request was never processed.
+    """
+
+    def __init__(self, upstream: "Upstream", target: _Target, head: bytes, body, head_request: bool):
+        self._upstream = upstream
+        self._target = target
+        self._request = (head, body, head_request)
+        self._attempt: defer.Deferred | None = None
+        self._timed_out = False
+        self.result = defer.Deferred(self._cancel)
+        self._timer = upstream.reactor.callLater(upstream.header_timeout, self._expire)
+        connection = upstream.pool.take(target.key)
+        if connection is not None:
+            self._send(connection)
+        else:
+            self._connect()
+
+    def _connect(self):
+        self._attempt = self._target.endpoint.connect(self._upstream.factory)
+        self._attempt.addCallbacks(self._connected, self._failed)
+
+    def _connected(self, connection: _Connection):
+        connection.key = self._target.key
+        self._send(connection)
+
+    def _send(self, connection: _Connection):
+        reused = connection.served > 0
+        self._attempt = connection.send(*self._request)
+        self._attempt.addCallbacks(self._responded, self._send_failed, errbackArgs=(reused,))
+
+    def _send_failed(self, failure, reused: bool):
+        if reused and failure.check(ConnectionDied) and not self._timed_out:
+            self._upstream.on_retry()
+            self._connect()
+        else:
+            self._failed(failure)
+
+    def _responded(self, response: Response):
+        self._stop_timer()
+        self.result.callback(response)
+
+    def _failed(self, failure):
+        self._stop_timer()
+        if self._timed_out:
+            failure = Failure(HeaderTimeout())
+        if not self.result.called:
+            self.result.errback(failure)
+
+    def _stop_timer(self):
+        if self._timer.active():
+            self._timer.cancel()
+
+    def _expire(self):
+        self._timed_out = True
+        self._attempt.cancel()
+
+    def _cancel(self, _d):
+        self._attempt.cancel()
 
 
 class Upstream:
@@ -177,43 +439,52 @@ class Upstream:
         trust_root=None,
         on_retry=lambda: None,
     ):
-        self._reactor = reactor
-        self._header_timeout = header_timeout
-        self.pool = _Pool(reactor, on_retry)
-        self.pool.cachedConnectionTimeout = idle_timeout
-        self.pool.maxPersistentPerHost = max_idle_per_host
-        endpoints = _Endpoints(reactor, connect_timeout, BrowserLikePolicyForHTTPS(trust_root))
-        self._agent = Agent.usingEndpointFactory(reactor, endpoints, pool=self.pool)
+        self.reactor = reactor
+        self.header_timeout = header_timeout
+        self.on_retry = on_retry
+        self.pool = _Pool(reactor, idle_timeout, max_idle_per_host)
+        self.factory = _ConnectionFactory(self.pool)
+        self._connect_timeout = connect_timeout
+        self._tls = BrowserLikePolicyForHTTPS(trust_root)
+        self._targets: dict[bytes, _Target] = {}
 
-    def request(self, method: bytes, url: bytes, headers, body: bytes | None):
-        """Fires with the IResponse once its headers arrived.
+    def request(self, method: bytes, url: bytes, headers, body: bytes | None) -> defer.Deferred:
+        """Fires with the Response once its head arrived.
 
-        Fails with HeaderTimeout when they take longer than the header timeout,
-        or with the transport's failure (connect refused/timed out, reset).
+        Fails with HeaderTimeout when that takes longer than the header timeout, or
+        with the transport's failure (connect refused or timed out, reset). Cancelling
+        it before then drops the connection, so the provider stops.
         """
-        producer = BytesBody(body) if body is not None else None
-        d = self._agent.request(method, url, headers, producer)
-        timed_out = []
+        origin, path = _split_url(url)
+        target = self._targets.get(origin)
+        if target is None:
+            target = self._targets[origin] = self._target(origin)
+        head = http1.request_head(method, path, target.host, headers, body)
+        return _Call(self, target, head, body, method == b"HEAD").result
 
-        def expire():
-            timed_out.append(True)
-            d.cancel()
+    def _target(self, origin: bytes) -> _Target:
+        """The endpoint for scheme://host[:port], built once: for HTTPS that includes its TLS options."""
+        scheme, _, host = origin.partition(b"://")
+        if scheme not in (b"http", b"https"):
+            raise ValueError(f"unsupported upstream scheme {scheme!r}")
+        name, port = host, 443 if scheme == b"https" else 80
+        if host.rpartition(b":")[2].isdigit() and not host.endswith(b"]"):
+            name, _, digits = host.rpartition(b":")
+            port = int(digits)
+        name_text = name.strip(b"[]").decode("idna")
+        endpoint = HostnameEndpoint(self.reactor, name_text, port, timeout=self._connect_timeout)
+        if scheme == b"https":
+            endpoint = wrapClientTLS(self._tls.creatorForNetloc(name.strip(b"[]"), port), endpoint)
+        return _Target((scheme, name, port), endpoint, host)
 
-        timer = self._reactor.callLater(self._header_timeout, expire)
-
-        def done(result):
-            if timer.active():
-                timer.cancel()
-            if timed_out and isinstance(result, Failure):
-                return Failure(HeaderTimeout())
-            return result
-
-        return d.addBoth(done)
-
-    def close(self):
-        return self.pool.closeCachedConnections()
+    def close(self) -> defer.Deferred:
+        return self.pool.close()
 
 
-def is_timeout(failure) -> bool:
-    """A connect or header timeout: answered 504 rather than 502."""
-    return bool(failure.check(HeaderTimeout, ConnectTimeout))
+def _split_url(url: bytes) -> tuple[bytes, bytes]:
+    """``scheme://host[:port]`` and the request target (``/`` when empty)."""
+    scheme, sep, rest = url.partition(b"://")
+    host, slash, path = rest.partition(b"/")
+    if not sep or not host:
+        raise ValueError(f"not an absolute URL: {url[:100]!r}")
+    return scheme + b"://" + host, slash + path if slash else b"/"

@@ -1,0 +1,157 @@
+"""HTTP/1.1 on the upstream leg, as plain functions and objects fed bytes (RFC 9112).
+
+`cg.upstream` speaks HTTP/1.1 to the provider itself; this module holds the parts that
+need no reactor: the request head, the response head, and the response body's framing
+(Content-Length, chunked, or delimited by the connection's close).
+"""
+
+import attrs
+from twisted.web.http_headers import Headers
+
+MAX_HEAD = 256 * 1024  # bytes of a response head; a provider's is a few KiB
+_MAX_SIZE_LINE = 4096  # a chunk-size line with extensions
+
+
+class ProtocolError(ValueError):
+    """The upstream sent something that is not HTTP/1.1."""
+
+
+def request_head(method: bytes, target: bytes, host: bytes, headers: Headers, body: bytes | None) -> bytes:
+    """The request line and headers: the client's end-to-end headers, Host, and the body's length.
+
+    A request without a body (None) gets no Content-Length, as Agent sent it.
+    """
+    lines = [method + b" " + target + b" HTTP/1.1", b"Host: " + host]
+    for name, values in headers.getAllRawHeaders():
+        for value in values:
+            lines.append(name + b": " + value)
+    if body is not None:
+        lines.append(b"Content-Length: %d" % len(body))
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines)
+
+
+@attrs.define
+class ResponseHead:
+    """A parsed status line and header section, with how the body is framed."""
+
+    code: int
+    phrase: bytes
+    headers: Headers
+    length: int | None  # a Content-Length; None: chunked, or delimited by the close
+    chunked: bool
+    keep_alive: bool  # the connection may carry another request after this response
+
+    @property
+    def interim(self) -> bool:
+        """A 1xx response: another head follows on the same connection."""
+        return 100 <= self.code < 200
+
+    def has_body(self, head_request: bool) -> bool:
+        return not (head_request or self.code in (204, 304) or self.interim)
+
+
+def parse_response_head(head: bytes) -> ResponseHead:
+    """Parse a head (without its final blank line); ProtocolError when it is not HTTP/1.x."""
+    lines = head.split(b"\r\n")
+    version, _, rest = lines[0].partition(b" ")
+    status, _, phrase = rest.partition(b" ")
+    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(status) != 3 or not status.isdigit():
+        raise ProtocolError(f"bad status line {lines[0][:100]!r}")
+    headers = Headers()
+    lengths = set()
+    codings: list[bytes] = []
+    connection: list[bytes] = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name[-1:] in b" \t" or name[:1] in b" \t":
+            raise ProtocolError(f"bad header line {line[:100]!r}")  # incl. obsolete line folding
+        value = value.strip(b" \t")
+        headers.addRawHeader(name, value)
+        lower = name.lower()
+        if lower == b"content-length":
+            lengths.update(v.strip() for v in value.split(b","))
+        elif lower == b"transfer-encoding":
+            codings += [c.strip().lower() for c in value.split(b",")]
+        elif lower == b"connection":
+            connection += [c.strip().lower() for c in value.split(b",")]
+    keep_alive = version == b"HTTP/1.1" and b"close" not in connection
+    chunked = bool(codings) and codings[-1] == b"chunked"
+    length = None
+    if codings:
+        # Transfer-Encoding overrides Content-Length; anything but a final chunked ends by close.
+        keep_alive = keep_alive and chunked and not lengths
+    elif lengths:
+        if len(lengths) != 1 or not next(iter(lengths)).isdigit():
+            raise ProtocolError(f"bad Content-Length {sorted(lengths)!r}")
+        length = int(next(iter(lengths)))
+    return ResponseHead(int(status), phrase, headers, length, chunked, keep_alive)
+
+
+class ChunkedDecoder:
+    """Turns a chunked body into its payload, whatever the bytes' split into reads.
+
+    `feed` returns the payload bytes found in one read; once the last chunk and its
+    trailer section have arrived, `done` is true and `extra` holds any bytes after them.
+    """
+
+    def __init__(self):
+        self._left = 0  # bytes of the current chunk's data still to come
+        self._state = "size"  # size | data | crlf | trailer
+        self._buf = b""
+        self.done = False
+        self.extra = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if self._buf:
+            data, self._buf = self._buf + data, b""
+        out = []
+        pos, n = 0, len(data)
+        while pos < n and not self.done:
+            state = self._state
+            if state == "data":
+                take = min(self._left, n - pos)
+                out.append(data[pos : pos + take] if take != n else data)
+                pos += take
+                self._left -= take
+                if not self._left:
+                    self._state = "crlf"
+            elif state == "crlf":
+                if n - pos < 2:
+                    self._buf = data[pos:]
+                    break
+                if data[pos : pos + 2] != b"\r\n":
+                    raise ProtocolError("chunk data not followed by CRLF")
+                pos += 2
+                self._state = "size"
+            elif state == "size":
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    self._buffer(data[pos:])
+                    break
+                self._left = _chunk_size(data[pos:eol])
+                pos = eol + 2
+                self._state = "data" if self._left else "trailer"
+            else:  # the trailer section: field lines up to an empty line
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    self._buffer(data[pos:])
+                    break
+                if eol == pos:
+                    self.done = True
+                pos = eol + 2
+        if self.done:
+            self.extra = data[pos:]
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def _buffer(self, partial: bytes):
+        if len(partial) > _MAX_SIZE_LINE:
+            raise ProtocolError("chunk-size or trailer line too long")
+        self._buf = partial
+
+
+def _chunk_size(line: bytes) -> int:
+    size = line.split(b";", 1)[0].strip(b" \t")
+    if not size or len(size) > 16 or size.strip(b"0123456789abcdefABCDEF"):
+        raise ProtocolError(f"bad chunk size {line[:40]!r}")
+    return int(size, 16)
