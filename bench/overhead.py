@@ -2,19 +2,26 @@
 
     python bench/overhead.py [--quick] [--json PATH]
 
-Three processes, all on 127.0.0.1: the fake provider (``python -m cg.testing --port 0``),
-cg (``twistd -n cg``, the twistd next to this interpreter, else ``python -m twisted cg``) in
-front of it, and this one, a load generator on Twisted with a raw HTTP/1.1 protocol (one
-keep-alive connection per client, a pre-built request, a minimal response parser) so the
-client costs little and the same on both sides. Every figure through cg is paired with the
-same figure measured direct to the fake in the same run, in alternating rounds, so drift on
-a noisy machine hits both; the direct figure includes the client's own cost.
+Four processes, all on 127.0.0.1: the fake provider (``python -m cg.testing --port 0``), cg
+(``twistd -n cg``, the twistd next to this interpreter, else ``python -m twisted cg``) in front
+of it, ``bench/raw_relay.py`` (a do-nothing raw-Twisted relay, also in front of the fake: the
+least any Twisted proxy costs), and this one, a load generator on Twisted with a raw HTTP/1.1
+protocol (one keep-alive connection per client, a pre-built request, a minimal response
+parser) so the client costs little and the same on every side. Every figure through cg is
+paired with the same figure measured direct to the fake in the same run, in alternating
+rounds, so drift on a noisy machine hits both; the direct figure includes the client's own cost.
 
 Measured:
  1. TTFB and total time of a streamed reply of 20 text deltas 50 ms apart (sequential trials).
- 2. TTFB percentiles with 1, 10 and 100 closed-loop clients (each sends its next request as
-    soon as its previous reply ended) asking for a small stream (3 deltas, no delay).
- 3. Requests/s of small JSON (non-streaming) requests with 10 and 50 closed-loop clients.
+ 2. The target: TTFB p50/p99, req/s and total time with 1, 10 and 100 closed-loop clients
+    (each sends its next request as soon as its previous reply ended) asking for that same
+    20-delta stream, their first requests spread evenly over one stream's length, as
+    independent users are; and 100 clients that start together and stay phase-locked (every
+    50 ms, 100 deltas at once).
+ 3. Saturation: the same closed loops on a small stream (3 deltas, no delay), and requests/s
+    of small JSON (non-streaming) requests with 10 and 50 clients. The fake, cg and the client
+    compete for the cores, so this measures throughput and queueing, not cg's per-request
+    latency; the 100-client stream loop has the raw relay as a third side, for reference.
  4. cg's RSS idle, with 100 long streams open (and per stream), and after they closed; while
     the 100 streams are open, the TTFB of one client's small streams, direct and through cg.
     (The JSON also has the TTFBs of the 100 streams, requested at once, direct and through
@@ -22,7 +29,7 @@ Measured:
 Also the CPU each process used per request, read from /proc.
 
 TTFB is the time from writing the request to reading the first byte after the response
-headers. Both subprocesses are killed on exit, whatever happens.
+headers. All subprocesses are killed on exit, whatever happens.
 """
 
 from __future__ import annotations
@@ -126,10 +133,9 @@ def _tail(path: Path, n: int = 20) -> str:
         return ""
 
 
-def start_fake(tmp: Path, env: dict) -> tuple[subprocess.Popen, int]:
-    """``python -m cg.testing --port 0``; the port is read from its ``listening N`` line."""
-    log = tmp / "fake.log"
-    proc = _spawn([sys.executable, "-m", "cg.testing", "--port", "0"], log, env, stdout=subprocess.PIPE)
+def _start_announced(argv: list[str], log: Path, env: dict, what: str) -> tuple[subprocess.Popen, int]:
+    """Start a server that prints ``listening N`` (its port) on stdout, then nothing else."""
+    proc = _spawn(argv, log, env, stdout=subprocess.PIPE)
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + 20
@@ -141,10 +147,22 @@ def start_fake(tmp: Path, env: dict) -> tuple[subprocess.Popen, int]:
     sel.close()
     parts = line.split()
     if len(parts) != 2 or parts[0] != b"listening":
-        raise SystemExit(f"fake upstream did not start (printed {line!r}):\n{_tail(log)}")
+        raise SystemExit(f"{what} did not start (printed {line!r}):\n{_tail(log)}")
     # It prints nothing else; drop the pipe so it can never block on a full one.
     proc.stdout.close()
     return proc, int(parts[1])
+
+
+def start_fake(tmp: Path, env: dict) -> tuple[subprocess.Popen, int]:
+    """``python -m cg.testing --port 0``; the port is read from its ``listening N`` line."""
+    argv = [sys.executable, "-m", "cg.testing", "--port", "0"]
+    return _start_announced(argv, tmp / "fake.log", env, "fake upstream")
+
+
+def start_relay(tmp: Path, env: dict, upstream_port: int) -> tuple[subprocess.Popen, int]:
+    """``bench/raw_relay.py 0 UPSTREAM_PORT``, the reference relay in front of the fake."""
+    argv = [sys.executable, str(Path(__file__).with_name("raw_relay.py")), "0", str(upstream_port)]
+    return _start_announced(argv, tmp / "relay.log", env, "raw relay")
 
 
 def _free_port() -> int:
@@ -404,6 +422,17 @@ def make_request(port: int, *, stream: bool, events: int = 3, delay_ms: int = 0)
     return ("\r\n".join(head) + "\r\n\r\n").encode() + raw
 
 
+SSE_20 = {"stream": True, "events": 20, "delay_ms": 50}  # the issue's stream
+STREAM_S = 1.3  # about how long one lasts: 26 events (20 of them deltas), 25 gaps of 50 ms, timer slack
+SIDES = {"direct": "direct", "relay": "via raw relay", "cg": "via cg"}  # labels in the output
+
+
+def _clients(label: str) -> str:
+    """ "100 phase-locked" -> "100 clients, phase-locked"."""
+    n, _, how = label.partition(" ")
+    return f"{n} client{'' if n == '1' else 's'}" + (f", {how}" if how else "")
+
+
 def sleep(seconds: float) -> defer.Deferred:
     return task.deferLater(reactor, seconds, lambda: None)
 
@@ -431,20 +460,67 @@ def ms(seconds: float | None) -> float | None:
 # The measurements
 
 
+class _Pooled:
+    """One side's samples over the rounds of a ``paired_loops``."""
+
+    def __init__(self):
+        self.ttfb, self.total, self.errors, self.rps = [], [], [], []
+        self.n_per_round, self.others, self.churn = [], [], []
+        self.cpu_s: dict[str, float] = {}
+        self.tcp: dict[str, int] = {}
+
+    def add(self, res: dict, churn: float | None) -> None:
+        self.ttfb += res["ttfb"]
+        self.total += res["total"]
+        self.errors += res["errors"]
+        self.rps.append(res["rps"])
+        self.n_per_round.append(len(res["ttfb"]))
+        self.others.append(round(res["others_cores"], 3))
+        if churn is not None:
+            self.churn.append(churn)
+        for k, v in res["cpu_s"].items():
+            self.cpu_s[k] = self.cpu_s.get(k, 0.0) + v
+        for k, v in res["tcp"].items():
+            self.tcp[k] = self.tcp.get(k, 0) + v
+
+    def summary(self) -> dict:
+        n = len(self.ttfb)
+        return {
+            "n": n,
+            "errors": len(self.errors),
+            "error_samples": self.errors[:5],
+            "ttfb_p50_ms": ms(pct(self.ttfb, 50)),
+            "ttfb_p90_ms": ms(pct(self.ttfb, 90)),
+            "ttfb_p99_ms": ms(pct(self.ttfb, 99)),
+            "total_p50_ms": ms(pct(self.total, 50)),
+            "rps_median": round(pct(self.rps, 50), 1),
+            "rps_per_round": [round(x, 1) for x in self.rps],
+            "n_per_round": self.n_per_round,
+            "cpu_ms_per_request": {k: round(v * 1000 / max(1, n), 4) for k, v in self.cpu_s.items()},
+            "other_processes_cores": self.others,
+            "tcp_counters_machine_wide": self.tcp,
+            # For a proxy side: upstream connections closed per request (cg's pool discarding them).
+            "upstream_conns_closed_per_request": round(pct(self.churn, 50), 4) if self.churn else None,
+            "ttfb_ms": [ms(x) for x in self.ttfb],
+        }
+
+
 class Bench:
-    def __init__(self, args, fake_pid: int, fake_port: int, cg_pid: int, cg_port: int):
+    def __init__(self, args, pids: dict[str, int], ports: dict[str, int]):
+        """``pids`` and ``ports`` by process: "fake", "cg", "relay"."""
         self.args = args
         self.quick = args.quick
-        self.fake_pid, self.fake_port = fake_pid, fake_port
-        self.cg_pid, self.cg_port = cg_pid, cg_port
-        self.targets = {"direct": fake_port, "cg": cg_port}
+        self.fake_pid, self.fake_port = pids["fake"], ports["fake"]
+        self.cg_pid, self.cg_port = pids["cg"], ports["cg"]
+        self.pids = {"client": None, **pids}  # whose CPU each loop reads; None: this process
+        self.targets = {"direct": self.fake_port, "cg": self.cg_port}
+        # The saturation reference: the relay between direct and cg in the alternating rounds.
+        self.with_relay = {"direct": self.fake_port, "relay": ports["relay"], "cg": self.cg_port}
         self.results: dict = {}
 
     def cpu(self) -> dict:
         return {
-            "client": cpu_s(None),
-            "fake": cpu_s(self.fake_pid),
-            "cg": cpu_s(self.cg_pid),
+            **{name: cpu_s(pid) for name, pid in self.pids.items()},
             "all": busy_s(),
             **tcp_counters(),
         }
@@ -460,8 +536,8 @@ class Bench:
         # what the streams cost.
         await self.open_streams()
         await self.sse_trials()
-        await self.closed_loop_ttfb()
-        await self.json_throughput()
+        await self.target_loops()
+        await self.saturation_loops()
         gc.collect()
         await sleep(1.0)
         self.results["rss_kib"]["idle_after_load"] = rss_kib(self.cg_pid)
@@ -471,8 +547,8 @@ class Bench:
         return self.results
 
     async def warmup(self) -> None:
-        """Fill cg's upstream pool and both sides' caches; nothing recorded."""
-        for port in self.targets.values():
+        """Fill cg's and the relay's upstream pools and every side's caches; nothing recorded."""
+        for port in self.with_relay.values():
             for stream in (True, False):
                 await self.loop(port, make_request(port, stream=stream), 10, 0.3 if self.quick else 1.0)
 
@@ -485,7 +561,7 @@ class Bench:
         for i in range(n):
             order = list(self.targets) if i % 2 == 0 else list(reversed(self.targets))
             for name in order:
-                req = make_request(self.targets[name], stream=True, events=20, delay_ms=50)
+                req = make_request(self.targets[name], **SSE_20)
                 ttfb, total, status = await conns[name].request(req)
                 if status != 200:
                     raise ResponseError(f"{name}: status {status}")
@@ -505,21 +581,33 @@ class Bench:
         }
 
     # closed loop -----------------------------------------------------------------------------
-    async def loop(self, port: int, req: bytes, concurrency: int, duration: float, warm: float = 0.0):
+    async def loop(
+        self,
+        port: int,
+        req: bytes,
+        concurrency: int,
+        duration: float,
+        warm: float = 0.0,
+        stagger: float = 0.0,
+    ):
         """``concurrency`` clients, each back to back on its own connection, for ``warm`` +
-        ``duration`` seconds; samples are the requests sent after the warm-up."""
+        ``duration`` seconds; samples are the requests sent after the warm-up. Client ``i``
+        starts ``stagger * i / concurrency`` seconds in (pass ``warm`` >= ``stagger``). Req/s
+        counts each reply by the share of its time that fell in the measured window."""
         conns = await defer.gatherResults([connect(port) for _ in range(concurrency)], consumeErrors=True)
         ttfbs: list[float] = []
         totals: list[float] = []
         errors: list[str] = []
-        done_in_window = 0
+        in_window = 0.0  # replies, each counted by the share of its time inside the window
         n_all = 0
         start = clock()
         window = start + warm
         end = window + duration
 
-        async def client(conn: HTTPConn):
-            nonlocal done_in_window, n_all
+        async def client(conn: HTTPConn, offset: float):
+            nonlocal in_window, n_all
+            if offset:
+                await sleep(offset)
             while True:
                 t = clock()
                 if t >= end:
@@ -535,15 +623,19 @@ class Bench:
                 if t >= window:
                     ttfbs.append(ttfb)
                     totals.append(total)
-                if window <= t + total <= end:  # throughput: replies completed in the window
-                    done_in_window += 1
+                # Throughput: a count of the replies that ended in the window would jump by
+                # ``concurrency`` with phase-locked clients, whose replies all end at once.
+                in_window += max(0.0, min(end, t + total) - max(window, t)) / max(total, 1e-9)
 
         gc.collect()
         gc.disable()  # no collector pauses in the client while it measures
         cpu0 = None
         wait_cpu = sleep(warm).addCallback(lambda _: self.cpu())
         try:
-            runs = [defer.Deferred.fromCoroutine(client(c)) for c in conns]
+            runs = [
+                defer.Deferred.fromCoroutine(client(c, stagger * i / concurrency))
+                for i, c in enumerate(conns)
+            ]
             cpu0 = await wait_cpu
             await defer.gatherResults(runs, consumeErrors=True)
             cpu1 = self.cpu()
@@ -556,7 +648,7 @@ class Bench:
         cpu = {k: cpu1[k] - cpu0[k] for k in cpu1}
         tcp = {k: cpu.pop(k) for k in ("ListenOverflows", "TCPSynRetrans") if k in cpu}
         # Busy CPU of everything else on the machine (other users' work is noise here).
-        others = cpu.pop("all") - cpu["client"] - cpu["fake"] - cpu["cg"]
+        others = cpu.pop("all") - sum(cpu[name] for name in self.pids)
         return {
             "n_all": n_all,
             "tcp": tcp,
@@ -564,78 +656,77 @@ class Bench:
             "ttfb": ttfbs,
             "total": totals,
             "errors": errors,
-            "rps": done_in_window / duration,
+            "rps": in_window / duration,
             "cpu_s": cpu,
             "cpu_elapsed_s": elapsed,
         }
 
-    async def paired_loops(self, req_kw: dict, concurrency: int, rounds: int, duration: float, warm: float):
-        """Alternate direct and cg phases; pool samples per side."""
-        out = {
-            name: {"ttfb": [], "total": [], "errors": [], "rps": [], "cpu_s": {}, "n_per_round": [], "others": [], "tcp": {}}
-            for name in self.targets
-        }
-        churn = []
+    async def paired_loops(
+        self,
+        req_kw: dict,
+        concurrency: int,
+        rounds: int,
+        duration: float,
+        warm: float,
+        stagger: float = 0.0,
+        targets: dict[str, int] | None = None,
+    ) -> dict:
+        """Run the sides (``targets``, by default direct and cg) in turn, rotating their order
+        every round so that none always runs first; pool samples per side."""
+        targets = targets or self.targets
+        names = list(targets)
+        out = {name: _Pooled() for name in names}
         for r in range(rounds):
-            order = list(self.targets) if r % 2 == 0 else list(reversed(self.targets))
-            for name in order:
-                port = self.targets[name]
-                tw0 = time_wait_pairs(self.fake_port) if name == "cg" else None
-                res = await self.loop(port, make_request(port, **req_kw), concurrency, duration, warm)
-                if name == "cg":
-                    # Upstream connections closed during the phase (cg's pool discarding them).
-                    churn.append(len(time_wait_pairs(self.fake_port) - tw0) / max(1, res["n_all"]))
-                o = out[name]
-                o["ttfb"] += res["ttfb"]
-                o["total"] += res["total"]
-                o["errors"] += res["errors"]
-                o["rps"].append(res["rps"])
-                o["n_per_round"].append(len(res["ttfb"]))
-                o["others"].append(round(res["others_cores"], 3))
-                for k, v in res["cpu_s"].items():
-                    o["cpu_s"][k] = o["cpu_s"].get(k, 0.0) + v
-                for k, v in res["tcp"].items():
-                    o["tcp"][k] = o["tcp"].get(k, 0) + v
-        summary = {}
-        for name, o in out.items():
-            n = len(o["ttfb"])
-            summary[name] = {
-                "n": n,
-                "errors": len(o["errors"]),
-                "error_samples": o["errors"][:5],
-                "ttfb_p50_ms": ms(pct(o["ttfb"], 50)),
-                "ttfb_p90_ms": ms(pct(o["ttfb"], 90)),
-                "ttfb_p99_ms": ms(pct(o["ttfb"], 99)),
-                "total_p50_ms": ms(pct(o["total"], 50)),
-                "rps_median": round(pct(o["rps"], 50), 1),
-                "rps_per_round": [round(x, 1) for x in o["rps"]],
-                "cpu_ms_per_request": {k: round(v * 1000 / max(1, n), 4) for k, v in o["cpu_s"].items()},
-                "other_processes_cores": o["others"],
-                "tcp_counters_machine_wide": o["tcp"],
-                "ttfb_ms": [ms(x) for x in o["ttfb"]],
-            }
-        summary["cg_upstream_conns_closed_per_request"] = round(pct(churn, 50), 4) if churn else None
-        return summary
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                port = targets[name]
+                # Through a proxy: its upstream connections closed during the phase (its pool
+                # discarding them) leave connections to the fake in TIME_WAIT.
+                proxied = name != "direct"
+                tw0 = time_wait_pairs(self.fake_port) if proxied else set()
+                res = await self.loop(
+                    port, make_request(port, **req_kw), concurrency, duration, warm, stagger
+                )
+                closed = len(time_wait_pairs(self.fake_port) - tw0) if proxied else 0
+                out[name].add(res, closed / max(1, res["n_all"]) if proxied else None)
+        return {name: o.summary() for name, o in out.items()}
+
+    async def closed_loops(
+        self, key: str, what: str, req_kw: dict, cases: list[tuple], timing: tuple
+    ) -> None:
+        """One ``paired_loops`` per case (label, clients, stagger, targets) into ``results[key]``."""
+        rounds, duration, warm = timing
+        self.results[key] = {}
+        for label, concurrency, stagger, targets in cases:
+            sides = "/".join(targets or self.targets)
+            self.say(f"{what}, {_clients(label)}: {rounds} x {duration}s per side ({sides})")
+            self.results[key][label] = await self.paired_loops(
+                req_kw, concurrency, rounds, duration, warm, stagger, targets
+            )
 
     # 2 ---------------------------------------------------------------------------------------
-    async def closed_loop_ttfb(self) -> None:
-        rounds, duration, warm = (1, 0.6, 0.15) if self.quick else (5, 2.0, 0.3)
-        self.results["closed_loop_stream3"] = {}
-        for c in (1, 10, 100):
-            self.say(f"2. closed loop, 3-delta streams, {c} clients: {rounds} x {duration}s per side")
-            self.results["closed_loop_stream3"][str(c)] = await self.paired_loops(
-                {"stream": True, "events": 3}, c, rounds, duration, warm
-            )
+    async def target_loops(self) -> None:
+        """The issue's target: closed loops on its 20-delta stream. Client starts are spread
+        over one stream's length (independent users are not phase-locked); one more set of 100
+        clients starts together, so that every 50 ms 100 deltas arrive at once."""
+        timing = (1, 2.5, STREAM_S + 0.2) if self.quick else (3, 5.0, STREAM_S + 0.2)
+        cases = [(str(c), c, STREAM_S, None) for c in (1, 10, 100)] + [("100 phase-locked", 100, 0.0, None)]
+        await self.closed_loops(
+            "closed_loop_sse_20x50ms", "2. closed loop, 20x50ms streams", SSE_20, cases, timing
+        )
 
     # 3 ---------------------------------------------------------------------------------------
-    async def json_throughput(self) -> None:
-        rounds, duration, warm = (1, 0.6, 0.15) if self.quick else (5, 2.0, 0.3)
-        self.results["closed_loop_json"] = {}
-        for c in (10, 50):
-            self.say(f"3. closed loop, JSON, {c} clients: {rounds} x {duration}s per side")
-            self.results["closed_loop_json"][str(c)] = await self.paired_loops(
-                {"stream": False}, c, rounds, duration, warm
-            )
+    async def saturation_loops(self) -> None:
+        """Back-to-back small requests: the fake and cg compete for the cores, so these
+        measure throughput and queueing; the raw relay shows what any Twisted proxy would."""
+        timing = (1, 0.6, 0.15) if self.quick else (5, 2.0, 0.3)
+        cases = [("1", 1, 0.0, None), ("10", 10, 0.0, None), ("100", 100, 0.0, self.with_relay)]
+        stream3 = {"stream": True, "events": 3}
+        await self.closed_loops(
+            "closed_loop_stream3", "3. saturation, 3-delta streams", stream3, cases, timing
+        )
+        cases = [(str(c), c, 0.0, None) for c in (10, 50)]
+        await self.closed_loops("closed_loop_json", "3. saturation, JSON", {"stream": False}, cases, timing)
 
     # 4 ---------------------------------------------------------------------------------------
     async def open_burst(self, port: int, n: int) -> tuple[list, list[float], float]:
@@ -698,7 +789,7 @@ class Bench:
             if i % max(1, probes // 10) == 0:
                 samples.append(rss_kib(self.cg_pid))
             if i < probes:
-                for name in (self.targets if i % 2 == 0 else reversed(list(self.targets))):
+                for name in self.targets if i % 2 == 0 else reversed(list(self.targets)):
                     ttfb, _total, _status = await probe_conns[name].request(reqs[name])
                     probe_out[name].append(ttfb)
                 await sleep(0.005)  # probes, not load: leave the 100 streams most of the time
@@ -757,43 +848,139 @@ def _ratio(a, b) -> str:
     return "-" if a is None or b in (None, 0) else f"{a / b:.2f}x"
 
 
-def table(r: dict) -> str:
+LOOPS = (  # the closed loops: result key, name in the output
+    ("closed_loop_sse_20x50ms", "2. 20x50ms streams"),
+    ("closed_loop_stream3", "3. 3-delta streams"),
+    ("closed_loop_json", "3. JSON"),
+)
+TARGET_MS = 2.0  # the issue's: added TTFB p50 with 100 clients
+
+
+def _loops(r: dict):
+    """Every closed loop run: (loop name, clients label, {side: summary})."""
+    for key, name in LOOPS:
+        for label, v in r[key].items():
+            yield name, label, v
+
+
+def _by_loop(r: dict, figure) -> str:
+    """``figure(sides)`` for every loop, grouped by loop: "2. 20x50ms streams: 1: x, 10: y; 3. ..."."""
+    return "; ".join(
+        f"{name}: " + ", ".join(f"{label}: {figure(v)}" for label, v in r[key].items()) for key, name in LOOPS
+    )
+
+
+def _align(rows: list[tuple]) -> list[str]:
+    """The first column left-aligned, the others right-aligned, each as wide as its widest
+    cell; a row of one cell is a heading, as long as it likes."""
+    full = [x for x in rows if len(x) > 1]
+    widths = [max(len(x[i]) for x in full) for i in range(len(full[0]))]
+    return [
+        "  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, len(x))]).rstrip()
+        if len(x) > 1
+        else x[0]
+        for x in rows
+    ]
+
+
+def main_rows(r: dict) -> list[tuple]:
+    """Sections 1 to 4: direct and via cg side by side."""
     rows = [("", "direct", "via cg", "cg - direct", "cg / direct")]
 
-    def row(label, d, c, spec=".2f", diff=True):
-        delta = None if (d is None or c is None) else c - d
-        rows.append((label, _fmt(d, spec), _fmt(c, spec), (f"{delta:+{spec}}" if delta is not None and diff else "-"), _ratio(c, d)))
+    def row(label, d, c, spec=".2f"):
+        delta = "-" if d is None or c is None else f"{c - d:+{spec}}"
+        rows.append((label, _fmt(d, spec), _fmt(c, spec), delta, _ratio(c, d)))
 
     def head(label):
-        rows.append((label, "", "", "", ""))
+        rows.append((label,))
+
+    def loop_rows(label, v, what="", total=True):
+        d, g = v["direct"], v["cg"]
+        head(f"   {what}{_clients(label)} (n = {d['n']} / {g['n']})")
+        row("     TTFB p50 ms", d["ttfb_p50_ms"], g["ttfb_p50_ms"])
+        row("     TTFB p99 ms", d["ttfb_p99_ms"], g["ttfb_p99_ms"])
+        row("     req/s", d["rps_median"], g["rps_median"], ".0f")
+        if total:
+            row("     total p50 ms", d["total_p50_ms"], g["total_p50_ms"], ".1f")
 
     s = r["sse_20x50ms"]
     head(f"1. stream of 20 deltas 50 ms apart, median of {s['direct']['n']} trials")
     row("   TTFB ms", s["direct"]["ttfb_p50_ms"], s["cg"]["ttfb_p50_ms"])
     row("   total ms", s["direct"]["total_p50_ms"], s["cg"]["total_p50_ms"], ".1f")
-    head("2. closed loop, 3-delta streams, TTFB")
-    for c, v in r["closed_loop_stream3"].items():
-        d, g = v["direct"], v["cg"]
-        head(f"   {c} client{'s' if c != '1' else ''} (n = {d['n']} / {g['n']})")
-        row("     p50 ms", d["ttfb_p50_ms"], g["ttfb_p50_ms"])
-        row("     p99 ms", d["ttfb_p99_ms"], g["ttfb_p99_ms"])
-        row("     req/s", d["rps_median"], g["rps_median"], ".0f")
-    head("3. closed loop, JSON (no stream)")
+    head("2. the target: closed loop, 20 deltas 50 ms apart, client starts spread over one stream")
+    for label, v in r["closed_loop_sse_20x50ms"].items():
+        loop_rows(label, v)
+    head("3. saturation: closed loop, no delay; the fake and cg compete for the cores (throughput, queueing)")
+    for label, v in r["closed_loop_stream3"].items():
+        loop_rows(label, v, "3-delta streams, ", total=False)
     for c, v in r["closed_loop_json"].items():
         d, g = v["direct"], v["cg"]
-        row(f"   {c} clients: req/s", d["rps_median"], g["rps_median"], ".0f")
-        row(f"   {c} clients: p50 ms", d["total_p50_ms"], g["total_p50_ms"])
+        row(f"   JSON, {c} clients: req/s", d["rps_median"], g["rps_median"], ".0f")
+        row(f"   JSON, {c} clients: p50 ms", d["total_p50_ms"], g["total_p50_ms"])
     rss = r["rss_kib"]
     p = r["probe_with_100_streams"]
-    head(f"4. while {rss['streams']} long streams flow through cg: 1 client, 3-delta streams (n = {p['direct']['n']})")
+    head(
+        f"4. while {rss['streams']} long streams flow through cg: 1 client, 3-delta streams (n = {p['direct']['n']})"
+    )
     row("   probe TTFB p50 ms", p["direct"]["ttfb_p50_ms"], p["cg"]["ttfb_p50_ms"])
     row("   probe TTFB p99 ms", p["direct"]["ttfb_p99_ms"], p["cg"]["ttfb_p99_ms"])
+    return rows
+
+
+def target_line(r: dict) -> str:
+    """The verdict on the issue's target, from the 100-client row of section 2."""
+    v = r["closed_loop_sse_20x50ms"]["100"]
+    d, g = v["direct"]["ttfb_p50_ms"], v["cg"]["ttfb_p50_ms"]
+    if d is None or g is None:
+        return f"target: added TTFB p50 with 100 clients <= {TARGET_MS:g} ms: missed (no samples)"
+    verdict = "met" if g - d <= TARGET_MS else "missed"
+    return f"target: added TTFB p50 with 100 clients <= {TARGET_MS:g} ms: {verdict} ({g - d:+.2f} ms)"
+
+
+def reference_rows(r: dict) -> list[tuple]:
+    """The 100-client 3-delta loop with its three sides: what a do-nothing Twisted relay costs."""
+    v = r["closed_loop_stream3"]["100"]
+    rows = [("", *(SIDES[side] for side in v))]
+    for label, key, spec in (
+        ("TTFB p50 ms", "ttfb_p50_ms", ".2f"),
+        ("TTFB p99 ms", "ttfb_p99_ms", ".2f"),
+        ("req/s", "rps_median", ".0f"),
+    ):
+        rows.append((f"  {label}", *(_fmt(x[key], spec) for x in v.values())))
+    cpu = [
+        _fmt(x["cpu_ms_per_request"].get(side) if side != "direct" else None, ".3f") for side, x in v.items()
+    ]
+    rows.append(("  CPU ms per request of the relay / cg process", *cpu))
+    return rows
+
+
+def cpu_rows(r: dict) -> list[tuple]:
+    """CPU per request of every process, for every loop and side."""
+    rows = [("CPU ms per request (user+system, from /proc)", "client", "fake", "cg/relay")]
+    for name, label, v in _loops(r):
+        for side, x in v.items():
+            cpu = x["cpu_ms_per_request"]
+            proxy = cpu.get(side) if side != "direct" else None
+            rows.append(
+                (
+                    f"  {name}, {_clients(label)}, {SIDES[side]}",
+                    *(_fmt(c, ".3f") for c in (cpu["client"], cpu["fake"], proxy)),
+                )
+            )
+    return rows
+
+
+def table(r: dict) -> str:
     m = r["machine"]
     quick = "; --quick" if r["quick"] else ""
-    out = [f"{m['date']}; {m['nproc']} cores ({m['cpu']}); Python {m['python']}, Twisted {m['twisted']}{quick}", ""]
-    widths = [max(len(x[i]) for x in rows) for i in range(5)]
-    for x in rows:
-        out.append("  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, 5)]).rstrip())
+    out = [
+        f"{m['date']}; {m['nproc']} cores ({m['cpu']}); Python {m['python']}, Twisted {m['twisted']}{quick}",
+        "",
+    ]
+    out += _align(main_rows(r))
+    out += [target_line(r), "", "saturation reference, 100 clients, 3-delta streams: direct / raw relay / cg"]
+    out += _align(reference_rows(r))
+    rss = r["rss_kib"]
     mib = 1024
     out.append("")
     out.append(
@@ -810,37 +997,33 @@ def table(r: dict) -> str:
         )
     )
     out.append("")
-    out.append("CPU ms per request (user+system, from /proc)   client    fake      cg")
-    for grp, label in (("closed_loop_stream3", "3-delta streams"), ("closed_loop_json", "JSON")):
-        for c, v in r[grp].items():
-            for side in ("direct", "cg"):
-                cpu = v[side]["cpu_ms_per_request"]
-                name = f"  {label}, {c} client{'s' if c != '1' else ''}, {'direct' if side == 'direct' else 'via cg'}"
-                cg_cpu = f"{cpu['cg']:8.3f}" if side == "cg" else f"{'-':>8}"
-                out.append(f"{name:<46}{cpu['client']:8.3f}{cpu['fake']:8.3f}{cg_cpu}")
+    out += _align(cpu_rows(r))
     out.append(
         f"cg's in-flight count: {rss['in_flight_seen_by_cg']} with the {rss['streams']} streams open, "
         f"{rss['in_flight_after_close']} {rss['seconds_to_drain_after_close']} s after the clients cut them"
     )
-    churn = {c: v["cg_upstream_conns_closed_per_request"] for c, v in r["closed_loop_stream3"].items()}
-    churn.update({f"json {c}": v["cg_upstream_conns_closed_per_request"] for c, v in r["closed_loop_json"].items()})
-    out.append("cg upstream connections closed per request, by clients: " + ", ".join(f"{k}: {v}" for k, v in churn.items()))
-    syn = {
-        f"{'json ' if grp == 'closed_loop_json' else ''}{c}": (
-            v["direct"]["tcp_counters_machine_wide"].get("TCPSynRetrans"),
-            v["cg"]["tcp_counters_machine_wide"].get("TCPSynRetrans"),
-        )
-        for grp in ("closed_loop_stream3", "closed_loop_json")
-        for c, v in r[grp].items()
-    }
     out.append(
-        "SYN retransmits (machine-wide) during the measured windows, direct/via cg, by clients: "
-        + ", ".join(f"{k}: {d}/{g}" for k, (d, g) in syn.items())
+        "upstream connections closed per request via cg (raw relay/cg where the relay ran), by loop and clients: "
+        + _by_loop(
+            r,
+            lambda v: "/".join(
+                str(x["upstream_conns_closed_per_request"]) for s, x in v.items() if s != "direct"
+            ),
+        )
     )
-    errors = sum(v[s]["errors"] for grp in ("closed_loop_stream3", "closed_loop_json") for v in r[grp].values() for s in ("direct", "cg"))
-    out.append(f"client errors: {errors}; cg's own added_ttfb (its /stats): {r['cg_stats'].get('added_ttfb')}")
-    others = [x for grp in ("closed_loop_stream3", "closed_loop_json") for v in r[grp].values()
-              for side in ("direct", "cg") for x in v[side]["other_processes_cores"]]
+    out.append(
+        "SYN retransmits (machine-wide) during the measured windows, direct/via cg (direct/raw relay/cg), "
+        "by loop and clients: "
+        + _by_loop(
+            r,
+            lambda v: "/".join(str(x["tcp_counters_machine_wide"].get("TCPSynRetrans")) for x in v.values()),
+        )
+    )
+    errors = sum(x["errors"] for _, _, v in _loops(r) for x in v.values())
+    out.append(
+        f"client errors: {errors}; cg's own added_ttfb (its /stats): {r['cg_stats'].get('added_ttfb')}"
+    )
+    others = [c for _, _, v in _loops(r) for x in v.values() for c in x["other_processes_cores"]]
     out.append(
         f"other processes on the machine during load phases: median {pct(others, 50):.2f}, "
         f"max {max(others):.2f} cores busy (of {os.cpu_count()})"
@@ -871,8 +1054,9 @@ def machine() -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def drive(run, timeout: float, tmp: Path, fake, cg):
-    """Run the coroutine function ``run`` on the reactor: (its result, 0), or (None, exit code)."""
+def drive(run, timeout: float, tmp: Path, fake, cg, **others):
+    """Run the coroutine function ``run`` on the reactor: (its result, 0), or (None, exit code).
+    ``fake``, ``cg`` and ``others`` (by name) are the subprocesses to check afterwards."""
     outcome: list = []
 
     def go():
@@ -890,7 +1074,7 @@ def drive(run, timeout: float, tmp: Path, fake, cg):
         outcome[0].printTraceback(file=sys.stderr)
         print(f"--- cg log tail:\n{_tail(tmp / 'cg.log')}", file=sys.stderr)
         return None, 1
-    for name, proc in (("fake", fake), ("cg", cg)):
+    for name, proc in {"fake": fake, "cg": cg, **others}.items():
         if proc.poll() is not None:
             print(f"warning: {name} exited early ({proc.returncode})", file=sys.stderr)
     return outcome[0], 0
@@ -898,9 +1082,11 @@ def drive(run, timeout: float, tmp: Path, fake, cg):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few trials: a smoke run (< 30 s)")
+    parser.add_argument(
+        "--quick", action="store_true", help="few trials: a smoke run (~70 s; full run ~7 min)"
+    )
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers (every sample) here")
-    parser.add_argument("--keep-logs", action="store_true", help="keep the fake's and cg's logs")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the fake's, cg's and the relay's logs")
     args = parser.parse_args(argv)
 
     def on_term(signum, frame):
@@ -913,9 +1099,15 @@ def main(argv=None) -> int:
     try:
         fake, fake_port = start_fake(tmp, env)
         cg, cg_port = start_cg(tmp, env, fake_port)
-        print(f"fake upstream pid {fake.pid} port {fake_port}; cg pid {cg.pid} port {cg_port}", file=sys.stderr)
-        bench = Bench(args, fake.pid, fake_port, cg.pid, cg_port)
-        results, code = drive(bench.run, 90 if args.quick else 900, tmp, fake, cg)
+        relay, relay_port = start_relay(tmp, env, fake_port)
+        print(
+            f"fake upstream pid {fake.pid} port {fake_port}; cg pid {cg.pid} port {cg_port}; "
+            f"raw relay pid {relay.pid} port {relay_port}",
+            file=sys.stderr,
+        )
+        pids = {"fake": fake.pid, "cg": cg.pid, "relay": relay.pid}
+        bench = Bench(args, pids, {"fake": fake_port, "cg": cg_port, "relay": relay_port})
+        results, code = drive(bench.run, 180 if args.quick else 900, tmp, fake, cg, relay=relay)
         if results is None:
             return code
         results["machine"] = machine()
