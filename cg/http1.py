@@ -53,6 +53,9 @@ class ResponseHead:
 
 def parse_response_head(head: bytes) -> ResponseHead:
     """Parse a head (without its final blank line); ProtocolError when it is not HTTP/1.x."""
+    crlf = head.count(b"\r\n")
+    if head.count(b"\n") != crlf or head.count(b"\r") != crlf:
+        raise ProtocolError("bare CR or LF in the response head")  # lines would frame differently
     lines = head.split(b"\r\n")
     version, _, rest = lines[0].partition(b" ")
     status, _, phrase = rest.partition(b" ")

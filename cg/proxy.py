@@ -363,7 +363,11 @@ class _Exchange:
 
         def responded(response):
             self.pending = None
-            return on_response(response)
+            try:
+                return on_response(response)
+            except Exception:
+                response.stopProducing()  # nobody will read this body: drop its connection
+                raise
 
         def failed(failure):
             self.pending = None
@@ -700,10 +704,15 @@ class _Relay(Protocol):
         exchange.request.registerProducer(self.transport, True)
 
     def detach(self):
-        """This body no longer feeds the client (its round is over): let it drain unseen."""
+        """This body no longer feeds the client (its round is over): let it drain unseen.
+
+        Resumed too: unregistering does not, and a body the client had paused would
+        otherwise hold its upstream connection forever.
+        """
         if self.exchange.relay is self:
             self.exchange.relay = None
             self.exchange.request.unregisterProducer()
+            self.transport.resumeProducing()
 
     def dataReceived(self, data):
         exchange = self.exchange
@@ -714,8 +723,7 @@ class _Relay(Protocol):
             try:
                 data = self.decoder.decompress(data)
             except zlib.error:
-                self.decoder = None
-                self.transport.stopProducing()
+                self.transport.stopProducing()  # ends this body as failed: the client's is cut
                 return
         if data:
             try:

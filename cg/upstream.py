@@ -111,7 +111,7 @@ class _Connection(Protocol):
         self._pool = pool
         self.key = None
         self.served = 0  # requests sent on this connection
-        self._state = "idle"  # idle | head | body | closed
+        self._state = "idle"  # idle | head | body | abandoned | closed
         self._waiting: defer.Deferred | None = None  # fires with the Response
         self._head_request = False
         self._got_bytes = False
@@ -160,9 +160,15 @@ class _Connection(Protocol):
             self.transport.resumeProducing()
 
     def abandon(self):
-        """Nobody wants the rest of this response: drop the connection, not the pool's time."""
+        """Nobody wants the rest of this response: drop the connection at once.
+
+        Final: bytes already read are not parsed, so a body being read ends (when the
+        connection does, never from inside this call) as failed, never as complete,
+        even when the rest of this read held its end.
+        """
         self._abandoned = True
         if self._state != "closed":
+            self._state = "abandoned"  # from here on the connection's end ends the body, as failed
             self.transport.abortConnection()
 
     def dataReceived(self, data: bytes):
@@ -178,21 +184,20 @@ class _Connection(Protocol):
     def _head_data(self, data: bytes):
         if self._buf:
             data, self._buf = self._buf + data, b""
-        end = data.find(b"\r\n\r\n")
-        if end < 0:
-            if len(data) > http1.MAX_HEAD:
-                return self._broken(http1.ProtocolError("response head too large"))
-            self._buf = data
-            return
-        try:
-            head = http1.parse_response_head(data[:end])
-        except http1.ProtocolError as e:
-            return self._broken(e)
-        rest = data[end + 4 :]
-        if head.interim:  # 1xx: the real response follows
-            if rest:
-                self._head_data(rest)
-            return
+        while True:
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                if len(data) > http1.MAX_HEAD or b"\n\n" in data:
+                    return self._broken(http1.ProtocolError("not an HTTP/1.1 response head"))
+                self._buf = data
+                return
+            try:
+                head = http1.parse_response_head(data[:end])
+            except http1.ProtocolError as e:
+                return self._broken(e)
+            data = data[end + 4 :]
+            if not head.interim:  # a 1xx head: the real one follows
+                break
         self._head = head
         self._left = head.length or 0
         self._chunks = http1.ChunkedDecoder() if head.chunked else None
@@ -203,9 +208,9 @@ class _Connection(Protocol):
         if self._state != "body":
             return  # the body was abandoned in the callback
         if not head.has_body(self._head_request):
-            self._complete(rest)
-        elif rest or head.length == 0:
-            self._body(rest)
+            self._complete(data)
+        elif data or head.length == 0:
+            self._body(data)
 
     def _body(self, data: bytes):
         head = self._head
@@ -251,11 +256,11 @@ class _Connection(Protocol):
         self._fail(Failure(ResponseFailed([Failure(reason)])))
 
     def _fail(self, reason: Failure):
-        state, self._state = self._state, "closed"
-        if state == "head" and self._waiting is not None:
+        self._state = "closed"
+        if self._waiting is not None:
             waiting, self._waiting = self._waiting, None
             waiting.errback(reason)
-        elif state == "body":
+        elif self._response is not None:
             response, self._response = self._response, None
             response._ended(reason)
 
@@ -269,7 +274,7 @@ class _Connection(Protocol):
                 reason = Failure(PotentialDataLoss())
             else:
                 reason = Failure(ResponseFailed([reason]))
-        elif self._state in ("head", "body"):
+        elif self._state in ("head", "body", "abandoned"):
             reason = Failure(ResponseFailed([reason]))
         self._fail(reason)
 
@@ -289,7 +294,8 @@ class _Pool:
         self._max_idle = max_idle_per_host
         self._idle: dict[tuple, list[_Connection]] = {}
         self._sweep = None
-        self._closing: dict[_Connection, defer.Deferred] = {}
+        self._closing: dict[_Connection, list[defer.Deferred]] = {}  # who waits for each close
+        self._closed = False
 
     def take(self, key) -> _Connection | None:
         idle = self._idle.get(key)
@@ -300,6 +306,9 @@ class _Pool:
         return None
 
     def put(self, connection: _Connection):
+        if self._closed:
+            connection.transport.loseConnection()
+            return
         connection.idle_since = self._reactor.seconds()
         idle = self._idle.setdefault(connection.key, [])
         idle.append(connection)
@@ -322,20 +331,25 @@ class _Pool:
         idle = self._idle.get(connection.key)
         if idle and connection in idle:
             idle.remove(connection)
-        closed = self._closing.pop(connection, None)
-        if closed is not None:
-            closed.callback(None)
+        for waiter in self._closing.pop(connection, ()):
+            waiter.callback(None)
 
     def close(self) -> defer.Deferred:
-        """Close every idle connection; fires once they are all closed."""
+        """Close every idle connection, and any that comes back later; fires once the idle ones are closed."""
+        self._closed = True
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
-        for idle in self._idle.values():
-            for connection in idle:
-                self._closing[connection] = defer.Deferred()
+        idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for connection in connections:
+                self._closing[connection] = []
                 connection.transport.loseConnection()
-        return defer.gatherResults(list(self._closing.values()))
+        waits = []
+        for waiters in self._closing.values():
+            waiters.append(defer.Deferred())
+            waits.append(waiters[-1])
+        return defer.gatherResults(waits)
 
 
 class _ConnectionFactory(Factory):
@@ -467,10 +481,13 @@ class Upstream:
         scheme, _, host = origin.partition(b"://")
         if scheme not in (b"http", b"https"):
             raise ValueError(f"unsupported upstream scheme {scheme!r}")
-        name, port = host, 443 if scheme == b"https" else 80
+        default = 443 if scheme == b"https" else 80
+        name, port = host, default
         if host.rpartition(b":")[2].isdigit() and not host.endswith(b"]"):
             name, _, digits = host.rpartition(b":")
             port = int(digits)
+            if port == default:
+                host = name  # Host without the default port, as browsers and Agent send it
         name_text = name.strip(b"[]").decode("idna")
         endpoint = HostnameEndpoint(self.reactor, name_text, port, timeout=self._connect_timeout)
         if scheme == b"https":

@@ -56,6 +56,9 @@ def test_response_head_body_rules():
         b"HTTP/1.1 200 OK\r\nA: b\r\n folded",
         b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2",
         b"HTTP/1.1 200 OK\r\nContent-Length: -1",
+        b"HTTP/1.1 200 OK\r\nX: a\nContent-Length: 10",
+        b"HTTP/1.1 200 OK\r\nX: a\rContent-Length: 10",
+        b"HTTP/1.1 200 OK\nContent-Length: 10",
     ],
 )
 def test_malformed_response_heads_are_refused(head):

@@ -6,6 +6,7 @@ replies are written byte by byte, for the framings and failures it never produce
 
 import pytest
 import pytest_twisted
+from rawhttp import connect, dechunk, http_request
 from twisted.internet import defer, protocol, reactor, task
 from twisted.internet.defer import CancelledError
 from twisted.web.client import ResponseDone, ResponseFailed
@@ -232,7 +233,14 @@ async def test_responses_without_a_body(server, upstream):
     assert b"Content-Length" not in server.requests[0][1]
 
 
-@pytest.mark.parametrize("reply", [b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 300_000])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 300_000,
+        b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",  # bare LF: refused now, not after the header timeout
+    ],
+)
 @pytest_twisted.ensureDeferred
 async def test_what_is_not_http_fails_the_request_without_retry(server, upstream, reply):
     server.replies += [OK_12, reply]
@@ -317,3 +325,64 @@ async def test_idle_connections_are_closed_after_the_idle_timeout():
     finally:
         await client.close()
         await port.stopListening()
+
+
+class StopsAtFirstData(Body):
+    def dataReceived(self, data):
+        super().dataReceived(data)
+        self.transport.stopProducing()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_stopped_mid_read_ends_failed_even_if_the_read_held_its_end(server, upstream):
+    server.replies.append(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n2\r\ncd\r\n0\r\n\r\n")
+    response = await upstream.request(b"POST", server.url + b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+    reader = StopsAtFirstData()
+    response.deliverBody(reader)
+    reason = await ended(reader)
+    assert reason.check(ResponseFailed)
+    await server.closed[0].addTimeout(TIMEOUT, reactor)
+
+
+@pytest_twisted.ensureDeferred
+async def test_pool_close_twice_fires_both_and_a_late_connection_is_not_pooled(server):
+    held = []
+    server.replies += [lambda transport: held.append(transport), OK_12]
+    client = Upstream(reactor)
+    late = client.request(b"POST", server.url + b"/", Headers(), b"{}")  # connection 0, answered later
+    while not held:
+        await later(0.01)
+    await fetch(client, server.url)  # connection 1, idle in the pool after this
+    first, second = client.close(), client.close()
+    await defer.gatherResults([first, second]).addTimeout(TIMEOUT, reactor)
+    await server.closed[1].addTimeout(TIMEOUT, reactor)
+    held[0].write(OK_12)
+    response = await late.addTimeout(TIMEOUT, reactor)
+    reader = Body()
+    response.deliverBody(reader)
+    assert (await ended(reader)).check(ResponseDone)
+    await server.closed[0].addTimeout(TIMEOUT, reactor)  # closed after its response, not pooled
+
+
+@pytest_twisted.ensureDeferred
+async def test_host_header_drops_only_the_default_port():
+    client = Upstream(reactor)
+    assert client._target(b"https://api.example:443").host == b"api.example"
+    assert client._target(b"https://api.example:8443").host == b"api.example:8443"
+    assert client._target(b"http://[::1]:80").host == b"[::1]"
+    assert client._target(b"http://[::1]:8080").key == (b"http", b"[::1]", 8080)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(server, make_cg):
+    """Even when the read that broke the decoder also held the body's clean end."""
+    server.replies.append(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n9\r\nnot gzip!\r\n0\r\n\r\n"
+    )
+    cg = make_cg(anthropic_upstream=server.url.decode())
+    request = http_request("POST", "/v1/messages", b"{}", headers=[("anthropic-version", "2023-06-01")])
+    client = await connect(cg.port, request)
+    data = await client.closed.addTimeout(TIMEOUT, reactor)
+    assert not dechunk(data.partition(b"\r\n\r\n")[2])[1]  # no last chunk: it cannot look complete
+    assert cg.stats.upstream_errors == 1
