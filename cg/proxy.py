@@ -15,12 +15,14 @@ from urllib.parse import unquote
 import attrs
 import ujson
 from twisted.internet import defer, task
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import resource, server
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
+from zope.interface import implementer
 
 from cg import dialect, headers
 from cg.changelog import NullChangeLog, compaction_record, usage_record
@@ -304,6 +306,7 @@ class _Exchange:
         self.clock = proxy.clock
         self.pending = None  # an upstream request, until its headers arrive
         self.relay = None  # an upstream body, while it flows
+        self.flow = None  # the client response's producer, once a body flows
         self.status = None
         self.outcome = "ok"
         self.ended = False
@@ -451,8 +454,11 @@ class _Exchange:
             return
         if self.relay is not None:
             relay, self.relay = self.relay, None
-            self.request.unregisterProducer()
+            self.flow.detach()
             relay.transport.stopProducing()
+        if self.flow is not None:
+            self.request.unregisterProducer()  # before finish(): after a disconnect it raises
+            self.flow = None
         if self.t_client_first is None:
             self.write(b"")
         self.request.finish()
@@ -701,18 +707,16 @@ class _Relay(Protocol):
             self.transport.stopProducing()
             return
         exchange.relay = self
-        exchange.request.registerProducer(self.transport, True)
+        if exchange.flow is None:
+            exchange.flow = ClientFlow()
+            exchange.request.registerProducer(exchange.flow, True)
+        exchange.flow.attach(self.transport)
 
     def detach(self):
-        """This body no longer feeds the client (its round is over): let it drain unseen.
-
-        Resumed too: unregistering does not, and a body the client had paused would
-        otherwise hold its upstream connection forever.
-        """
+        """This body no longer feeds the client (its round is over): let it drain unseen."""
         if self.exchange.relay is self:
             self.exchange.relay = None
-            self.exchange.request.unregisterProducer()
-            self.transport.resumeProducing()
+            self.exchange.flow.detach()
 
     def dataReceived(self, data):
         exchange = self.exchange
@@ -736,9 +740,9 @@ class _Relay(Protocol):
         if exchange.relay is not self:
             return  # the exchange ended, or moved on to another round
         exchange.relay = None
+        exchange.flow.detach()
         if exchange.ended:
             return
-        exchange.request.unregisterProducer()
         complete = bool(reason.check(ResponseDone, PotentialDataLoss))
         if self.decoder is not None:
             complete = complete and self.decoder.eof
@@ -746,6 +750,47 @@ class _Relay(Protocol):
             self.sink.finished(complete)
         except Exception:
             exchange._bug(Failure())
+
+
+@implementer(IPushProducer)
+class ClientFlow:
+    """The client response's producer for an exchange's whole life; upstream bodies come and go.
+
+    The client's channel pauses and resumes whichever producer is registered. An
+    expand round's body registered on its own while the client is paused would run
+    unthrottled until the client drained once, and a round's body unregistered while
+    paused would never be resumed (so never drain). Registered once, this keeps the
+    client's state and hands it to each body.
+    """
+
+    def __init__(self):
+        self.paused = False
+        self._body = None  # the upstream body's producer now feeding the client
+
+    def attach(self, body):
+        self._body = body
+        if self.paused:
+            body.pauseProducing()
+
+    def detach(self):
+        """The body feeds the client no more: it must not stay paused on the client's account."""
+        body, self._body = self._body, None
+        if body is not None and self.paused:
+            body.resumeProducing()
+
+    def pauseProducing(self):
+        self.paused = True
+        if self._body is not None:
+            self._body.pauseProducing()
+
+    def resumeProducing(self):
+        self.paused = False
+        if self._body is not None:
+            self._body.resumeProducing()
+
+    def stopProducing(self):
+        if self._body is not None:
+            self._body.stopProducing()
 
 
 class _PassThrough:

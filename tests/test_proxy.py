@@ -12,6 +12,7 @@ from twisted.internet import defer, error, reactor, task
 from twisted.internet.threads import deferToThread
 from twisted.web.client import ResponseDone
 
+from cg.proxy import ClientFlow
 from cg.testing import (
     Flood,
     JSONReply,
@@ -411,3 +412,31 @@ def test_many_concurrent_streams(cg, fake):
     assert all(split_response(raw)[2] == expected for raw in raws)
     assert cg.stats.in_flight == 0
 
+
+class Recorder:
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def pauseProducing(self):
+        self.calls.append("pause")
+
+    def resumeProducing(self):
+        self.calls.append("resume")
+
+    def stopProducing(self):
+        self.calls.append("stop")
+
+
+def test_client_flow_hands_the_clients_state_to_each_body():
+    flow = ClientFlow()
+    first, second = Recorder(), Recorder()
+    flow.attach(first)
+    flow.pauseProducing()
+    flow.detach()  # a round ends while the client is paused: its body must drain
+    flow.attach(second)  # the next round's body starts paused
+    flow.resumeProducing()
+    flow.stopProducing()
+    flow.detach()
+    flow.pauseProducing()  # no body: nothing to do
+    assert first.calls == ["pause", "resume"]
+    assert second.calls == ["pause", "resume", "stop"]
