@@ -386,4 +386,3 @@ async def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(serv
     data = await client.closed.addTimeout(TIMEOUT, reactor)
     assert not dechunk(data.partition(b"\r\n\r\n")[2])[1]  # no last chunk: it cannot look complete
     assert cg.stats.upstream_errors == 1
-
