@@ -65,6 +65,8 @@ class Response:
         self._protocol = None
         self._early: list[bytes] = []  # body bytes that came before deliverBody
         self._end: Failure | None = None  # the body's end, when it came before deliverBody
+        self._held = False  # paused until someone takes the body
+        self._consumer_paused = False
 
     def deliverBody(self, protocol):
         self._protocol = protocol
@@ -74,15 +76,19 @@ class Response:
             protocol.dataReceived(data)
         if self._end is not None:
             protocol.connectionLost(self._end)
-        elif self._connection is not None:
-            self._connection.resume()
+        elif self._held:
+            self._held = False
+            if self._connection is not None and not self._consumer_paused:
+                self._connection.resume()
 
     def pauseProducing(self):
+        self._consumer_paused = True
         if self._connection is not None:
             self._connection.pause()
 
     def resumeProducing(self):
-        if self._connection is not None:
+        self._consumer_paused = False
+        if self._connection is not None and not self._held:
             self._connection.resume()
 
     def stopProducing(self):
@@ -94,6 +100,7 @@ class Response:
             self._protocol.dataReceived(data)
         else:
             self._early.append(data)
+            self._held = True
             self._connection.pause()  # holds at most a read until someone takes the body
 
     def _ended(self, reason: Failure):

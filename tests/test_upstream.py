@@ -386,3 +386,27 @@ async def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(serv
     data = await client.closed.addTimeout(TIMEOUT, reactor)
     assert not dechunk(data.partition(b"\r\n\r\n")[2])[1]  # no last chunk: it cannot look complete
     assert cg.stats.upstream_errors == 1
+
+
+class PausesAtOnce(Body):
+    def connectionMade(self):
+        self.transport.pauseProducing()  # as a client that is not reading pauses a new body
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_paused_as_it_is_taken_stays_paused(server, upstream):
+    held = []
+    server.replies.append(lambda transport: held.append(transport))
+    response_d = upstream.request(b"POST", server.url + b"/", Headers(), b"{}")
+    while not held:
+        await later(0.01)
+    held[0].write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+    response = await response_d.addTimeout(TIMEOUT, reactor)
+    reader = PausesAtOnce()
+    response.deliverBody(reader)
+    held[0].write(b"0123456789")
+    await later(0.2)
+    assert reader.chunks == []  # paused: the socket is not read
+    response.resumeProducing()
+    assert (await ended(reader)).check(ResponseDone)
+    assert b"".join(reader.chunks) == b"0123456789"
