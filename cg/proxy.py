@@ -481,9 +481,12 @@ class _Exchange:
         self.ended = True
         self.outcome = outcome
         self._stop_upstream()
-        transport = self.request.channel.transport
+        channel = self.request.channel
+        transport = channel.transport
         if self.request.clientproto == b"HTTP/1.1" and not self.request.responseHeaders.hasHeader(b"content-length"):
-            transport.loseConnection()
+            # Through the channel: it unregisters itself from the transport first, else a
+            # drained buffer resumes the channel instead of closing (until FLUSH_TIMEOUT).
+            channel.loseConnection()
             # A client that stopped reading would keep the flush waiting: cut it after a while.
             self.proxy.reactor.callLater(FLUSH_TIMEOUT, _abort_if_open, transport)
         else:
@@ -614,7 +617,8 @@ class _Exchange:
             response.deliverBody(_Discard())
             return self._stream_continuation_refused(None, f"HTTP {response.code}")
         self.inspector.begin_continuation()
-        # Headers came; the continuation must also commit (send content) in time.
+        # Headers came; the continuation must also commit (send content) in time. A client
+        # that reads nothing keeps it paused, and past this it gets the verbatim release.
         self.stalled = self.proxy.reactor.callLater(self.proxy.continuation_timeout, self._stream_stalled)
         response.deliverBody(_Relay(self, decoder, _Inspected(self)))
 
@@ -691,9 +695,9 @@ def _ms(start, end):
 class _Relay(Protocol):
     """Hands an upstream body, decoded, to a sink chunk by chunk as it arrives.
 
-    The upstream socket is the client response's registered producer, so a client
-    that stops reading pauses the upstream read. A sink that raises ends the
-    exchange through `_bug` (the client's stream is cut, never left hanging).
+    The body attaches to the exchange's `ClientFlow`, the client response's producer,
+    so a client that stops reading pauses the upstream read. A sink that raises ends
+    the exchange through `_bug` (the client's stream is cut, never left hanging).
     """
 
     def __init__(self, exchange: _Exchange, decoder, sink):
@@ -756,11 +760,11 @@ class _Relay(Protocol):
 class ClientFlow:
     """The client response's producer for an exchange's whole life; upstream bodies come and go.
 
-    The client's channel pauses and resumes whichever producer is registered. An
-    expand round's body registered on its own while the client is paused would run
-    unthrottled until the client drained once, and a round's body unregistered while
-    paused would never be resumed (so never drain). Registered once, this keeps the
-    client's state and hands it to each body.
+    The client's channel pauses and resumes whichever producer is registered. A
+    round's body unregistered while paused would never be resumed (so never drain),
+    and an expand round's body registered while the client is paused would read on
+    until cg's next write to the client. Registered once, this keeps the client's
+    state and hands it to each body.
     """
 
     def __init__(self):

@@ -7,7 +7,7 @@ replies are written byte by byte, for the framings and failures it never produce
 import pytest
 import pytest_twisted
 from rawhttp import connect, dechunk, http_request
-from twisted.internet import defer, protocol, reactor, task
+from twisted.internet import defer, error, protocol, reactor, task
 from twisted.internet.defer import CancelledError
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
@@ -410,3 +410,37 @@ async def test_a_body_paused_as_it_is_taken_stays_paused(server, upstream):
     response.resumeProducing()
     assert (await ended(reader)).check(ResponseDone)
     assert b"".join(reader.chunks) == b"0123456789"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cut_stream_to_a_client_that_was_not_reading_closes_once_it_drains(server, make_cg):
+    """cg closes the client's connection after its last bytes, not FLUSH_TIMEOUT later by a reset."""
+    ping = b'event: ping\ndata: {"type":"ping"}\n\n' * 1000
+    chunk = b"%x\r\n%s\r\n" % (len(ping), ping)
+    sent = []
+
+    def flood_then_reset(transport):
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        transport.write(chunk * 500)  # ~17 MB: more than the sockets between here and the client hold
+        sent.append(transport)
+
+    server.replies.append(flood_then_reset)
+    cg = make_cg(anthropic_upstream=server.url.decode())
+    request = http_request("POST", "/v1/messages", b"{}", headers=[("anthropic-version", "2023-06-01")])
+    client = await connect(cg.port, request, pause_after_first=True)
+    await client.first_data
+    last = -1
+    for _ in range(100):  # until cg stops reading: the client is not
+        if cg.stats.bytes_from_upstream == last:
+            break
+        last = cg.stats.bytes_from_upstream
+        await later(0.2)
+    sent[0].abortConnection()  # the upstream breaks mid-stream
+    for _ in range(200):
+        if cg.stats.upstream_errors:
+            break
+        await later(0.05)
+    client.transport.resumeProducing()
+    data = await client.closed.addTimeout(TIMEOUT, reactor)
+    assert client.reason.check(error.ConnectionDone)  # a close after the last byte, not a reset
+    assert not dechunk(data.partition(b"\r\n\r\n")[2])[1]  # and still no last chunk
