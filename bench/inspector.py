@@ -48,18 +48,14 @@ or at ``$CG_SHARED``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import gc
 import json
 import os
 import random
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -71,7 +67,6 @@ from overhead import (
     _cg_argv,
     _child_env,
     _free_port,
-    _kill_children,
     _spawn,
     _tail,
     _with_timeout,
@@ -80,10 +75,12 @@ from overhead import (
     cpu_s,
     drive,
     http_get,
-    machine,
     ms,
+    parse_args,
     pct,
+    report,
     rss_kib,
+    run_dir,
     sleep,
     start_fake,
 )
@@ -891,18 +888,10 @@ def table(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few trials: a smoke run (< 40 s)")
-    parser.add_argument("--json", metavar="PATH", help="write the raw numbers (every sample) here")
-    parser.add_argument("--keep-logs", action="store_true", help="keep the fake's and cg's logs")
-    args = parser.parse_args(argv)
-
-    def on_term(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_term)
+    args = parse_args(
+        argv, __doc__.split("\n\n")[0], "few trials: a smoke run (< 40 s)", "keep the fake's and cg's logs"
+    )
     started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="cg-bench-inspector-"))
     env = _child_env()
     fixture()  # fail early without the fixture
     # Import cg's modules now, so the in-process figures use the code cg's process starts with.
@@ -912,7 +901,7 @@ def main(argv=None) -> int:
     import cg.usage  # noqa: F401
 
     rev = revision()
-    try:
+    with run_dir("cg-bench-inspector-", args.keep_logs) as tmp:
         fake, fake_port = start_fake(tmp, env)
         cg, cg_port = start_cg(tmp, env, fake_port)
         print(f"fake upstream pid {fake.pid} port {fake_port}; cg pid {cg.pid} port {cg_port}", file=sys.stderr)
@@ -924,21 +913,8 @@ def main(argv=None) -> int:
 
         print("3. in-process: throughput and memory", file=sys.stderr, flush=True)
         results["in_process"] = in_process(args.quick, anthropic_stream_events(_fake_texts(20)))
-        results["machine"] = machine()
         results["revision"] = rev
-        results["quick"] = args.quick
-        results["wall_s"] = round(time.monotonic() - started, 1)
-        print(table(results))
-        print(f"\n{'quick' if args.quick else 'full'} run: {results['wall_s']} s", file=sys.stderr)
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
-        return 0
-    finally:
-        _kill_children()
-        if args.keep_logs:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        return report(results, args, started, table)
 
 
 if __name__ == "__main__":

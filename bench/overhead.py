@@ -21,7 +21,7 @@ Measured:
  3. Saturation: the same closed loops on a small stream (3 deltas, no delay), and requests/s
     of small JSON (non-streaming) requests with 10 and 50 clients. The fake, cg and the client
     compete for the cores, so this measures throughput and queueing, not cg's per-request
-    latency; the 100-client stream loop has the raw relay as a third side, for reference.
+    latency; the 1- and 100-client stream loops have the raw relay as a third side, for reference.
  4. cg's RSS idle, with 100 long streams open (and per stream), and after they closed; while
     the 100 streams are open, the TTFB of one client's small streams, direct and through cg.
     (The JSON also has the TTFBs of the 100 streams, requested at once, direct and through
@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from twisted.internet import defer, reactor, task
@@ -720,7 +721,7 @@ class Bench:
         """Back-to-back small requests: the fake and cg compete for the cores, so these
         measure throughput and queueing; the raw relay shows what any Twisted proxy would."""
         timing = (1, 0.6, 0.15) if self.quick else (5, 2.0, 0.3)
-        cases = [("1", 1, 0.0, None), ("10", 10, 0.0, None), ("100", 100, 0.0, self.with_relay)]
+        cases = [("1", 1, 0.0, self.with_relay), ("10", 10, 0.0, None), ("100", 100, 0.0, self.with_relay)]
         stream3 = {"stream": True, "events": 3}
         await self.closed_loops(
             "closed_loop_stream3", "3. saturation, 3-delta streams", stream3, cases, timing
@@ -938,19 +939,22 @@ def target_line(r: dict) -> str:
 
 
 def reference_rows(r: dict) -> list[tuple]:
-    """The 100-client 3-delta loop with its three sides: what a do-nothing Twisted relay costs."""
-    v = r["closed_loop_stream3"]["100"]
-    rows = [("", *(SIDES[side] for side in v))]
-    for label, key, spec in (
-        ("TTFB p50 ms", "ttfb_p50_ms", ".2f"),
-        ("TTFB p99 ms", "ttfb_p99_ms", ".2f"),
-        ("req/s", "rps_median", ".0f"),
-    ):
-        rows.append((f"  {label}", *(_fmt(x[key], spec) for x in v.values())))
-    cpu = [
-        _fmt(x["cpu_ms_per_request"].get(side) if side != "direct" else None, ".3f") for side, x in v.items()
-    ]
-    rows.append(("  CPU ms per request of the relay / cg process", *cpu))
+    """The 3-delta loops run with three sides (1 and 100 clients): what a do-nothing Twisted
+    relay costs, alone and saturated."""
+    loops = {label: v for label, v in r["closed_loop_stream3"].items() if "relay" in v}
+    rows = [("", *(SIDES[side] for side in next(iter(loops.values()))))]
+    for label, v in loops.items():
+        rows.append((f"  {_clients(label)}",))
+        for what, key, spec in (
+            ("TTFB p50 ms", "ttfb_p50_ms", ".2f"),
+            ("TTFB p99 ms", "ttfb_p99_ms", ".2f"),
+            ("req/s", "rps_median", ".0f"),
+        ):
+            rows.append((f"    {what}", *(_fmt(x[key], spec) for x in v.values())))
+        cpu = [
+            _fmt(x["cpu_ms_per_request"].get(side) if side != "direct" else None, ".3f") for side, x in v.items()
+        ]
+        rows.append(("    CPU ms per request of the relay / cg process", *cpu))
     return rows
 
 
@@ -978,7 +982,7 @@ def table(r: dict) -> str:
         "",
     ]
     out += _align(main_rows(r))
-    out += [target_line(r), "", "saturation reference, 100 clients, 3-delta streams: direct / raw relay / cg"]
+    out += [target_line(r), "", "reference, 3-delta streams: direct / raw relay / cg"]
     out += _align(reference_rows(r))
     rss = r["rss_kib"]
     mib = 1024
@@ -1080,23 +1084,57 @@ def drive(run, timeout: float, tmp: Path, fake, cg, **others):
     return outcome[0], 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="few trials: a smoke run (~70 s; full run ~7 min)"
-    )
+def parse_args(argv, description: str, quick_help: str, logs_help: str) -> argparse.Namespace:
+    """The flags every benchmark here takes."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers (every sample) here")
-    parser.add_argument("--keep-logs", action="store_true", help="keep the fake's, cg's and the relay's logs")
-    args = parser.parse_args(argv)
+    parser.add_argument("--keep-logs", action="store_true", help=logs_help)
+    return parser.parse_args(argv)
+
+
+@contextmanager
+def run_dir(prefix: str, keep_logs: bool):
+    """A temporary directory for the subprocesses' logs; on exit, whatever happened, every
+    subprocess is stopped and the directory removed (unless kept). SIGTERM exits cleanly."""
 
     def on_term(signum, frame):
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="cg-bench-"))
-    env = _child_env()
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     try:
+        yield tmp
+    finally:
+        _kill_children()
+        if keep_logs:
+            print(f"logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def report(results: dict, args, started: float, table) -> int:
+    """Print ``table(results)`` and write the JSON (with the machine and the run's length)."""
+    results["machine"] = machine()
+    results["quick"] = args.quick
+    results["wall_s"] = round(time.monotonic() - started, 1)
+    print(table(results))
+    print(f"\n{'quick' if args.quick else 'full'} run: {results['wall_s']} s", file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(
+        argv,
+        __doc__.split("\n\n")[0],
+        "few trials: a smoke run (~70 s; full run ~7 min)",
+        "keep the fake's, cg's and the relay's logs",
+    )
+    started = time.monotonic()
+    env = _child_env()
+    with run_dir("cg-bench-", args.keep_logs) as tmp:
         fake, fake_port = start_fake(tmp, env)
         cg, cg_port = start_cg(tmp, env, fake_port)
         relay, relay_port = start_relay(tmp, env, fake_port)
@@ -1110,20 +1148,7 @@ def main(argv=None) -> int:
         results, code = drive(bench.run, 180 if args.quick else 900, tmp, fake, cg, relay=relay)
         if results is None:
             return code
-        results["machine"] = machine()
-        results["quick"] = args.quick
-        results["wall_s"] = round(time.monotonic() - started, 1)
-        print(table(results))
-        print(f"\n{'quick' if args.quick else 'full'} run: {results['wall_s']} s", file=sys.stderr)
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
-        return 0
-    finally:
-        _kill_children()
-        if args.keep_logs:
-            print(f"logs kept in {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        return report(results, args, started, table)
 
 
 if __name__ == "__main__":
