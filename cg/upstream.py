@@ -128,7 +128,6 @@ class _Connection(Protocol):
         self._left = 0  # bytes of a Content-Length body still to come
         self._chunks: http1.ChunkedDecoder | None = None
         self._paused = False
-        self._abandoned = False
         self.idle_since = 0.0  # when it last went back to the pool
 
     @property
@@ -173,7 +172,6 @@ class _Connection(Protocol):
         connection does, never from inside this call) as failed, never as complete,
         even when the rest of this read held its end.
         """
-        self._abandoned = True
         if self._state != "closed":
             self._state = "abandoned"  # from here on the connection's end ends the body, as failed
             self.transport.abortConnection()
@@ -244,7 +242,7 @@ class _Connection(Protocol):
     def _complete(self, extra: bytes):
         """The whole response is in: pool the connection (when it can serve another), then say so."""
         response, self._response = self._response, None
-        reusable = self._head.keep_alive and not extra and not self._abandoned
+        reusable = self._head.keep_alive and not extra
         self._head = self._chunks = None
         self._state = "idle"
         if self._paused:
@@ -258,7 +256,6 @@ class _Connection(Protocol):
 
     def _broken(self, reason: Exception):
         """Not HTTP: end whatever waits with `reason` and drop the connection."""
-        self._abandoned = True
         self.transport.abortConnection()
         self._fail(Failure(ResponseFailed([Failure(reason)])))
 
@@ -276,8 +273,8 @@ class _Connection(Protocol):
         if self._state == "head" and not self._got_bytes:
             reason = Failure(ConnectionDied(f"the upstream connection closed before a response: {reason.value}"))
         elif self._state == "body" and self._head.length is None and not self._head.chunked:
-            # A body delimited by the close: complete if the close was clean and not ours.
-            if reason.check(error.ConnectionDone) and not self._abandoned:
+            # A body delimited by the close: complete if the close was clean (ours would be "abandoned").
+            if reason.check(error.ConnectionDone):
                 reason = Failure(PotentialDataLoss())
             else:
                 reason = Failure(ResponseFailed([reason]))
