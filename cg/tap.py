@@ -45,7 +45,7 @@ class Options(usage.Options):
             "idle-timeout",
             None,
             _DEFAULTS.idle_timeout,
-            "Seconds an idle pooled upstream connection is kept open.",
+            "Seconds an idle pooled upstream connection is kept open (closed by the next sweep, at most half as long again).",
             float,
         ],
         [
