@@ -169,35 +169,6 @@ class SSEConn(HTTPConn):
             self.events.append((self._now - self._t0, self._sse[: end + 2]))
             self._sse = self._sse[end + 2 :]
 
-    def _feed(self, data: bytes) -> bool:
-        """overhead.HTTPConn._feed, handing each piece of body to ``_body`` on the way."""
-        if not self._chunked:
-            self._body(data[: max(0, self._need)])
-            self._need -= len(data)
-            return self._need <= 0
-        if self._buf:
-            data = self._buf + data
-            self._buf = b""
-        pos, n = 0, len(data)
-        while True:
-            if self._need:
-                take = min(self._need, n - pos)
-                self._body(data[pos : pos + min(take, max(0, self._need - 2))])
-                self._need -= take
-                pos += take
-                if self._need:
-                    return False
-                if self._last:
-                    return True
-            eol = data.find(b"\r\n", pos)
-            if eol < 0:
-                self._buf = data[pos:]
-                return False
-            size = int(data[pos:eol].split(b";", 1)[0], 16)
-            pos = eol + 2
-            self._last = size == 0
-            self._need = size + 2
-
 
 def sse_connect(port: int) -> defer.Deferred:
     return connectProtocol(TCP4ClientEndpoint(reactor, HOST, port, timeout=10), SSEConn())

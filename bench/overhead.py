@@ -365,8 +365,9 @@ class HTTPConn(Protocol):
             d.callback((self._t_first - self._t0, now - self._t0, self._status))
 
     def _feed(self, data: bytes) -> bool:
-        """Consume body bytes; True once the response is complete."""
+        """Consume body bytes (each piece of payload to ``_body`` too); True once the response is complete."""
         if not self._chunked:
+            self._body(data[: max(0, self._need)])
             self._need -= len(data)
             return self._need <= 0
         if self._buf:
@@ -376,6 +377,7 @@ class HTTPConn(Protocol):
         while True:
             if self._need:
                 take = min(self._need, n - pos)
+                self._body(data[pos : pos + min(take, max(0, self._need - 2))])
                 self._need -= take
                 pos += take
                 if self._need:
@@ -390,6 +392,9 @@ class HTTPConn(Protocol):
             pos = eol + 2
             self._last = size == 0
             self._need = size + 2  # the data and its CRLF (the final one, for the last chunk)
+
+    def _body(self, data: bytes) -> None:
+        """A piece of the response's payload; this client only counts bytes, subclasses read it."""
 
     def connectionLost(self, reason=None):
         self.lost = True
