@@ -9,7 +9,7 @@ and this process, a raw HTTP/1.1 client on Twisted that also timestamps every SS
 response the moment its blank line arrives. Every figure through cg is paired with the same
 one measured direct to the fake, in alternating order, in the same run.
 
-The requests are Claude Code's (``shared/fixtures/claude-code/p_second_request_tool_result.json``:
+The requests are Claude Code's (``tests/fixtures/claude-code/p_second_request_tool_result.json``:
 its system prompt and 24 tools, so cg injects ``context_guru_expand`` and the stream goes
 through the inspector):
 
@@ -42,8 +42,7 @@ Measured:
 
 Also cg's CPU per request (from /proc, 10 ms ticks summed over the trials), the busy cores
 of other processes during each phase, and cg's /stats stream counters. Both subprocesses
-are killed on exit, whatever happens. shared/ is found next to the checkout (``../shared``)
-or at ``$CG_SHARED``.
+are killed on exit, whatever happens.
 """
 
 from __future__ import annotations
@@ -87,8 +86,7 @@ from overhead import (
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
-SHARED = Path(os.environ.get("CG_SHARED") or Path(__file__).resolve().parents[2] / "shared")
-FIXTURE = SHARED / "fixtures" / "claude-code" / "p_second_request_tool_result.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "claude-code" / "p_second_request_tool_result.json"
 TARGET_MS = 5.0  # marker-bearing time to first text delta, cg - direct
 TARGET_EVENTS_S = 50_000
 
@@ -100,7 +98,7 @@ def fixture() -> dict:
     try:
         return json.loads(FIXTURE.read_text())
     except OSError as e:
-        raise SystemExit(f"cannot read the Claude Code fixture ({e}); set CG_SHARED to the shared/ directory") from e
+        raise SystemExit(f"cannot read the Claude Code fixture ({e}); run from a checkout of cg") from e
 
 
 def history(base: dict, bash_output: str, read_output: str) -> dict:

@@ -3,7 +3,7 @@
     python bench/rewrite.py [--quick] [--json PATH]
 
 In-process and pure: no sockets, no store. The body starts from
-``shared/fixtures/claude-code/p_second_request_tool_result.json`` (its system prompt, its 24
+``tests/fixtures/claude-code/p_second_request_tool_result.json`` (its system prompt, its 24
 tools and its first turns), and its history is grown, deterministically, with the turns a
 coding session piles up until it serializes to about 1 MB: Bash outputs of various sizes
 (pytest logs, npm and pip logs with progress-bar ``\\r`` redraws, git diffs; some with ANSI
@@ -29,8 +29,7 @@ Measured, in interleaved rounds so drift on a shared machine hits every row alik
 
 Times are time.perf_counter with the garbage collector off while timing (collected before
 each batch); medians and p90. Also the body's size before and after, and how many tool
-results each component changed. ``--json PATH`` writes every sample. shared/ is found next
-to the checkout (``../shared``), or at ``$CG_SHARED``.
+results each component changed. ``--json PATH`` writes every sample.
 """
 
 from __future__ import annotations
@@ -70,13 +69,8 @@ clock = time.perf_counter
 URI = b"/v1/messages?beta=true"
 TARGET_BYTES = 1 << 20
 SEED = 3
-FIXTURE = "fixtures/claude-code/p_second_request_tool_result.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "claude-code" / "p_second_request_tool_result.json"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def shared_dir() -> Path:
-    env = os.environ.get("CG_SHARED")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
 
 
 def serialize(body: dict) -> bytes:
@@ -552,10 +546,9 @@ def describe(raw: bytes, result) -> dict:
 
 
 def run(quick: bool) -> dict:
-    path = shared_dir() / FIXTURE
-    if not path.is_file():
-        raise SystemExit(f"no fixture at {path}: set CG_SHARED to the shared/ directory")
-    fixture = json.loads(path.read_text())
+    if not FIXTURE.is_file():
+        raise SystemExit(f"no fixture at {FIXTURE}: run from a checkout of cg")
+    fixture = json.loads(FIXTURE.read_text())
     body, kinds = build_body(fixture)
     raw = serialize(body)
     config = rewrite_config(Config(expand=True))

@@ -1,7 +1,7 @@
 """A strict checker of an Anthropic Messages stream as a client receives it.
 
 ``check_anthropic_stream(data)`` returns the problems it finds (an empty list: the stream is fine).
-It is stricter than every client (the rules of ``shared/reference/wire-and-clients.md`` §2–§4), so a
+It is stricter than every client (the rules Claude Code and the SDKs enforce, verified by running them), so a
 stream it passes is accepted by Claude Code, the Python SDK's accumulator (dense indices) and the JS
 SDK alike:
 

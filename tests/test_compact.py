@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixturedata import CLAUDE_CODE, claude_code_body
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_markers import go_style, js_style, python_style, slash_style
@@ -19,17 +20,13 @@ from cg.compact import CompactConfig, Memo, ParsedBody, compact, plan
 from cg.components import DEFAULT_COMPONENTS, Outcome
 from cg.markers import body_has_marker, marker, marker_id
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "claude-code"
-FIXTURE_NAMES = sorted(path.stem for path in FIXTURES.glob("*.json"))
+FIXTURE_NAMES = sorted(path.stem for path in CLAUDE_CODE.glob("*.json"))
 CONFIG = CompactConfig()
 
 
 def test_the_claude_code_fixtures_are_there():
     assert "p_second_request_tool_result" in FIXTURE_NAMES and len(FIXTURE_NAMES) >= 8
 
-
-def fixture_body(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())["body"]
 
 
 # How clients serialize: Claude Code (JSON.stringify), the Python SDKs, Go, PHP.
@@ -96,7 +93,7 @@ def run(body: bytes, **kwargs):
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_only_the_changed_string_changes(name, style):
     output = bash_output()
-    body = plant(fixture_body(name), output)
+    body = plant(claude_code_body(name), output)
     before = STYLES[style](body)
     literal = STYLES[style](output)
     assert before.count(literal) == 1
@@ -110,7 +107,7 @@ def test_only_the_changed_string_changes(name, style):
     new_literal = after[len(head):len(after) - len(tail)]
     new_text = json.loads(new_literal)
     assert marker(marker_id(output.encode())) in new_text
-    expected = json.loads(STYLES[style](plant(fixture_body(name), new_text)))
+    expected = json.loads(STYLES[style](plant(claude_code_body(name), new_text)))
     assert json.loads(after) == expected
     assert list(json.loads(after)) == list(body)  # key order too
     # The new string is spelled the way the client spells strings.
@@ -121,14 +118,14 @@ def test_only_the_changed_string_changes(name, style):
 
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_nothing_to_do_returns_the_very_same_bytes(name):
-    raw = js_style(fixture_body(name))
+    raw = js_style(claude_code_body(name))
     compaction = run(raw)
     assert compaction.body is raw
     assert (compaction.changed, compaction.originals, compaction.changes) == (False, {}, [])
 
 
 def planted() -> bytes:
-    return js_style(plant(fixture_body("p_second_request_tool_result"), bash_output()))
+    return js_style(plant(claude_code_body("p_second_request_tool_result"), bash_output()))
 
 
 @pytest.mark.parametrize("raw", [
@@ -172,7 +169,7 @@ def noisy(text="x"):
 
 
 def test_only_tool_results_are_touched():
-    body = fixture_body("p_second_request_after_thinking")
+    body = claude_code_body("p_second_request_after_thinking")
     body["system"].append({"type": "text", "text": noisy("system")})
     body["tools"][0]["description"] = noisy("tool")
     assistant = body["messages"][2]["content"]
@@ -202,7 +199,7 @@ def test_only_tool_results_are_touched():
 
 
 def test_results_of_the_expand_tool_are_never_touched():
-    body = fixture_body("p_second_request_tool_result")
+    body = claude_code_body("p_second_request_tool_result")
     body["messages"] += tool_turn("toolu_x", "context_guru_expand", noisy(), {"id": "0123456789abcdef"})
     raw = js_style(body)
     assert run(raw).body is raw
@@ -219,7 +216,7 @@ def test_lossy_off_runs_only_the_reformat_components():
 
 def test_changes_and_originals():
     output = bash_output() + "ünïcödé ✓ 😀"
-    raw = js_style(plant(fixture_body("p_second_request_tool_result"), output))
+    raw = js_style(plant(claude_code_body("p_second_request_tool_result"), output))
     compaction = run(raw)
     ident = marker_id(output.encode())
     assert compaction.originals == {ident: output.encode("utf-8")}
@@ -233,7 +230,7 @@ def test_changes_and_originals():
 
 
 def test_tool_names_come_from_the_matching_tool_use():
-    body = fixture_body("p_second_request_tool_result")
+    body = claude_code_body("p_second_request_tool_result")
     body["messages"] += (tool_turn("toolu_read", "Read", bash_output(seed=1))
                          + tool_turn("toolu_bash", "Bash", bash_output(seed=2))
                          + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_unknown",
@@ -252,7 +249,7 @@ def test_text_block_lists_are_compacted_part_by_part():
     parts = [{"type": "text", "text": bash_output()},
              {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
              {"type": "text", "text": small, "cache_control": {"type": "ephemeral"}}]
-    raw = js_style(plant(fixture_body("p_second_request_tool_result"), parts))
+    raw = js_style(plant(claude_code_body("p_second_request_tool_result"), parts))
     compaction = run(raw)
     new_parts = result_texts(compaction.body)[0]
     assert marker(marker_id(bash_output().encode())) in new_parts[0]["text"]
@@ -330,7 +327,7 @@ def test_rewrites_breaking_the_contract_are_reverted(component):
 
 def conversation(turns: int) -> dict:
     """A growing history: the same test output twice, a large log, and short answers."""
-    body = fixture_body("p_second_request_tool_result")
+    body = claude_code_body("p_second_request_tool_result")
     outputs = ["collected 12 items\n" + "tests/test_x.py::test_a PASSED\n" * 40, bash_output(seed=7), "ok"]
     for turn in range(turns):
         output = outputs[turn % 3] if turn < 4 else f"done {turn}"
@@ -385,12 +382,12 @@ def test_memo_is_bounded():
 
 
 def test_claude_code_compact_request_is_compacted_like_any_other():
-    raw = js_style(plant(fixture_body("compact_request"), bash_output()))
+    raw = js_style(plant(claude_code_body("compact_request"), bash_output()))
     assert run(raw).changed
 
 
 def test_results_with_lone_surrogates_are_left_alone():
-    raw = js_style(plant(fixture_body("p_second_request_tool_result"), "PLANTED")).replace(
+    raw = js_style(plant(claude_code_body("p_second_request_tool_result"), "PLANTED")).replace(
         b'"PLANTED"', json.dumps(bash_output() + "\ud800").encode())
     assert run(raw).body is raw
 

@@ -2,9 +2,9 @@
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
+from fixturedata import claude_code_body
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_markers import go_style, js_style, python_style, slash_style
@@ -29,15 +29,11 @@ from cg.continuation import (
 from cg.markers import marker_id
 from cg.usage import Usage
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "claude-code"
 ID_A = marker_id(b"original A")
 ID_B = marker_id(b"original B")
 THINKING = {"type": "thinking", "thinking": "Let me look at the elided log first.\n\u00e9\u2028",
             "signature": "EqQBCkgIARABGAIiQL+/z9kP3x2c/w==" + "A" * 200}
 
-
-def fixture_body(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())["body"]
 
 
 DEFAULT = object()
@@ -187,7 +183,7 @@ def insertion_point(raw: bytes) -> int:
 
 
 def claude_code_request(name="p_second_request_tool_result", **changes) -> bytes:
-    body = fixture_body(name)
+    body = claude_code_body(name)
     body.update(changes)
     return js_style(body)
 
@@ -287,7 +283,7 @@ def test_the_continuation_of_a_continuation_extends_it():
     (js_style, lambda new: b"</b>" in new and "é".encode() in new),
 ], ids=["python", "go", "slashes", "js"])
 def test_new_json_is_written_the_way_the_client_writes(style, check):
-    body = fixture_body("p_second_request_tool_result")
+    body = claude_code_body("p_second_request_tool_result")
     body["messages"][0]["content"][0]["text"] += " café </a> & co"  # evidence of the client's escaping
     forwarded = style(body)
     response = anthropic_response([tool_use("toolu_1")])

@@ -2,12 +2,12 @@
 
 import copy
 import json
-from pathlib import Path
 
 import anthropic
 import pytest
 import pytest_twisted
 import treq
+from fixturedata import CLAUDE_CODE, claude_code_body
 from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
@@ -25,14 +25,10 @@ from cg.testing import (
     sse_event,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "claude-code"
 TIMEOUT = 20
 SIGNATURE = "EqQBCkgIARABGAIiQL+/z9kP3x2c/w=="
 THINKING = {"type": "thinking", "thinking": "The log is elided; expand it.", "signature": SIGNATURE}
 
-
-def fixture_body(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())["body"]
 
 
 def turn(call_ids=("toolu_1",), answers=None, thinking=None) -> list[dict]:
@@ -92,9 +88,9 @@ def test_at_most_four_cache_control_blocks():
         "A maximum of 4 blocks with cache_control may be provided. Found 5."]
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in FIXTURES.glob("*.json")))
+@pytest.mark.parametrize("name", sorted(p.stem for p in CLAUDE_CODE.glob("*.json")))
 def test_every_claude_code_fixture_passes_but_for_thinking_it_never_saw(name):
-    body = fixture_body(name)
+    body = claude_code_body(name)
     problems = anthropic_request_problems(body)
     thinking = [b for m in body["messages"] if m["role"] == "assistant" and isinstance(m["content"], list)
                 for b in m["content"] if b.get("type") == "thinking"]

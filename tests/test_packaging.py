@@ -39,3 +39,16 @@ def test_bad_options_are_usage_errors():
         with pytest.raises(usage.UsageError):
             Options().parseOptions(argv)
     assert Options().parseOptions([]) is None
+
+
+def test_nothing_reads_a_path_outside_the_checkout():
+    """A user's clone has nothing beside it: fixtures live in tests/fixtures/, not in a folder beside it."""
+    root = Path(__file__).resolve().parents[1]
+    offenders = [
+        f"{path.relative_to(root)}:{number}"
+        for top in ("cg", "tests", "bench", "twisted")
+        for path in sorted((root / top).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ('../' + 'shared') in line or ('parents[' + '2]') in line
+    ]
+    assert not offenders, offenders

@@ -2,9 +2,9 @@
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
+from fixturedata import claude_code_body
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_markers import go_style, js_style, python_style, slash_style
@@ -14,7 +14,6 @@ from cg.continuation import is_cg_answer
 from cg.markers import marker_id
 from cg.repair import Repair, find_repairs, looks_like_error, repair_answer, repair_edits
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "claude-code"
 CLAUDE_CODE_ERROR = "<tool_use_error>Error: No such tool available: context_guru_expand</tool_use_error>"
 EXPAND_ID = "toolu_fake172718ffed1148c695a1b7f5"
 ORIGINAL = "FAILED tests/test_proxy.py::test_x - assert <Response 502> == café\n" * 3
@@ -23,7 +22,7 @@ REF = marker_id(ORIGINAL.encode())
 
 def followup() -> dict:
     """Claude Code's answer to an expand call it could not run (the fixture)."""
-    return json.loads((FIXTURES / "p_unknown_tool_followup.json").read_text())["body"]
+    return claude_code_body("p_unknown_tool_followup")
 
 
 def repaired(raw: bytes, dialect: str = "anthropic", text: str = ORIGINAL) -> tuple[bytes, list[Repair], list]:

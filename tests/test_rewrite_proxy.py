@@ -2,10 +2,10 @@
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 import ujson
+from fixturedata import claude_code_body
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from twisted.web.http_headers import Headers
@@ -15,13 +15,12 @@ from cg.markers import EXPAND_TOOL, marker_id
 from cg.tenant import parse_tenant
 from cg.testing import claude_code_bytes, command_output
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "claude-code"
 MARKER = "<<cg:"
 
 
 def history(bash_output: str, read_output: str) -> dict:
     """The fixture's Bash turn with a big output, then a Read turn of the same size."""
-    body = copy.deepcopy(json.loads((FIXTURES / "p_second_request_tool_result.json").read_text())["body"])
+    body = copy.deepcopy(claude_code_body("p_second_request_tool_result"))
     body["messages"][3]["content"][0]["content"] = bash_output
     body["messages"] += [
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_read1", "name": "Read",
@@ -75,8 +74,7 @@ def test_old_command_output_is_offloaded_and_stored(make_cg, fake, tmp_path):
 def test_expand_tool_bytes_are_identical_across_requests_and_processes(make_cg, fake):
     cg = make_cg(anthropic_upstream=fake.url, expand=True)
     other = make_cg(anthropic_upstream=fake.url, expand=True)
-    bodies = [json.loads((FIXTURES / name).read_text())["body"]
-              for name in ("p_first_request.json", "p_second_request_after_thinking.json")]
+    bodies = [claude_code_body(name) for name in ("p_first_request", "p_second_request_after_thinking")]
     for proxy, body in zip((cg, other), bodies):
         client = yield post(proxy.port, claude_code_bytes(body))
         yield client.closed

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import tiktoken
-from test_compact import FIXTURES, fixture_body
+from fixturedata import CLAUDE_CODE, claude_code_body
 
 from cg.tokens import estimate_tokens
 
@@ -165,13 +165,13 @@ def fixture_texts() -> list[str]:
             for item in value:
                 walk(item)
 
-    for path in sorted(FIXTURES.glob("*.json")):
-        walk(fixture_body(path.stem))
+    for path in sorted(CLAUDE_CODE.glob("*.json")):
+        walk(claude_code_body(path.stem))
     return sorted(found)
 
 
 def json_texts() -> list[str]:
-    tools = fixture_body("p_first_request")["tools"]
+    tools = claude_code_body("p_first_request")["tools"]
     return chunks(json.dumps(tools, indent=2))[:20] + [json.dumps(tool) for tool in tools][:10]
 
 

@@ -1,10 +1,10 @@
 """cg.usage: billed usage from responses and streams, running totals, session keys."""
 
 import json
-from pathlib import Path
 
 import pytest
 import ujson
+from fixturedata import claude_code_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +25,6 @@ from cg.usage import (
     openai_usage,
     session_key,
 )
-
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "claude-code"
 
 
 def events_of(*raw: bytes) -> list[Event]:
@@ -489,13 +487,9 @@ def test_first_user_message_hash_is_stable_across_turns():
     assert session_key(NO_HEADERS, other) != session_key(NO_HEADERS, first)
 
 
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared Claude Code fixtures not present")
 def test_claude_code_fixtures():
-    def load(name):
-        return json.loads((FIXTURES / name).read_text())
-
-    first, second = load("p_first_request.json"), load("p_second_request_tool_result.json")
-    other = load("p_second_request_after_thinking.json")
+    first, second = claude_code_request("p_first_request"), claude_code_request("p_second_request_tool_result")
+    other = claude_code_request("p_second_request_after_thinking")
     # With the header (what Claude Code sends): the header's session.
     for request in (first, second):
         assert (
