@@ -339,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable keys)")
     args = parser.parse_args(argv)
     summary = tally(args.changelogs).summary()
+    if len(summary["unreadable_files"]) == len(args.changelogs) and not summary["lines"]:
+        # Nothing was read: a table of zeros would read as "cg saved nothing".
+        for problem in summary["unreadable_files"]:
+            print(f"cg-report: could not read {problem}", file=sys.stderr)
+        return 1
     if args.json:
         sys.stdout.write(
             ujson.dumps(summary, ensure_ascii=False, escape_forward_slashes=False, indent=2) + "\n"

@@ -52,15 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="cg-store", description="Show or purge cg's store of elided originals."
     )
-    parser.add_argument(
-        "--store",
-        metavar="URL",
-        help=f"sqlite:PATH (default: {default_store_url()}, as for cg itself)",
-    )
+    store_help = f"sqlite:PATH (default: {default_store_url()}, as for cg itself)"
+    parser.add_argument("--store", metavar="URL", help=store_help)
+    # --store may also follow the command (cg-store info --store X): SUPPRESS keeps the
+    # subcommand's unset default from hiding a --store given before it.
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--store", metavar="URL", default=argparse.SUPPRESS, help=store_help)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parser("info", help="entries, bytes and the oldest last use")
+    commands.add_parser("info", parents=[after], help="entries, bytes and the oldest last use")
     purge = commands.add_parser(
-        "purge", help="delete originals and frozen repairs (all, or those unused for DAYS)"
+        "purge",
+        parents=[after],
+        help="delete originals and frozen repairs (all, or those unused for DAYS)",
     )
     purge.add_argument("--older-than", metavar="DAYS", type=_days)
     args = parser.parse_args(argv)

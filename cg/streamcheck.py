@@ -25,6 +25,7 @@ problems and exits 1 if there are any. Pure code otherwise: bytes in, strings ou
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import ujson
@@ -223,15 +224,23 @@ def check_anthropic_stream(data: bytes) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m cg.streamcheck FILE|-``: print the problems of a captured stream."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m cg.streamcheck FILE (- for stdin)", file=sys.stderr)
+    parser = argparse.ArgumentParser(
+        prog="python -m cg.streamcheck",
+        description="Check a recorded Anthropic Messages stream (the raw SSE bytes a client "
+        "received) the way the strictest clients parse it. Prints each problem, or 'ok'; exits "
+        "0 when the stream is fine, 1 when it has problems, 2 when it cannot be read.",
+    )
+    parser.add_argument("file", metavar="FILE", help="the recorded stream; - reads standard input")
+    args = parser.parse_args(argv)
+    try:
+        if args.file == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(args.file, "rb") as f:
+                data = f.read()
+    except OSError as e:
+        print(f"{parser.prog}: cannot read {args.file}: {e.strerror or e}", file=sys.stderr)
         return 2
-    if args[0] == "-":
-        data = sys.stdin.buffer.read()
-    else:
-        with open(args[0], "rb") as f:
-            data = f.read()
     problems = check_anthropic_stream(data)
     for problem in problems:
         print(problem)

@@ -271,3 +271,12 @@ def test_float_counts_are_counts(tmp_path):
         '"marker":"m","hash":"m","tokens_deleted":1500.0}\n'
     )
     assert tally([str(path)]).summary()["unique_deleted_tokens"] == 1500
+
+
+def test_a_missing_file_alone_prints_the_error_alone(tmp_path, capsys):
+    for extra in ([], ["--json"]):
+        assert main([str(tmp_path / "missing"), *extra]) == 1
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith(f"cg-report: could not read {tmp_path / 'missing'}")
+        assert err.count("\n") == 1

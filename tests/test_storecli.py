@@ -120,3 +120,11 @@ def test_runs_as_a_program(store):
     )
     assert result.returncode == 0, result.stderr
     assert "entries: 2 " in result.stdout
+
+
+def test_store_option_after_the_command(store, capsys):
+    code, out, err = run(capsys, "info", "--store", f"sqlite:{store}")
+    assert (code, err) == (0, "")
+    assert f"store:   {store}\n" in out
+    code, out, _ = run(capsys, "purge", "--store", f"sqlite:{store}", "--older-than", "5")
+    assert (code, out) == (0, f"purged 2 entries from {store}\n")

@@ -173,3 +173,18 @@ def test_main(tmp_path, capsys, ok):
     assert main([str(path)]) == (0 if ok else 1)
     out = capsys.readouterr().out
     assert ("ok" in out) if ok else ("no message_stop" in out)
+
+
+def test_main_usage_and_unreadable_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--help"])
+    assert exit.value.code == 0
+    assert "usage: python -m cg.streamcheck" in capsys.readouterr().out
+    assert main([str(tmp_path / "missing.sse")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"python -m cg.streamcheck: cannot read {tmp_path / 'missing.sse'}: No such file or directory\n"
+    with pytest.raises(SystemExit) as exit:
+        main([])
+    assert exit.value.code == 2
+    assert "usage:" in capsys.readouterr().err
