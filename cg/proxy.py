@@ -103,7 +103,8 @@ class ProxyResource(resource.Resource):
             return self._show_original(request, path[len(b"/cg/expand/") :].decode("latin-1"))
         which = dialect.route(request.uri, request.requestHeaders.hasHeader(b"anthropic-version"))
         if which is None:
-            return _error(request, None, 404, "cg does not proxy this path")
+            message = dialect.not_proxied(path, _url_of_cg(request))
+            return _error(request, dialect.spoken_by(request.requestHeaders), 404, message)
         if request.too_large:
             self.stats.too_large += 1
             self.stats.statuses[413] += 1
@@ -279,6 +280,12 @@ def _header_getter(request):
         return values[0].decode("latin-1") if values else None
 
     return get
+
+
+def _url_of_cg(request) -> str:
+    """The base URL this client reached cg at, as its Host header says."""
+    host = (request.getHeader(b"host") or b"HOST:PORT").decode("latin-1")
+    return f"{'https' if request.isSecure() else 'http'}://{host}"
 
 
 def _error(request, which, status: int, message: str) -> bytes:
