@@ -528,6 +528,6 @@ def split_base(url: str) -> tuple[bytes, bytes]:
 
 def _has_valid_port(parts) -> bool:
     try:
-        return parts.port != 0
+        return parts.port != 0 and not parts.netloc.endswith(":")
     except ValueError:  # not a number, or out of range
         return False

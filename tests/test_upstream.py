@@ -377,6 +377,7 @@ def test_a_base_url_splits_into_origin_and_path():
         "ftp://api.example",
         "http:///v1",
         "http://api.example:0",
+        "http://api.example:",
         "http://api.example:99999",
         "http://api.example:https",
         "http://user:secret@api.example",
