@@ -41,6 +41,31 @@ def route(uri: bytes, anthropic_version: bool) -> str | None:
     return None
 
 
+def spoken_by(headers) -> str:
+    """The dialect a client speaks, by how it authenticates: for the errors cg answers itself.
+
+    A bare `Authorization: Bearer` token is OpenAI's. `anthropic-version` or `x-api-key`
+    is Anthropic's (Claude Code sends a Bearer token with `anthropic-version`), and so
+    is anything else, as cg has always answered.
+    """
+    if headers.hasHeader(b"anthropic-version") or headers.hasHeader(b"x-api-key"):
+        return ANTHROPIC
+    authorization = headers.getRawHeaders(b"authorization", [b""])[0]
+    return OPENAI if authorization[:7].lower() == b"bearer " else ANTHROPIC
+
+
+def not_proxied(path: bytes, cg_url: str) -> str:
+    """Why cg answers 404 for `path`, with the fix when it is an OpenAI path without `/v1`.
+
+    The OpenAI SDKs append `/chat/completions` to the base URL as given, so a base URL
+    set to cg without `/v1` is the usual way to get here.
+    """
+    message = f"cg does not proxy {path.decode('latin-1')}"
+    if any(_under(b"/v1" + path, p) for p in _OPENAI_PATHS):
+        message += f": set the OpenAI base URL to {cg_url}/v1"
+    return message
+
+
 def reads_response(uri: bytes) -> bool:
     """True for the endpoints whose responses cg parses (usage, tool calls)."""
     return split_path(uri) in _READ_PATHS

@@ -1,9 +1,11 @@
 """HTTP/1.1 on the upstream leg, as plain functions and objects fed bytes (RFC 9112).
 
 `cg.upstream` speaks HTTP/1.1 to the provider itself; this module holds the parts that
-need no reactor: the request head, the response head, and the response body's framing
-(Content-Length, chunked, or delimited by the connection's close).
+need no reactor: which request-targets cg forwards, the request head, the response head,
+and the response body's framing (Content-Length, chunked, or delimited by the connection's close).
 """
+
+import re
 
 import attrs
 from twisted.web.http_headers import Headers
@@ -14,6 +16,40 @@ _MAX_SIZE_LINE = 4096  # a chunk-size line with extensions
 
 class ProtocolError(ValueError):
     """The upstream sent something that is not HTTP/1.1."""
+
+
+# RFC 3986: a path of segments of pchar (unreserved, %-escapes, sub-delims, ":" and "@").
+_PATH = re.compile(rb"(?:/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)+")
+_DOT_SEGMENT = re.compile(rb"/(?:\.|%2e){1,2}(?=/|$)", re.IGNORECASE)
+_ENCODED_UNSAFE = re.compile(rb"%(?:2f|5c|[01][0-9a-f]|7f)", re.IGNORECASE)  # / \ and controls
+_QUERY = re.compile(rb"[!\"$-~]*")  # visible ASCII but "#"
+
+
+def target_problem(target: bytes) -> str | None:
+    """Why cg will not forward a request-target, or None for one it will.
+
+    cg forwards only origin-form (RFC 9112 3.2.1: a path, then maybe a query), and
+    only as a path under its configured upstream base: any other form (`host:port/x`,
+    `http://host/x`, `*`) would name a host. `//host/x` is origin-form, a path whose
+    first segment is empty: it goes to the configured upstream as that path, never to
+    `host`. Refused too is what lets a path climb out of the base's path or the route
+    cg chose once an upstream decodes or normalises it: a `.` or `..` segment, an
+    encoded `/` or `\\`, an encoded control character. Whitespace and control bytes
+    (CR, LF, NUL) are refused as any other byte a path cannot hold (twisted.web
+    refuses them in the request line before cg sees it).
+    """
+    path, _, query = target.partition(b"?")
+    if path[:1] != b"/":
+        return "it does not start with / (cg takes a path, never a host or a URL)"
+    if _PATH.fullmatch(path) is None:
+        return "its path holds a bad %-escape or a character a URL path cannot (such as # or \\)"
+    if _DOT_SEGMENT.search(path):
+        return "its path has a . or .. segment"
+    if _ENCODED_UNSAFE.search(path):
+        return "its path has an encoded /, \\ or control character"
+    if _QUERY.fullmatch(query) is None:
+        return "its query holds # or a byte that is not visible ASCII"
+    return None
 
 
 def request_head(method: bytes, target: bytes, host: bytes, headers: Headers, body: bytes | None) -> bytes:

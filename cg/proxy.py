@@ -24,7 +24,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
-from cg import dialect, headers
+from cg import dialect, headers, http1
 from cg.changelog import NullChangeLog, compaction_record, usage_record
 from cg.continuation import (
     answers,
@@ -54,7 +54,7 @@ class ProxyResource(resource.Resource):
         self,
         upstream,
         stats,
-        upstreams: dict[str, bytes],
+        upstreams: dict[str, tuple[bytes, bytes]],  # dialect -> (origin, base path): `split_base`
         *,
         rewriter=None,
         store=None,
@@ -90,6 +90,10 @@ class ProxyResource(resource.Resource):
 
     def render(self, request):
         request.responseHeaders.removeHeader(b"server")  # cg adds no headers of its own
+        problem = http1.target_problem(request.uri)
+        if problem is not None:
+            message = f"cg does not forward this request-target: {problem}"
+            return _error(request, dialect.spoken_by(request.requestHeaders), 400, message)
         path = dialect.split_path(request.uri)
         if path == b"/" and request.method == b"HEAD":
             return b""  # Claude Code warms its connection with HEAD /
@@ -103,7 +107,8 @@ class ProxyResource(resource.Resource):
             return self._show_original(request, path[len(b"/cg/expand/") :].decode("latin-1"))
         which = dialect.route(request.uri, request.requestHeaders.hasHeader(b"anthropic-version"))
         if which is None:
-            return _error(request, None, 404, "cg does not proxy this path")
+            message = dialect.not_proxied(path, _url_of_cg(request))
+            return _error(request, dialect.spoken_by(request.requestHeaders), 404, message)
         if request.too_large:
             self.stats.too_large += 1
             self.stats.statuses[413] += 1
@@ -281,6 +286,12 @@ def _header_getter(request):
     return get
 
 
+def _url_of_cg(request) -> str:
+    """The base URL this client reached cg at, as its Host header says."""
+    host = (request.getHeader(b"host") or b"HOST:PORT").decode("latin-1")
+    return f"{'https' if request.isSecure() else 'http'}://{host}"
+
+
 def _error(request, which, status: int, message: str) -> bytes:
     body = dialect.error_body(which, status, message)
     request.setResponseCode(status)
@@ -360,8 +371,10 @@ class _Exchange:
         self._send(body, self._respond, self._upstream_failed)
 
     def _send(self, body, on_response, on_failure):
-        url = self.proxy.upstreams[self.which] + self.request.uri
-        self.pending = self.proxy.upstream.request(self.request.method, url, self.upstream_headers, body)
+        origin, base_path = self.proxy.upstreams[self.which]
+        self.pending = self.proxy.upstream.request(
+            self.request.method, origin, base_path + self.request.uri, self.upstream_headers, body
+        )
         self.stats.bytes_to_upstream += len(body or b"")
 
         def responded(response):

@@ -18,13 +18,9 @@ from cg.site import Connections, ProxySite
 from cg.stats import Stats
 from cg.store import default_store_url, store_from_url
 from cg.tenant import parse_tenant
-from cg.upstream import Upstream, load_trust_root
+from cg.upstream import Upstream, load_trust_root, split_base
 
 log = Logger(namespace="cg.service")
-
-
-def _base(url: str) -> bytes:
-    return url.rstrip("/").encode("ascii")
 
 
 def _install_sighup(reopen):
@@ -94,7 +90,7 @@ class CGService(service.Service):
         self.resource = ProxyResource(
             self.upstream,
             self.stats,
-            {"anthropic": _base(config.anthropic_upstream), "openai": _base(config.openai_upstream)},
+            {"anthropic": split_base(config.anthropic_upstream), "openai": split_base(config.openai_upstream)},
             rewriter=Rewriter(rewrite_config(config)),
             store=self.store,
             tenant_of=parse_tenant(config.tenant),

@@ -6,6 +6,7 @@ from cg.components import DEFAULT_COMPONENTS
 from cg.config import Config, parse_size
 from cg.service import CGService
 from cg.tenant import parse_tenant
+from cg.upstream import split_base
 
 _COMPONENTS = [c.name for c in DEFAULT_COMPONENTS]
 
@@ -152,6 +153,8 @@ class Options(usage.Options):
             parse_tenant(self["tenant"])
             for option in ("max-body", "max-held"):
                 parse_size(self[option])
+            for option in ("anthropic-upstream", "openai-upstream"):
+                split_base(self[option])
         except ValueError as error:
             raise usage.UsageError(str(error)) from error
         if self["max-expand-rounds"] < 0:

@@ -14,6 +14,8 @@ body's push producer, and its `connectionLost` gets ResponseDone (a complete bod
 PotentialDataLoss (a body delimited by a clean close) or ResponseFailed.
 """
 
+from urllib.parse import urlsplit
+
 from twisted.internet import defer, error, ssl
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.protocol import Factory, Protocol
@@ -367,7 +369,7 @@ class _ConnectionFactory(Factory):
 
 
 class _Target:
-    """Where an upstream URL goes: the pool key, its endpoint (built once), Host and path."""
+    """Where an upstream origin is: the pool key, its endpoint (built once), and Host."""
 
     __slots__ = ("key", "endpoint", "host")
 
@@ -466,14 +468,14 @@ class Upstream:
         self._tls = BrowserLikePolicyForHTTPS(trust_root)
         self._targets: dict[bytes, _Target] = {}
 
-    def request(self, method: bytes, url: bytes, headers, body: bytes | None) -> defer.Deferred:
-        """Fires with the Response once its head arrived.
+    def request(self, method: bytes, origin: bytes, path: bytes, headers, body: bytes | None) -> defer.Deferred:
+        """Sends a request for `path` to `origin` (``scheme://host[:port]``, from `split_base`).
 
-        Fails with HeaderTimeout when that takes longer than the header timeout, or
-        with the transport's failure (connect refused or timed out, reset). Cancelling
-        it before then drops the connection, so the provider stops.
+        Fires with the Response once its head arrived. Fails with HeaderTimeout when
+        that takes longer than the header timeout, or with the transport's failure
+        (connect refused or timed out, reset). Cancelling it before then drops the
+        connection, so the provider stops.
         """
-        origin, path = _split_url(url)
         target = self._targets.get(origin)
         if target is None:
             target = self._targets[origin] = self._target(origin)
@@ -502,10 +504,30 @@ class Upstream:
         return self.pool.close()
 
 
-def _split_url(url: bytes) -> tuple[bytes, bytes]:
-    """``scheme://host[:port]`` and the request target (``/`` when empty)."""
-    scheme, sep, rest = url.partition(b"://")
-    host, slash, path = rest.partition(b"/")
-    if not sep or not host:
-        raise ValueError(f"not an absolute URL: {url[:100]!r}")
-    return scheme + b"://" + host, slash + path if slash else b"/"
+def split_base(url: str) -> tuple[bytes, bytes]:
+    """An upstream base URL as its origin (``scheme://host[:port]``) and its path (no final ``/``).
+
+    Split once, from the configuration: a request goes to that origin with the base's
+    path followed by the client's, so nothing a client sends can name another scheme,
+    host or port. ValueError for anything else than http(s)://host[:port][/path].
+    """
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if not (
+        parts.scheme in ("http", "https")
+        and parts.hostname
+        and _has_valid_port(parts)
+        and url.isascii()
+        and "@" not in parts.netloc  # no user name
+        and not any(c in url for c in "?#")  # no query or fragment
+        and not (path and http1.target_problem(path.encode()))
+    ):
+        raise ValueError(f"an upstream base URL is http(s)://host[:port][/path], not {url!r}")
+    return f"{parts.scheme}://{parts.netloc}".encode(), path.encode()
+
+
+def _has_valid_port(parts) -> bool:
+    try:
+        return parts.port != 0 and not parts.netloc.endswith(":")
+    except ValueError:  # not a number, or out of range
+        return False

@@ -5,7 +5,67 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.web.http_headers import Headers
 
-from cg.http1 import ChunkedDecoder, ProtocolError, parse_response_head, request_head
+from cg.http1 import ChunkedDecoder, ProtocolError, parse_response_head, request_head, target_problem
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        b"/v1/messages",
+        b"/v1/messages?beta=true",
+        b"/v1/models/ft:gpt-4o:org:custom:abc",
+        b"/v1/files/file-1@x/content",  # "@" and ":" are path characters
+        b"//api.example/v1/messages",  # a path whose first segment is empty, not a host
+        b"/v1/.well-known/x",  # a segment that only starts with a dot
+        b"/v1/a%20b",
+        b"/v1/messages?q=a/b?c&x=%2F..&y=[]|{}",  # a query cannot climb out of the path
+        b"/",
+    ],
+)
+def test_origin_form_targets_are_forwarded(target):
+    assert target_problem(target) is None
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        b":9999/v1/messages",
+        b"api.example:9999/v1/messages",
+        b".attacker.example/v1/messages",
+        b"@attacker.example/v1/messages",
+        b"http://attacker.example/v1/messages",
+        b"*",
+        b"",
+        b"?/v1/messages",
+        b"/v1/messages#x",
+        b"/v1/messages\\..\\x",
+        b"/v1/mess ages",
+        b"/v1/messages\r\nHost: attacker.example",
+        b"/v1/messages\n",
+        b"/v1/messages\x00",
+        b"/v1/messages\x7f",
+        b"/v1/messages\xa0",
+        b"/v1/messages%",
+        b"/v1/messages%2",
+        b"/v1/messages%zz",
+        b"/v1/messages/../../x",
+        b"/v1/messages/..",
+        b"/./v1/messages",
+        b"/v1/%2e%2E/x",
+        b"/v1/.%2e/x",
+        b"/%2F../v1/messages",
+        b"/v1/%2f",
+        b"/v1/%5C..",
+        b"/v1/messages%00",
+        b"/v1/messages%0d%0aHost:%20x",
+        b"/v1/messages%7F",
+        b"/v1/messages?x#y",
+        b"/v1/messages?x=\x80",
+        b"/v1/messages?x= y",
+    ],
+)
+def test_other_targets_are_refused(target):
+    assert target_problem(target) is not None
 
 
 def test_request_head_carries_host_headers_and_length():

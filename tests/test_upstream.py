@@ -13,7 +13,7 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
-from cg.upstream import ConnectionDied, Upstream
+from cg.upstream import ConnectionDied, Upstream, split_base
 
 TIMEOUT = 10
 
@@ -108,7 +108,7 @@ async def ended(reader: Body):
 
 async def fetch(upstream, url: bytes, method=b"POST", body=b"{}", path=b"/v1/messages"):
     """One request: (response, body bytes, how the body ended)."""
-    d = upstream.request(method, url + path, Headers({b"x-api-key": [b"k"]}), body)
+    d = upstream.request(method, url, path, Headers({b"x-api-key": [b"k"]}), body)
     response = await d.addTimeout(TIMEOUT, reactor)
     reader = Body()
     response.deliverBody(reader)
@@ -246,7 +246,7 @@ async def test_what_is_not_http_fails_the_request_without_retry(server, upstream
     server.replies += [OK_12, reply]
     await fetch(upstream, server.url)  # so the next request is on a reused connection
     with pytest.raises(ResponseFailed):
-        await upstream.request(b"POST", server.url + b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+        await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
     assert upstream.retries == []
 
 
@@ -264,14 +264,14 @@ async def test_reused_connection_dead_before_any_byte_is_retried_once(server, up
 async def test_fresh_connection_dead_before_any_byte_is_not_retried(server, upstream):
     server.replies += [lambda transport: transport.abortConnection(), OK_12]
     with pytest.raises(ConnectionDied):
-        await upstream.request(b"POST", server.url + b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+        await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
     assert upstream.retries == [] and len(server.requests) == 1
 
 
 @pytest_twisted.ensureDeferred
 async def test_cancel_before_the_head_drops_the_connection(server, upstream):
     server.replies.append(b"")  # never answers
-    d = upstream.request(b"POST", server.url + b"/", Headers(), b"{}")
+    d = upstream.request(b"POST", server.url, b"/", Headers(), b"{}")
     while not server.requests:
         await later(0.01)
     d.cancel()
@@ -284,7 +284,7 @@ async def test_cancel_before_the_head_drops_the_connection(server, upstream):
 async def test_stopping_the_body_drops_the_connection_and_a_stale_producer_is_inert(server, upstream):
     server.replies += [OK_12, written_in_pieces(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\nsome"), OK_12]
     first, _, _ = await fetch(upstream, server.url)
-    response = await upstream.request(b"POST", server.url + b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+    response = await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
     assert server.requests[-1][0] == 0  # the first response's connection, reused
     first.stopProducing()  # a stale reference: must not touch the reused connection
     first.pauseProducing()
@@ -301,7 +301,7 @@ async def test_stopping_the_body_drops_the_connection_and_a_stale_producer_is_in
 @pytest_twisted.ensureDeferred
 async def test_body_taken_later_loses_nothing(server, upstream):
     server.replies.append(written_in_pieces(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234", b"56789"))
-    response = await upstream.request(b"POST", server.url + b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+    response = await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
     await later(0.2)
     reader = Body()
     response.deliverBody(reader)
@@ -336,7 +336,7 @@ class StopsAtFirstData(Body):
 @pytest_twisted.ensureDeferred
 async def test_a_body_stopped_mid_read_ends_failed_even_if_the_read_held_its_end(server, upstream):
     server.replies.append(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n2\r\ncd\r\n0\r\n\r\n")
-    response = await upstream.request(b"POST", server.url + b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+    response = await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
     reader = StopsAtFirstData()
     response.deliverBody(reader)
     reason = await ended(reader)
@@ -349,7 +349,7 @@ async def test_pool_close_twice_fires_both_and_a_late_connection_is_not_pooled(s
     held = []
     server.replies += [lambda transport: held.append(transport), OK_12]
     client = Upstream(reactor)
-    late = client.request(b"POST", server.url + b"/", Headers(), b"{}")  # connection 0, answered later
+    late = client.request(b"POST", server.url, b"/", Headers(), b"{}")  # connection 0, answered later
     while not held:
         await later(0.01)
     await fetch(client, server.url)  # connection 1, idle in the pool after this
@@ -362,6 +362,34 @@ async def test_pool_close_twice_fires_both_and_a_late_connection_is_not_pooled(s
     response.deliverBody(reader)
     assert (await ended(reader)).check(ResponseDone)
     await server.closed[0].addTimeout(TIMEOUT, reactor)  # closed after its response, not pooled
+
+
+def test_a_base_url_splits_into_origin_and_path():
+    assert split_base("https://api.anthropic.com") == (b"https://api.anthropic.com", b"")
+    assert split_base("HTTPS://api.example:8443/") == (b"https://api.example:8443", b"")
+    assert split_base("http://[::1]:8080/gateway/openai/") == (b"http://[::1]:8080", b"/gateway/openai")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "api.anthropic.com",
+        "ftp://api.example",
+        "http:///v1",
+        "http://api.example:0",
+        "http://api.example:",
+        "http://api.example:99999",
+        "http://api.example:https",
+        "http://user:secret@api.example",
+        "http://api.example/v1?beta=true",
+        "http://api.example/#v1",
+        "http://api.example/gateway/../admin",
+        "http://api.exämple",
+    ],
+)
+def test_what_is_not_a_base_url_is_refused(url):
+    with pytest.raises(ValueError):
+        split_base(url)
 
 
 @pytest_twisted.ensureDeferred
@@ -397,7 +425,7 @@ class PausesAtOnce(Body):
 async def test_a_body_paused_as_it_is_taken_stays_paused(server, upstream):
     held = []
     server.replies.append(lambda transport: held.append(transport))
-    response_d = upstream.request(b"POST", server.url + b"/", Headers(), b"{}")
+    response_d = upstream.request(b"POST", server.url, b"/", Headers(), b"{}")
     while not held:
         await later(0.01)
     held[0].write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
