@@ -229,7 +229,7 @@ class ProxyResource(resource.Resource):
                     message=change.message_index, block=change.block_index, tool=change.tool_name,
                     component=change.component, lossy=change.lossy, marker=change.marker_id,
                     tokens_before=change.tokens_before, tokens_after=change.tokens_after,
-                    content_hash=change.content_id,
+                    content_hash=change.content_id, part=change.part_index, step=change.step,
                 )
             )
         return body if self.observe else rewrite.body

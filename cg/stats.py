@@ -111,12 +111,18 @@ class ComponentStats:
 
 @attrs.define
 class CompactionStats:
-    """What compaction did to forwarded requests (or, in observe mode, would have done)."""
+    """What compaction did to forwarded requests (or, in observe mode, would have done).
+
+    `tokens_before` and `tokens_after` count each rewritten tool result once, however many
+    components rewrote it: its size as the client sent it, and as cg forwarded it. Per component,
+    `saved_tokens` is that component's own step (from the text the previous one left); the steps
+    of a result add up to its saving, so the components' figures add up to the total.
+    """
 
     requests_rewritten: int = 0
     requests_injected: int = 0
     tokens_before: int = 0
-    tokens_after: int = 0
+    saved: int = 0
     saved_unique: int = 0
     store_fail_open: int = 0
     components: dict = attrs.field(factory=dict)
@@ -138,11 +144,13 @@ class CompactionStats:
         self.requests_rewritten += 1
         for change in changes:
             saved = change.tokens_before - change.tokens_after
-            self.tokens_before += change.tokens_before
-            self.tokens_after += change.tokens_after
+            if change.step == 0:  # the result as the client sent it; later steps start from cg's text
+                self.tokens_before += change.tokens_before
+            self.saved += saved
             component = self._component(change.component)
             component.acted += 1
             component.saved_tokens += saved
+            # Each step once: a result's steps add up to its saving, so this counts it once too.
             key = (change.component, change.content_id)
             if key not in self._seen:
                 if len(self._seen) >= self._seen_max:  # bounded: the figure becomes a lower bound
@@ -151,15 +159,14 @@ class CompactionStats:
                 self.saved_unique += saved
 
     def snapshot(self) -> dict:
-        saved = self.tokens_before - self.tokens_after
         return {
             "requests_rewritten": self.requests_rewritten,
             "requests_injected": self.requests_injected,
             "tokens_before": self.tokens_before,
-            "tokens_after": self.tokens_after,
-            "saved_tokens": saved,
+            "tokens_after": self.tokens_before - self.saved,
+            "saved_tokens": self.saved,
             "saved_tokens_unique": self.saved_unique,
-            "savings_pct": round(100 * saved / self.tokens_before, 2) if self.tokens_before else 0.0,
+            "savings_pct": round(100 * self.saved / self.tokens_before, 2) if self.tokens_before else 0.0,
             "store_fail_open": self.store_fail_open,
             "components": {name: attrs.asdict(c) for name, c in sorted(self.components.items())},
         }

@@ -1,0 +1,63 @@
+"""What cg reports it saved, through the running proxy: /stats, the change log and cg-report."""
+
+import json
+
+import ujson
+from pytest_twisted import inlineCallbacks
+from rawhttp import connect, http_request, split_response
+from test_rewrite_proxy import claude_code_bytes, command_output, history, post
+
+from cg import report
+from cg.tokens import estimate_tokens
+
+
+def coloured_output() -> str:
+    """A long coloured test log: textclean strips its colours, then offload shortens what is left."""
+    return "\n".join(f"\x1b[32m{line}\x1b[0m" for line in command_output().split("\n"))
+
+
+def get_stats(port):
+    client = yield connect(port, http_request("GET", "/stats"))
+    status, _, body = split_response((yield client.closed))
+    assert status == 200
+    return ujson.loads(body)
+
+
+@inlineCallbacks
+def test_a_result_two_components_rewrote_counts_once(make_cg, fake, tmp_path):
+    path = tmp_path / "changes.jsonl"
+    cg = make_cg(anthropic_upstream=fake.url, expand=True, changelog=str(path))
+    bash = coloured_output()
+    raw = claude_code_bytes(history(bash, "x"))
+    for _ in range(2):  # the same history re-sent
+        client = yield post(cg.port, raw)
+        yield client.closed
+    forwarded = json.loads(fake.received[0].body)["messages"][3]["content"][0]["content"]
+    sent, after = estimate_tokens(bash), estimate_tokens(forwarded)
+    assert "<<cg:" in forwarded and after < sent / 10
+
+    yield cg.service.changelog.flush()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    steps = [(line["seq"], line["component"], line["step"], line["part"]) for line in lines
+             if line["kind"] == "compaction"]
+    first, second = sorted({seq for seq, *_ in steps})
+    assert steps == [(first, "textclean", 0, None), (first, "offload", 1, None),
+                     (second, "textclean", 0, None), (second, "offload", 1, None)]
+    textclean, offload = lines[:2]
+    assert textclean["tokens_before"] == sent and offload["tokens_after"] == after
+    assert sent > textclean["tokens_after"] == offload["tokens_before"] > after  # the text between
+
+    compaction = (yield from get_stats(cg.port))["compaction"]
+    assert compaction["tokens_before"] == 2 * sent
+    assert compaction["tokens_after"] == 2 * after
+    assert compaction["saved_tokens"] == 2 * (sent - after)
+    assert compaction["saved_tokens_unique"] == sent - after
+    assert compaction["savings_pct"] == round(100 * (sent - after) / sent, 2) > 90
+    per_component = compaction["components"]
+    assert per_component["textclean"]["saved_tokens"] + per_component["offload"]["saved_tokens"] == 2 * (sent - after)
+
+    summary = report.tally([str(path)]).summary()
+    assert summary["results"] == 2
+    assert (summary["results_tokens_before"], summary["results_tokens_after"]) == (2 * sent, 2 * after)
+    assert summary["results_savings_pct"] == compaction["savings_pct"]
+    assert summary["unique_deleted_tokens"] == sent - after
