@@ -216,7 +216,7 @@ class ProxyResource(resource.Resource):
         return stored.addCallbacks(lambda _: self._chosen(exchange, body, rewrite), unstored)
 
     def _chosen(self, exchange, body: bytes, rewrite) -> bytes:
-        self.stats.compaction.record(rewrite)
+        self.stats.compaction.record(rewrite, len(body))
         self.stats.expand.repairs += rewrite.repaired
         if not self.observe:
             # Kept for the response's life: what it decides by, not the originals (stored) or the parse.

@@ -3,6 +3,7 @@
 import json
 
 import ujson
+from fixturedata import claude_code_body
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from test_rewrite_proxy import claude_code_bytes, command_output, history, post
@@ -61,3 +62,25 @@ def test_a_result_two_components_rewrote_counts_once(make_cg, fake, tmp_path):
     assert (summary["results_tokens_before"], summary["results_tokens_after"]) == (2 * sent, 2 * after)
     assert summary["results_savings_pct"] == compaction["savings_pct"]
     assert summary["unique_deleted_tokens"] == sent - after
+
+
+@inlineCallbacks
+def test_the_share_of_all_input_cg_forwarded(make_cg, fake):
+    cg = make_cg(anthropic_upstream=fake.url, expand=True)
+    rewritten = claude_code_bytes(history(coloured_output(), "x"))
+    unchanged = claude_code_bytes(claude_code_body("p_first_request"))  # no tool result: only the tool added
+    for raw, headers in ((rewritten, ()), (unchanged, ()), (rewritten, [("x-cg-bypass", "1")])):
+        client = yield post(cg.port, raw, headers)
+        yield client.closed
+    client = yield connect(cg.port, http_request("GET", "/v1/models", headers=[("anthropic-version", "2023-06-01")]))
+    yield client.closed
+    forwarded = [r.body for r in fake.received[:2]]
+    assert len(forwarded[0]) < 0.6 * len(rewritten) and len(forwarded[1]) > len(unchanged)
+
+    compaction = (yield from get_stats(cg.port))["compaction"]
+    client_bytes, forwarded_bytes = len(rewritten) + len(unchanged), sum(map(len, forwarded))
+    assert compaction["input_requests"] == 2  # the bypassed request and the GET are not counted
+    assert compaction["input_tokens_client"] == round(client_bytes / 3)
+    assert compaction["input_tokens_forwarded"] == round(forwarded_bytes / 3)
+    assert compaction["input_savings_pct"] == round(100 * (client_bytes - forwarded_bytes) / client_bytes, 2)
+    assert compaction["requests_rewritten"] == 1
