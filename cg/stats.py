@@ -60,6 +60,7 @@ class Stats:
     compaction: "CompactionStats" = attrs.field(factory=lambda: CompactionStats())
     store: object = None  # the store's own counters (cg.store.StoreStats), when there is one
     store_info: object = None  # the store's size (cg.store.StoreInfo), refreshed off the request path
+    store_info_as_of: float | None = None  # when store_info was read (Unix time)
     usage: UsageTotals = attrs.field(factory=UsageTotals)
     expand: "ExpandStats" = attrs.field(factory=lambda: ExpandStats())
     sse: "StreamStats" = attrs.field(factory=lambda: StreamStats())
@@ -93,6 +94,7 @@ class Stats:
             "store": {
                 **(attrs.asdict(self.store) if self.store is not None else {}),
                 **(attrs.asdict(self.store_info) if self.store_info is not None else {}),
+                **({"size_as_of": self.store_info_as_of} if self.store_info is not None else {}),
             },
             "usage": self.usage.as_dict(),
             "expand": attrs.asdict(self.expand),

@@ -1,6 +1,7 @@
-"""What cg reports it saved, through the running proxy: /stats, the change log and cg-report."""
+"""What /stats, the change log and cg-report say cg did, through the running proxy."""
 
 import json
+import time
 
 import ujson
 from fixturedata import claude_code_body
@@ -84,3 +85,19 @@ def test_the_share_of_all_input_cg_forwarded(make_cg, fake):
     assert compaction["input_tokens_forwarded"] == round(forwarded_bytes / 3)
     assert compaction["input_savings_pct"] == round(100 * (client_bytes - forwarded_bytes) / client_bytes, 2)
     assert compaction["requests_rewritten"] == 1
+
+
+@inlineCallbacks
+def test_the_store_size_says_when_it_was_read(make_cg, fake):
+    started = time.time()
+    cg = make_cg(anthropic_upstream=fake.url, expand=True)
+    store = (yield from get_stats(cg.port))["store"]
+    assert store["entries"] == 0 and started <= store["size_as_of"] <= time.time()
+
+    client = yield post(cg.port, claude_code_bytes(history(coloured_output(), "x")))
+    yield client.closed
+    assert (yield from get_stats(cg.port))["store"] == {**store, "writes": 1}  # the size waits for its timer
+
+    yield cg.service._refresh_store_info()
+    refreshed = (yield from get_stats(cg.port))["store"]
+    assert refreshed["entries"] == 1 and store["size_as_of"] < refreshed["size_as_of"] <= time.time()
