@@ -101,3 +101,18 @@ def test_the_store_size_says_when_it_was_read(make_cg, fake):
     yield cg.service._refresh_store_info()
     refreshed = (yield from get_stats(cg.port))["store"]
     assert refreshed["entries"] == 1 and store["size_as_of"] < refreshed["size_as_of"] <= time.time()
+
+
+@inlineCallbacks
+def test_the_change_log_places_a_text_part(make_cg, fake, tmp_path):
+    path = tmp_path / "changes.jsonl"
+    cg = make_cg(anthropic_upstream=fake.url, expand=True, changelog=str(path))
+    body = history("x", "x")
+    body["messages"][3]["content"][0]["content"] = [{"type": "text", "text": "exit 1"},
+                                                    {"type": "text", "text": coloured_output()}]
+    client = yield post(cg.port, claude_code_bytes(body))
+    yield client.closed
+    yield cg.service.changelog.flush()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(c["message"], c["block"], c["part"], c["step"], c["component"]) for c in lines
+            if c["kind"] == "compaction"] == [(3, 0, 1, 0, "textclean"), (3, 0, 1, 1, "offload")]
