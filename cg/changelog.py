@@ -52,13 +52,22 @@ def compaction_record(
     tokens_before: int,
     tokens_after: int,
     content_hash: str,
+    part: int | None,
+    step: int,
 ) -> dict:
     """One component's rewrite of one tool result in one forwarded request.
 
     A decision replayed on a later turn is logged again: summing ``tokens_deleted`` over the
     log gives the cumulative figure, which counts every re-send. ``hash`` identifies the
     result's original content, so ``cg-report`` can count a reformat compaction (no marker)
-    once. ``block`` is None for an OpenAI ``role: "tool"`` message (it has no blocks).
+    once. ``block`` is None for an OpenAI ``role: "tool"`` message (it has no blocks);
+    ``part`` is the text part's index when the result's content is a list, else None.
+
+    A result several components rewrote has one line per component, in order, numbered by
+    ``step`` from 0: ``tokens_before`` of step 0 is the result as the client sent it, and each
+    later step starts from the previous one's ``tokens_after``. Sum ``tokens_before`` over
+    step-0 lines only, or a result's intermediate text is counted twice; ``tokens_deleted``
+    adds up over all lines.
     """
     return {
         "kind": "compaction",
@@ -75,6 +84,8 @@ def compaction_record(
         "tokens_after": tokens_after,
         "tokens_deleted": tokens_before - tokens_after,
         "hash": content_hash,
+        "part": part,
+        "step": step,
     }
 
 

@@ -40,13 +40,20 @@ class CompactConfig:
 
 @attrs.frozen
 class Change:
-    """One component's rewrite of one tool result (one line of the change log)."""
+    """One component's rewrite of one tool result (one line of the change log).
+
+    `step` is its place among the components that rewrote the result: step 0 got the result as
+    the client sent it, each later one the previous one's output. Summing `tokens_before` over
+    every step would count that intermediate text twice; a result's size as sent is its step 0's
+    `tokens_before`, and its saving is the sum of its steps' savings.
+    """
 
     message_index: int
     block_index: int | None
     part_index: int | None
     tool_name: str | None
     component: str
+    step: int
     lossy: bool
     marker_id: str | None
     tokens_before: int
@@ -211,9 +218,9 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
         changes += [
             Change(message_index=result.message_index, block_index=result.block_index,
                    part_index=result.part_index, tool_name=result.tool_name, component=step.component,
-                   lossy=step.lossy, marker_id=result_id if step.lossy else None,
+                   step=index, lossy=step.lossy, marker_id=result_id if step.lossy else None,
                    tokens_before=step.tokens_before, tokens_after=step.tokens_after, content_id=result_id)
-            for step in decision.steps
+            for index, step in enumerate(decision.steps)
         ]
         if any(step.lossy for step in decision.steps):
             originals[result_id] = result.text.encode("utf-8")

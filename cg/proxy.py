@@ -221,7 +221,7 @@ class ProxyResource(resource.Resource):
         return stored.addCallbacks(lambda _: self._chosen(exchange, body, rewrite), unstored)
 
     def _chosen(self, exchange, body: bytes, rewrite) -> bytes:
-        self.stats.compaction.record(rewrite)
+        self.stats.compaction.record(rewrite, len(body))
         self.stats.expand.repairs += rewrite.repaired
         if not self.observe:
             # Kept for the response's life: what it decides by, not the originals (stored) or the parse.
@@ -234,7 +234,7 @@ class ProxyResource(resource.Resource):
                     message=change.message_index, block=change.block_index, tool=change.tool_name,
                     component=change.component, lossy=change.lossy, marker=change.marker_id,
                     tokens_before=change.tokens_before, tokens_after=change.tokens_after,
-                    content_hash=change.content_id,
+                    content_hash=change.content_id, part=change.part_index, step=change.step,
                 )
             )
         return body if self.observe else rewrite.body

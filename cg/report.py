@@ -4,6 +4,10 @@ The cumulative figure sums every compaction line, and a decision is logged again
 turn that re-sends it: it counts re-sends, and context-guru found it overstated savings 8-21x.
 The unique figure counts each compaction once: lossy ones by (marker id, component), reformat
 ones by (content hash, component). That one is the honest measure of what cg kept out.
+
+A line is one component's step; a tool result two components rewrote has two lines in a
+request. The ``results_*`` figures count each result once per request: its size as the client
+sent it (step 0's ``tokens_before``) and as cg forwarded it (its last step's ``tokens_after``).
 """
 
 from __future__ import annotations
@@ -89,6 +93,12 @@ class Tally:
     usage_lines: int = 0
     usage: dict = attrs.Factory(lambda: dict.fromkeys(_USAGE_FIELDS, 0))
     components: dict = attrs.Factory(dict)
+    results: int = 0
+    results_tokens_before: int = 0
+    results_tokens_after: int = 0
+    # The last compaction line's (session, seq, message, block, part) and size after it: a line
+    # from a cg that wrote no ``step`` continues that result when it starts from that size.
+    _previous: tuple | None = None
 
     def add_line(self, line: bytes) -> None:
         line = line.strip()
@@ -121,9 +131,12 @@ class Tally:
         component, marker = _str(record, "component"), _str(record, "marker", optional=True)
         content_hash = _str(record, "hash", optional=True)
         deleted = _int(record, "tokens_deleted")
+        before = None if record.get("tokens_before") is None else _int(record, "tokens_before")
+        step = None if record.get("step") is None else _int(record, "step")
         if marker is None and content_hash is None:
             raise BadRecord("neither marker nor hash")
         lossy = record.get("lossy") is True
+        location = (session, seq, record.get("message"), record.get("block"), record.get("part"))
 
         self.compactions += 1
         self.cumulative += deleted
@@ -142,6 +155,20 @@ class Tally:
         best = max(deleted, unique.get(key, deleted))
         unique[key] = best
         stats.unique[key] = best
+        self._result_step(location, step, before, deleted)
+
+    def _result_step(self, location: tuple, step: int | None, before: int | None, deleted: int) -> None:
+        """Per result: a step 0 starts one, every step takes its deletion off what was forwarded."""
+        if before is None:  # a line without its size: it cannot say what the result was
+            self._previous = None
+            return
+        starts = step == 0 if step is not None else self._previous != (location, before)
+        self._previous = (location, before - deleted)
+        if starts:
+            self.results += 1
+            self.results_tokens_before += before
+            self.results_tokens_after += before
+        self.results_tokens_after -= deleted
 
     def _usage(self, record: dict) -> None:
         session, seq = _str(record, "session"), _int(record, "seq")
@@ -183,6 +210,13 @@ class Tally:
             "requests": len(requests),
             "requests_from": requests_from,
             "sessions": len(self.sessions),
+            "results": self.results,
+            "results_tokens_before": self.results_tokens_before,
+            "results_tokens_after": self.results_tokens_after,
+            "results_savings_pct": (
+                round(100 * (self.results_tokens_before - self.results_tokens_after) / self.results_tokens_before, 2)
+                if self.results_tokens_before else None
+            ),
             "components": {
                 name: {
                     "lossy": stats.lossy,
@@ -271,6 +305,15 @@ def render(s: dict) -> str:
             ("Compactions", _n(s["compactions"]), _n(s["compactions_unique"])),
         ],
         "<>>",
+    )
+    pct = s["results_savings_pct"]
+    out += [""] + _table(
+        [
+            ("Tool results rewritten", _n(s["results"]), "(in each request: a re-sent one counts again)"),
+            ("  tokens as sent", _n(s["results_tokens_before"]), ""),
+            ("  tokens as forwarded", _n(s["results_tokens_after"]), "" if pct is None else f"({pct:.1f}% less)"),
+        ],
+        "<><",
     )
     requests = _n(s["requests"])
     if s["requests_from"] == "compactions":

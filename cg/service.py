@@ -123,7 +123,7 @@ class CGService(service.Service):
 
     def _refresh_store_info(self):
         def keep(info):
-            self.stats.store_info = info
+            self.stats.store_info, self.stats.store_info_as_of = info, self.reactor.seconds()
 
         return self.store.info().addCallbacks(keep, lambda failure: None)
 

@@ -5,7 +5,7 @@ from collections import Counter, deque
 
 import attrs
 
-from cg.tokens import estimate_tokens
+from cg.tokens import estimate_body_tokens, estimate_tokens
 from cg.usage import UsageTotals
 
 
@@ -60,6 +60,7 @@ class Stats:
     compaction: "CompactionStats" = attrs.field(factory=lambda: CompactionStats())
     store: object = None  # the store's own counters (cg.store.StoreStats), when there is one
     store_info: object = None  # the store's size (cg.store.StoreInfo), refreshed off the request path
+    store_info_as_of: float | None = None  # when store_info was read (Unix time)
     usage: UsageTotals = attrs.field(factory=UsageTotals)
     expand: "ExpandStats" = attrs.field(factory=lambda: ExpandStats())
     sse: "StreamStats" = attrs.field(factory=lambda: StreamStats())
@@ -93,6 +94,7 @@ class Stats:
             "store": {
                 **(attrs.asdict(self.store) if self.store is not None else {}),
                 **(attrs.asdict(self.store_info) if self.store_info is not None else {}),
+                **({"size_as_of": self.store_info_as_of} if self.store_info is not None else {}),
             },
             "usage": self.usage.as_dict(),
             "expand": attrs.asdict(self.expand),
@@ -111,14 +113,31 @@ class ComponentStats:
 
 @attrs.define
 class CompactionStats:
-    """What compaction did to forwarded requests (or, in observe mode, would have done)."""
+    """What compaction did to forwarded requests (or, in observe mode, would have done).
+
+    `tokens_before` and `tokens_after` count each rewritten tool result once, however many
+    components rewrote it: its size as the client sent it, and as cg forwarded it. Per component,
+    `saved_tokens` is that component's own step (from the text the previous one left); the steps
+    of a result add up to its saving, so the components' figures add up to the total.
+
+    The `input_*` figures cover whole request bodies: every request whose body cg parsed to
+    rewrite (a JSON object on /v1/messages, /v1/messages/count_tokens or /v1/chat/completions),
+    whether it changed anything or not. Bodies sent with `x-cg-bypass`, bodies that are not a
+    JSON object and bodies whose rewrite failed are forwarded as received and not counted, nor
+    are the continuation rounds of the expand loop. Their tokens are estimated from byte length
+    (cg.tokens.estimate_body_tokens): the estimator would cost ~26 ms per MB per request. So
+    `input_savings_pct` is the share of bytes cg kept out.
+    """
 
     requests_rewritten: int = 0
     requests_injected: int = 0
     tokens_before: int = 0
-    tokens_after: int = 0
+    saved: int = 0
     saved_unique: int = 0
     store_fail_open: int = 0
+    input_requests: int = 0
+    input_bytes_client: int = 0
+    input_bytes_forwarded: int = 0
     components: dict = attrs.field(factory=dict)
     _seen: set = attrs.field(factory=set)
     _seen_max: int = 200_000
@@ -126,9 +145,13 @@ class CompactionStats:
     def _component(self, name: str) -> "ComponentStats":
         return self.components.setdefault(name, ComponentStats())
 
-    def record(self, rewrite) -> None:
+    def record(self, rewrite, client_bytes: int) -> None:
+        """One request's rewrite; `client_bytes`: the length of its body as the client sent it."""
         changes = rewrite.changes
         self.requests_injected += rewrite.injected
+        self.input_requests += 1
+        self.input_bytes_client += client_bytes
+        self.input_bytes_forwarded += len(rewrite.body)
         for name, n in rewrite.runs.items():
             self._component(name).runs += n
         for name, n in rewrite.reverted.items():
@@ -138,11 +161,13 @@ class CompactionStats:
         self.requests_rewritten += 1
         for change in changes:
             saved = change.tokens_before - change.tokens_after
-            self.tokens_before += change.tokens_before
-            self.tokens_after += change.tokens_after
+            if change.step == 0:  # the result as the client sent it; later steps start from cg's text
+                self.tokens_before += change.tokens_before
+            self.saved += saved
             component = self._component(change.component)
             component.acted += 1
             component.saved_tokens += saved
+            # Each step once: a result's steps add up to its saving, so this counts it once too.
             key = (change.component, change.content_id)
             if key not in self._seen:
                 if len(self._seen) >= self._seen_max:  # bounded: the figure becomes a lower bound
@@ -151,15 +176,21 @@ class CompactionStats:
                 self.saved_unique += saved
 
     def snapshot(self) -> dict:
-        saved = self.tokens_before - self.tokens_after
         return {
             "requests_rewritten": self.requests_rewritten,
             "requests_injected": self.requests_injected,
             "tokens_before": self.tokens_before,
-            "tokens_after": self.tokens_after,
-            "saved_tokens": saved,
+            "tokens_after": self.tokens_before - self.saved,
+            "saved_tokens": self.saved,
             "saved_tokens_unique": self.saved_unique,
-            "savings_pct": round(100 * saved / self.tokens_before, 2) if self.tokens_before else 0.0,
+            "savings_pct": round(100 * self.saved / self.tokens_before, 2) if self.tokens_before else 0.0,
+            "input_requests": self.input_requests,
+            "input_tokens_client": estimate_body_tokens(self.input_bytes_client),
+            "input_tokens_forwarded": estimate_body_tokens(self.input_bytes_forwarded),
+            "input_savings_pct": (
+                round(100 * (self.input_bytes_client - self.input_bytes_forwarded) / self.input_bytes_client, 2)
+                if self.input_bytes_client else 0.0
+            ),
             "store_fail_open": self.store_fail_open,
             "components": {name: attrs.asdict(c) for name, c in sorted(self.components.items())},
         }

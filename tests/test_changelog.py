@@ -35,6 +35,8 @@ def compaction(seq=1, **overrides):
         tokens_before=5000,
         tokens_after=700,
         content_hash="0123456789abcdef",
+        part=None,
+        step=0,
     )
     fields.update(overrides)
     return compaction_record(**fields)
@@ -103,7 +105,7 @@ def test_compaction_record_schema():
     record = compaction(tool=None, block=None)
     assert list(record) == [
         "kind", "time", "session", "seq", "message", "block", "tool", "component", "lossy",
-        "marker", "tokens_before", "tokens_after", "tokens_deleted", "hash",
+        "marker", "tokens_before", "tokens_after", "tokens_deleted", "hash", "part", "step",
     ]  # fmt: skip
     assert record["kind"] == "compaction"
     assert record["tokens_deleted"] == 4300

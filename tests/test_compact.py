@@ -226,6 +226,7 @@ def test_changes_and_originals():
         "Bash", "textclean", False, None)
     assert (offload.component, offload.lossy, offload.marker_id) == ("offload", True, ident)
     assert textclean.tokens_before > textclean.tokens_after == offload.tokens_before > offload.tokens_after
+    assert (textclean.step, offload.step) == (0, 1)  # the result as sent is step 0's tokens_before
     assert body_has_marker(compaction.body)
 
 

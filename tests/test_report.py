@@ -27,13 +27,13 @@ DEDUP = dict(
     tokens_after=50,
     content_hash="aaaaaaaaaaaaaaaa",
 )
-JSONFORMAT = dict(
+JSONFORMAT = dict(  # after TEXTCLEAN, on the same result: it starts from textclean's output
     tool="mcp__gh__issue",
     component="jsonformat",
     lossy=False,
     marker=None,
-    tokens_before=800,
-    tokens_after=500,
+    tokens_before=600,
+    tokens_after=300,
     content_hash="bbbbbbbbbbbbbbbb",
 )
 TEXTCLEAN = dict(
@@ -56,9 +56,10 @@ OFFLOAD_2 = dict(
 )
 
 
-def c(session, seq, fields, message=1, block=0, time=1_700_000_000.0):
+def c(session, seq, fields, message=1, block=0, time=1_700_000_000.0, step=0):
     return compaction_record(
-        time=time + seq, session=session, seq=seq, message=message, block=block, **fields
+        time=time + seq, session=session, seq=seq, message=message, block=block, part=None, step=step,
+        **fields,
     )
 
 
@@ -88,7 +89,7 @@ def history():
         records.append(c("s1", seq, OFFLOAD, message=1))
         if seq >= 3:
             records.append(c("s1", seq, TEXTCLEAN, message=5))
-            records.append(c("s1", seq, JSONFORMAT, message=5))
+            records.append(c("s1", seq, JSONFORMAT, message=5, step=1))
         if seq == 4:
             records.append(c("s1", seq, DEDUP, message=7))
         records.append(u("s1", seq))
@@ -144,6 +145,36 @@ def test_numbers_on_a_hand_built_log(tmp_path):
     }
     assert (s["first_time"], s["last_time"]) == (1_700_000_001.0, 1_700_000_011.0)
     assert s["bad_lines"] == 0 and s["lines"] == len(history())
+    # Per result: the message-5 result (textclean then jsonformat) counts once per request.
+    assert s["results"] == 4 + 2 + 1 + 2
+    assert s["results_tokens_before"] == 4 * 10_000 + 2 * 800 + 10_000 + 2 * 4_000 == 59_600
+    assert s["results_tokens_after"] == 4 * 1_000 + 2 * 300 + 50 + 2 * 400 == 59_600 - 54_150
+    assert s["results_savings_pct"] == round(100 * 54_150 / 59_600, 2)
+
+
+def test_a_result_two_components_rewrote_counts_once(tmp_path):
+    """Issue 9's output: 47,905 tokens, 33,004 after a reformat, 709 after offload: 98.5% saved
+    (summing every line's before and after would say 58%)."""
+    reformat = dict(TEXTCLEAN, tokens_before=47_905, tokens_after=33_004, content_hash="d" * 16)
+    offload = dict(OFFLOAD, tokens_before=33_004, tokens_after=709, marker="d" * 16, content_hash="d" * 16)
+    records = [c("s", 1, reformat), c("s", 1, offload, step=1)]
+    s = tally([write_log(tmp_path / "log", records)]).summary()
+    assert (s["results"], s["results_tokens_before"], s["results_tokens_after"]) == (1, 47_905, 709)
+    assert s["results_savings_pct"] == 98.52
+    assert s["cumulative_deleted_tokens"] == s["unique_deleted_tokens"] == 47_905 - 709
+
+
+def test_lines_without_step_are_grouped_into_results(tmp_path):
+    """A log from a cg that wrote no step: a line continues the result before it when it is at
+    the same place in the same request and starts from the size that one left."""
+    records = history()
+    for record in records:
+        record.pop("step", None)
+        record.pop("part", None)
+    old = tally([write_log(tmp_path / "old", records)]).summary()
+    new = tally([write_log(tmp_path / "new", history())]).summary()
+    for key in ("results", "results_tokens_before", "results_tokens_after", "results_savings_pct"):
+        assert old[key] == new[key], key
 
 
 def test_the_same_lines_twice_change_cumulative_not_unique(tmp_path):
@@ -210,7 +241,8 @@ JSON_KEYS = [
     "compactions", "compactions_unique", "cumulative_deleted_tokens", "cumulative_deleted_marker",
     "cumulative_deleted_no_marker", "unique_deleted_tokens", "unique_deleted_marker",
     "unique_deleted_no_marker", "cumulative_over_unique", "distinct_markers", "requests",
-    "requests_from", "sessions", "components", "usage", "note",
+    "requests_from", "sessions", "results", "results_tokens_before", "results_tokens_after",
+    "results_savings_pct", "components", "usage", "note",
 ]  # fmt: skip
 
 
@@ -247,6 +279,9 @@ def test_text_table(tmp_path, capsys):
     assert any(line.split() == ["Distinct", "marker", "ids", "2"] for line in lines)
     assert any(line.split() == ["Requests", "7"] for line in lines)
     assert any(line.split() == ["Sessions", "3"] for line in lines)
+    assert any(line.split()[:4] == ["Tool", "results", "rewritten", "9"] for line in lines)
+    assert any(line.split() == ["tokens", "as", "sent", "59,600"] for line in lines)
+    assert any(line.split() == ["tokens", "as", "forwarded", "5,450", "(90.9%", "less)"] for line in lines)
     assert any(line.split()[:3] == ["offload", "lossy", "6"] for line in lines)
     assert "Cache write:read  1:0.7 (1.4)" in lines
     assert "8-21x" in out and "unique" in lines[-1]
