@@ -334,7 +334,7 @@ def _run_meter(rounds):
 
 def _run_inspector(rounds):
     """Every round through one Inspector, as _Inspected drives it (EXPAND -> begin_continuation)."""
-    from cg.inspector import EXPAND, Inspector
+    from cg.inspector import EXPAND, Inspector, State
     from cg.sse import SSEParser
 
     inspector = Inspector()
@@ -349,7 +349,7 @@ def _run_inspector(rounds):
                 n += 1
                 step = inspector.feed(event)
                 sent += len(step.send)
-        if inspector.state != "await":
+        if inspector.state is not State.AWAIT:
             step = inspector.end(True, parser.close())
     assert step.action != EXPAND
     return n

@@ -25,6 +25,7 @@ Decisions:
 import enum
 import json
 import re
+from collections.abc import Iterator
 
 import attrs
 
@@ -103,14 +104,14 @@ class Answer:
     text: str
 
 
-def lone_expand_calls(message: dict, dialect: str) -> list[ExpandCall] | None:
+def lone_expand_calls(message: object, dialect: str) -> list[ExpandCall] | None:
     """The expand calls of a response whose tool calls are all expand calls; else None.
 
     None when the response has no tool call, or any tool call that is not `context_guru_expand`
     (the client owns that one, so the whole response goes to it). `message` is the response
     (Anthropic message; OpenAI chat.completion, whose `choices[0].message` is read).
     """
-    calls = []
+    calls: list[ExpandCall] = []
     for call_id, name, raw_input, arguments in _tool_calls(message, dialect):
         if name != EXPAND_TOOL or not isinstance(call_id, str):
             return None
@@ -118,14 +119,17 @@ def lone_expand_calls(message: dict, dialect: str) -> list[ExpandCall] | None:
     return calls or None
 
 
-def expand_calls(message: dict, dialect: str) -> list[ExpandCall]:
+def expand_calls(message: object, dialect: str) -> list[ExpandCall]:
     """Every expand call of an assistant message or response, whatever else it calls."""
     return [ExpandCall(call_id, raw_input, _ref(arguments))
             for call_id, name, raw_input, arguments in _tool_calls(message, dialect)
             if name == EXPAND_TOOL and isinstance(call_id, str)]
 
 
-def _tool_calls(message, dialect):
+_ToolCall = tuple[object, object, object, dict[str, object] | None]
+
+
+def _tool_calls(message: object, dialect: str) -> Iterator[_ToolCall]:
     """(id, name, input as given, input as a dict or None) of each tool call of a response."""
     if dialect == ANTHROPIC:
         content = message.get("content") if isinstance(message, dict) else None
@@ -134,8 +138,8 @@ def _tool_calls(message, dialect):
                 raw = block.get("input")
                 yield block.get("id"), block.get("name"), raw, raw if isinstance(raw, dict) else None
         return
-    for call in _openai_message(message).get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, dict) else None
+    for call in map(_dict, _list(_openai_message(message).get("tool_calls"))):
+        function = call.get("function")
         if not isinstance(function, dict):
             yield None, None, None, None  # unreadable: not ours to answer
             continue
@@ -147,7 +151,7 @@ def _tool_calls(message, dialect):
         yield call.get("id"), function.get("name"), raw, arguments if isinstance(arguments, dict) else None
 
 
-def _openai_message(doc) -> dict:
+def _openai_message(doc: object) -> dict[str, object]:
     """The assistant message of a chat.completion (or `doc` itself when it is already one)."""
     if not isinstance(doc, dict):
         return {}
@@ -160,7 +164,7 @@ def _openai_message(doc) -> dict:
     return {}
 
 
-def _ref(arguments: dict | None) -> str | None:
+def _ref(arguments: dict[str, object] | None) -> str | None:
     ident = arguments.get("id") if arguments is not None else None
     return parse_marker_ref(ident) if isinstance(ident, str) else None
 
@@ -203,7 +207,7 @@ def is_cg_answer(text: str) -> bool:
     return text.startswith(_FINAL_PREFIXES)
 
 
-def _shown(raw_input) -> str:
+def _shown(raw_input: object) -> str:
     text = raw_input if isinstance(raw_input, str) else json.dumps(raw_input, ensure_ascii=False)
     return text if len(text) <= _MAX_SHOWN_INPUT else text[:_MAX_SHOWN_INPUT] + "…"
 
@@ -226,7 +230,7 @@ class ClientStyle:
 
     evidence: str
 
-    def dumps(self, value) -> str:
+    def dumps(self, value: object) -> str:
         evidence = self.evidence
         ascii_only = evidence.isascii() and _shows(_NON_ASCII_ESCAPE, evidence)
         raw = json.dumps(value, separators=(",", ":"), ensure_ascii=ascii_only)
@@ -247,7 +251,7 @@ _NON_ASCII_ESCAPE = re.compile(r"\\u(?!00[0-7])[0-9a-fA-F]{4}")
 _HTML_ESCAPE = re.compile(r"\\u00(?:3[cCeE]|26)")
 
 
-def _shows(escape: re.Pattern, evidence: str) -> bool:
+def _shows(escape: re.Pattern[str], evidence: str) -> bool:
     """Whether `evidence` holds a real `escape` (not an escaped backslash followed by text)."""
     return any(not jsonbytes.escaped(evidence, match.start()) for match in escape.finditer(evidence))
 
@@ -260,10 +264,10 @@ def _utf8(text: str) -> bool:
     return True
 
 
-_CONTINUATION_SPINE = {"messages": {}, "stream": {}}
+_CONTINUATION_SPINE: jsonbytes.Spine = {"messages": {}, "stream": {}}
 
 
-def continuation_body(forwarded: bytes, assistant: dict, calls: list[ExpandCall],
+def continuation_body(forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
                       resolutions: dict[str, bytes | Resolution], dialect: str,
                       stream: bool | None = None) -> bytes:
     """The next request: `forwarded`, then the assistant message as returned, then the answers.
@@ -281,6 +285,7 @@ def continuation_body(forwarded: bytes, assistant: dict, calls: list[ExpandCall]
     body = ParsedBody(forwarded, doc, value, spans)
     style = ClientStyle(doc)
     replies = answers(calls, resolutions)
+    new: list[dict[str, object]]
     if dialect == ANTHROPIC:
         new = [
             {"role": "assistant", "content": assistant.get("content")},
@@ -315,7 +320,7 @@ def continuation_body(forwarded: bytes, assistant: dict, calls: list[ExpandCall]
 _ANTHROPIC_FINAL_KEYS = ("stop_reason", "stop_sequence", "stop_details", "container", "context_management")
 
 
-def merge(rounds: list[dict], dialect: str) -> dict:
+def merge(rounds: list[dict[str, object]], dialect: str) -> dict[str, object]:
     """The one response a JSON exchange of several rounds gives the client.
 
     The first round's id, model and other keys; the content of every round but the last without
@@ -332,11 +337,11 @@ def merge(rounds: list[dict], dialect: str) -> dict:
     raise ValueError(f"unknown dialect {dialect!r}")
 
 
-def _is_expand_use(block) -> bool:
+def _is_expand_use(block: object) -> bool:
     return isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == EXPAND_TOOL
 
 
-def _merge_anthropic(rounds: list[dict]) -> dict:
+def _merge_anthropic(rounds: list[dict[str, object]]) -> dict[str, object]:
     first, final = rounds[0], rounds[-1]
     content = [block for response in rounds[:-1] for block in _list(response.get("content"))
                if not _is_expand_use(block)]
@@ -345,13 +350,14 @@ def _merge_anthropic(rounds: list[dict]) -> dict:
     for key in _ANTHROPIC_FINAL_KEYS:
         if key in final:
             merged[key] = final[key]
-    if isinstance(first.get("usage"), dict):
-        usage = merged["usage"] = dict(first["usage"])
+    first_usage = first.get("usage")
+    if isinstance(first_usage, dict):
+        usage = merged["usage"] = dict(first_usage)
         usage["output_tokens"] = sum(_count(_dict(r.get("usage")).get("output_tokens")) for r in rounds)
     return merged
 
 
-def _merge_openai(rounds: list[dict]) -> dict:
+def _merge_openai(rounds: list[dict[str, object]]) -> dict[str, object]:
     first, final = rounds[0], rounds[-1]
     final_choice = _dict(_list(final.get("choices"))[0]) if _list(final.get("choices")) else {}
     final_message = _openai_message(final)
@@ -373,7 +379,7 @@ def _merge_openai(rounds: list[dict]) -> dict:
     return merged
 
 
-def _sum_counts(dicts: list[dict]) -> dict:
+def _sum_counts(dicts: list[dict[str, object]]) -> dict[str, object]:
     """Key-wise sum of the counts in `dicts` (the first's keys and order; non-counts kept as is)."""
     total = dict(dicts[0])
     for key, value in total.items():
@@ -382,19 +388,19 @@ def _sum_counts(dicts: list[dict]) -> dict:
     return total
 
 
-def billed(rounds: list[dict], dialect: str) -> list[Usage]:
+def billed(rounds: list[dict[str, object]], dialect: str) -> list[Usage]:
     """What each round was billed, for /stats and the change log."""
     read = anthropic_usage if dialect == ANTHROPIC else openai_usage
     return [read(response) for response in rounds]
 
 
-def _count(value) -> int:
+def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _list(value) -> list:
+def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
 
 
-def _dict(value) -> dict:
+def _dict(value: object) -> dict[str, object]:
     return value if isinstance(value, dict) else {}

@@ -10,6 +10,7 @@ already has a tool of that name. Exactly there cg may run lossy compaction.
 
 import ujson
 
+from cg import jsonbytes
 from cg.compact import ParsedBody
 from cg.markers import EXPAND_TOOL
 
@@ -22,7 +23,7 @@ _ID = {"type": "string", "description": "The ID inside a <<cg:ID>> marker, or th
 _SCHEMA = {"type": "object", "properties": {"id": _ID}, "required": ["id"]}
 
 
-def _serialize(tool: dict) -> str:
+def _serialize(tool: dict[str, object]) -> str:
     return ujson.dumps(tool, ensure_ascii=False, escape_forward_slashes=False)
 
 
@@ -36,14 +37,14 @@ OPENAI_TOOL = _serialize(
 _TOOLS = {"anthropic": ANTHROPIC_TOOL, "openai": OPENAI_TOOL}
 
 
-def _tool_name(tool) -> str | None:
+def _tool_name(tool: object) -> object:
     if not isinstance(tool, dict):
         return None
     function = tool.get("function")
     return function.get("name") if isinstance(function, dict) else tool.get("name")
 
 
-def injection(body: ParsedBody, dialect: str) -> list | None:
+def injection(body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]] | None:
     """The edit that appends the expand tool to `tools`, or None where cg does not inject.
 
     None when `tools` is absent or empty (side requests such as title generation

@@ -23,7 +23,7 @@ _RESPONSE_LOCAL = frozenset({b"content-length"})
 
 
 def _connection_tokens(headers: Headers) -> frozenset[bytes]:
-    tokens = set()
+    tokens: set[bytes] = set()
     for value in headers.getRawHeaders(b"connection", ()):
         tokens.update(t.strip().lower() for t in value.split(b","))
     return frozenset(tokens)

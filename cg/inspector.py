@@ -63,7 +63,9 @@ expand is recorded as lists of fragments, joined once at EXPAND; held bytes are 
 
 from __future__ import annotations
 
+import enum
 import re
+from typing import Any, Literal, get_args
 
 import attrs
 import ujson
@@ -81,16 +83,49 @@ __all__ = [
     "EXPAND",
     "PING",
     "RELEASE_REASONS",
+    "Action",
     "Inspector",
+    "ReleaseReason",
+    "State",
     "Step",
 ]
 
-CONTINUE = "continue"  # send ``send``, keep feeding
-EXPAND = "expand"  # the round ended with a lone expand turn: resolve ``calls``, start a continuation
-DONE = "done"  # send ``send`` and finish the client's response cleanly
-ABORT = "abort"  # send ``send``, then abort the client's connection (the stream broke)
 
-RELEASE_REASONS = (
+class Action(enum.Enum):
+    """What the caller does once it has written a ``Step``'s ``send`` to the client."""
+
+    CONTINUE = "continue"  # keep feeding
+    EXPAND = "expand"  # the round ended with a lone expand turn: resolve ``calls``, start a continuation
+    DONE = "done"  # finish the client's response cleanly
+    ABORT = "abort"  # abort the client's connection (the stream broke)
+
+
+# The names cg.proxy compares ``Step.action`` with.
+CONTINUE = Action.CONTINUE
+EXPAND = Action.EXPAND
+DONE = Action.DONE
+ABORT = Action.ABORT
+
+
+class State(enum.Enum):
+    """Where the inspector is in the module docstring's state table."""
+
+    WATCH = "watch"  # forwarding; an expand start would be held
+    HOLD = "hold"  # holding from an expand start on
+    THROUGH = "through"  # forwarding; nothing more is held in this round
+    AWAIT = "await"  # EXPAND returned: waiting for begin_continuation() or release()
+    DONE = "done"
+
+
+# Module-level names for the hot path: one global lookup per comparison, no attribute lookup.
+_WATCH = State.WATCH
+_HOLD = State.HOLD
+_THROUGH = State.THROUGH
+_AWAIT = State.AWAIT
+_DONE = State.DONE
+
+# Plain strings, not an enum: they are /stats keys (``sse_released``) as they are.
+ReleaseReason = Literal[
     "client_tool",
     "other_block",
     "bad_input",
@@ -99,19 +134,16 @@ RELEASE_REASONS = (
     "ended",
     "max_held",
     "continuation_failed",
-)
+]
+RELEASE_REASONS: tuple[ReleaseReason, ...] = get_args(ReleaseReason)
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
-# States
-_WATCH = "watch"  # forwarding; an expand start would be held
-_HOLD = "hold"  # holding from an expand start on
-_THROUGH = "through"  # forwarding; nothing more is held in this round
-_AWAIT = "await"  # EXPAND returned: waiting for begin_continuation() or release()
-_DONE = "done"
-
 _INPUT_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
-_PART_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
+# Looked up by whatever JSON value a delta's type is.
+_PART_FIELDS: dict[object, str] = {
+    "text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json",
+}
 _NAMES = {
     name: b"event: " + name.encode() + b"\ndata: "
     for name in ("content_block_start", "content_block_delta", "content_block_stop", "message_delta")
@@ -123,7 +155,7 @@ class Step:
     """What one ``feed`` / ``end`` asks of the caller: write ``send`` to the client, then ``action``."""
 
     send: bytes
-    action: str = CONTINUE
+    action: Action = CONTINUE
 
 
 _NOTHING = Step(b"")
@@ -132,18 +164,18 @@ _NOTHING = Step(b"")
 class _Block:
     """One block of a round, recorded for the continuation's assistant message."""
 
-    __slots__ = ("start", "parts", "signature", "citations", "other", "input", "expand")
+    __slots__ = ("start", "parts", "signature", "citations", "other", "call", "expand")
 
-    def __init__(self, start: dict) -> None:
+    def __init__(self, start: dict[str, object]) -> None:
         self.start = start
         self.expand = False  # a held context_guru_expand call
         self.parts: dict[str, list[str]] = {}
         self.signature: str | None = None
-        self.citations: list | None = None
-        self.other: dict | None = None
-        self.input: dict | None = None  # an expand call's validated input
+        self.citations: list[object] | None = None
+        self.other: dict[str, object] | None = None
+        self.call: ExpandCall | None = None  # an expand call, once its input is validated
 
-    def add(self, delta: dict) -> None:
+    def add(self, delta: dict[str, object]) -> None:
         kind = delta.get("type")
         field = _PART_FIELDS.get(kind)
         if field is not None:
@@ -151,8 +183,9 @@ class _Block:
             if isinstance(value, str):
                 self.parts.setdefault(field, []).append(value)
         elif kind == "signature_delta":
-            if isinstance(delta.get("signature"), str):
-                self.signature = delta["signature"]
+            signature = delta.get("signature")
+            if isinstance(signature, str):
+                self.signature = signature
         elif kind == "citations_delta":
             if self.citations is None:
                 self.citations = []
@@ -165,9 +198,9 @@ class _Block:
     def joined(self, field: str) -> str:
         return "".join(self.parts.get(field, ()))
 
-    def content(self) -> dict:
+    def content(self) -> dict[str, object]:
         """The block as the Messages API returns it in ``content``."""
-        out = dict(self.start)
+        out: dict[str, Any] = dict(self.start)  # the API's shapes: text, thinking strings; citations a list
         kind = out.get("type")
         if kind == "text":
             out["text"] = (out.get("text") or "") + self.joined("text")
@@ -177,8 +210,8 @@ class _Block:
             out["thinking"] = (out.get("thinking") or "") + self.joined("thinking")
             if self.signature is not None:
                 out["signature"] = self.signature
-        elif self.input is not None:
-            out["input"] = self.input
+        elif self.call is not None:
+            out["input"] = self.call.raw_input
         elif "partial_json" in self.parts:
             parsed = _object(self.joined("partial_json"))
             if parsed is not None:
@@ -188,7 +221,7 @@ class _Block:
         return out
 
 
-def _object(text: str) -> dict | None:
+def _object(text: str) -> dict[str, object] | None:
     """``text`` parsed as a JSON object ("" is ``{}``, as an input without deltas), else None."""
     if not text.strip():
         return {}
@@ -199,7 +232,7 @@ def _object(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _doc(event: Event) -> dict | None:
+def _doc(event: Event) -> dict[str, object] | None:
     try:
         doc = event.json()
     except ValueError:
@@ -207,14 +240,14 @@ def _doc(event: Event) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _index(doc: dict | None) -> int | None:
+def _index(doc: dict[str, object] | None) -> int | None:
     if doc is None:
         return None
     index = doc.get("index")
     return index if isinstance(index, int) and not isinstance(index, bool) else None
 
 
-def _start_block(doc: dict | None) -> dict:
+def _start_block(doc: dict[str, object] | None) -> dict[str, object]:
     block = doc.get("content_block") if doc is not None else None
     return block if isinstance(block, dict) else {}
 
@@ -222,7 +255,7 @@ def _start_block(doc: dict | None) -> dict:
 _INDEX_KEY = re.compile(rb'[{,]\s*"index"\s*:\s*(\d+)')
 
 
-def _renumbered(event: Event, kind: str, doc: dict, index: int, client: int) -> bytes:
+def _renumbered(event: Event, kind: str, doc: dict[str, object], index: int, client: int) -> bytes:
     """``event`` with its block index set to ``client``.
 
     The index is rewritten in place in the original bytes when the first ``"index"`` key of
@@ -244,7 +277,7 @@ def _renumbered(event: Event, kind: str, doc: dict, index: int, client: int) -> 
     return _frame(kind, doc)
 
 
-def _frame(name: str, doc: dict) -> bytes:
+def _frame(name: str, doc: dict[str, object]) -> bytes:
     """An event as new bytes: ``event:`` line (the SDKs drop events without one), compact JSON."""
     try:
         data = ujson.dumps(doc, ensure_ascii=False, escape_forward_slashes=False).encode()
@@ -269,27 +302,27 @@ class Inspector:
         # Counters for stats.
         self.rounds = 0  # continuations begun (begin_continuation calls)
         self.held_events = 0  # events ever held, over every round
-        self.released: str | None = None  # why the hold was released (RELEASE_REASONS), if it was
+        self.released: ReleaseReason | None = None  # why the hold was released, if it was
         self.spliced = False  # a continuation was begun
         self.capped = False  # an expand call went to the client because of the round cap
         # What an EXPAND decision exposes.
         self.calls: list[ExpandCall] = []
-        self.content: list[dict] = []
-        self.message_start: dict | None = None  # round 1's ``message`` object
+        self.content: list[dict[str, object]] = []
+        self.message_start: dict[str, object] | None = None  # round 1's ``message`` object
         # Across rounds.
         self._round = 0
         self._next_index = 0  # the client's next block index
         self._output_before = 0  # output tokens of the finished rounds
-        self._input_fields: dict = {}  # round 1's message_start usage, input side
+        self._input_fields: dict[str, object] = {}  # round 1's message_start usage, input side
         self._billed: list[Usage] = []  # finished rounds
         self._fallback: bytes | None = None  # the previous round's release, until committed
         self._new_round(_WATCH if max_rounds > 0 else _THROUGH)
 
-    def _new_round(self, state: str) -> None:
+    def _new_round(self, state: State) -> None:
         self._state = state
         self._collect = state == _WATCH  # record content: this round may still expand
         self._blocks: list[_Block] = []
-        self._by_index: dict[int, _Block] = {}
+        self._by_index: dict[int | None, _Block] = {}  # looked up with _index()'s None too
         self._map: dict[int, int] = {}  # continuation index -> client index
         self._base = self._next_index
         self._held: list[Event] = []
@@ -306,8 +339,8 @@ class Inspector:
     # Public API
 
     @property
-    def state(self) -> str:
-        """``watch``, ``hold``, ``through``, ``await`` or ``done`` (for logs and tests)."""
+    def state(self) -> State:
+        """Where the inspector is (for logs and tests)."""
         return self._state
 
     @property
@@ -330,7 +363,7 @@ class Inspector:
         """The usage each round reported (its own cumulative totals), for /stats and the change log."""
         return [*self._billed, self._usage.usage]
 
-    def assistant_message(self) -> dict:
+    def assistant_message(self) -> dict[str, object]:
         """The decided round's assistant message, for the continuation request."""
         return {"role": "assistant", "content": self.content}
 
@@ -407,7 +440,7 @@ class Inspector:
         self.spliced = True
         self._new_round(_WATCH if self._round < self.max_rounds else _THROUGH)
 
-    def release(self, reason: str = "continuation_failed") -> bytes:
+    def release(self, reason: ReleaseReason = "continuation_failed") -> bytes:
         """Everything held, for the caller's failure path (``b""`` when nothing is held).
 
         After an EXPAND (the continuation could not be started, or answered non-2xx): the held
@@ -447,23 +480,21 @@ class Inspector:
         self._record(event, kind)
         if kind == "content_block_start":
             self._decided = False
-            block = _start_block(_doc(event))
-            if block.get("type") != "tool_use":
+            start = _start_block(_doc(event))
+            if start.get("type") != "tool_use":
                 return self._release_with("other_block", event, kind)
-            if block.get("name") != EXPAND_TOOL:
+            if start.get("name") != EXPAND_TOOL:
                 return self._release_with("client_tool", event, kind)
             self._add_expand()
         elif kind == "content_block_stop":
             block = self._by_index.get(_index(_doc(event)))
-            if block is not None and block.expand and block.input is None:
+            if block is not None and block.expand and block.call is None:
                 parsed = _object(block.joined("partial_json"))
-                if (
-                    parsed is None
-                    or not isinstance(parsed.get("id"), str)
-                    or not isinstance(block.start.get("id"), str)
-                ):
+                ref = parsed.get("id") if parsed is not None else None
+                call_id = block.start.get("id")
+                if parsed is None or not isinstance(ref, str) or not isinstance(call_id, str):
                     return self._release_with("bad_input", event, kind)
-                block.input = parsed
+                block.call = ExpandCall(call_id, parsed, parse_marker_ref(ref))
                 self._unfinished -= 1
         elif kind == "message_delta":
             doc = _doc(event)
@@ -491,16 +522,16 @@ class Inspector:
 
     def _expand(self) -> Step:
         self._state = _AWAIT
-        self.calls = [
-            ExpandCall(block.start.get("id"), block.input, parse_marker_ref(block.input["id"]))
-            for block in self._expands
-        ]
+        self.calls = []
+        for block in self._expands:
+            assert block.call is not None  # decided: every expand call was validated at its stop
+            self.calls.append(block.call)
         self.content = [block.content() for block in self._blocks]
         self._blocks = []
         self._by_index = {}
         return Step(b"", EXPAND)
 
-    def _release(self, reason: str) -> bytes:
+    def _release(self, reason: ReleaseReason) -> bytes:
         """Send everything held (through the round's renumbering); the round passes through."""
         self.released = reason
         held = self._held
@@ -509,7 +540,7 @@ class Inspector:
         self._pass_through()
         return self._render(held)
 
-    def _release_with(self, reason: str, event: Event, kind: str | None) -> Step:
+    def _release_with(self, reason: ReleaseReason, event: Event, kind: str | None) -> Step:
         return Step(self._release(reason) + self._out(event, kind))
 
     def _pass_through(self) -> None:
@@ -519,7 +550,7 @@ class Inspector:
         self._by_index = {}
         self._expands = []
 
-    def _fail(self, reason: str = "continuation_failed") -> bytes:
+    def _fail(self, reason: ReleaseReason = "continuation_failed") -> bytes:
         """The continuation failed before committing: the previous round's release instead."""
         send = self._fallback or b""
         self._fallback = None
@@ -552,10 +583,10 @@ class Inspector:
                 self._by_index[index] = block
         elif kind == "content_block_delta":
             doc = _doc(event)
-            block = self._by_index.get(_index(doc))
+            recorded = self._by_index.get(_index(doc))
             delta = doc.get("delta") if doc is not None else None
-            if block is not None and isinstance(delta, dict):
-                block.add(delta)
+            if recorded is not None and isinstance(delta, dict):
+                recorded.add(delta)
 
     def _render(self, events: list[Event]) -> bytes:
         return b"".join([self._out(event, event.name) for event in events])
@@ -582,7 +613,7 @@ class Inspector:
             return event.raw
         doc = _doc(event)
         index = _index(doc)
-        if index is None:
+        if doc is None or index is None:
             return event.raw
         if kind == "content_block_start":
             client = self._map[index] = self._next_index
@@ -590,9 +621,9 @@ class Inspector:
             if self._round >= self.max_rounds:
                 self._note_capped(event)
         else:
-            client = self._map.get(index)
-            if client is None:  # a block never started: the client would see the same fault
-                client = self._base + index
+            mapped = self._map.get(index)
+            # A block never started: the client would see the same fault.
+            client = self._base + index if mapped is None else mapped
         return _renumbered(event, kind, doc, index, client)
 
     def _commit(self) -> None:
@@ -605,11 +636,11 @@ class Inspector:
         if block.get("type") == "tool_use" and block.get("name") == EXPAND_TOOL:
             self.capped = True
 
-    def _final_delta(self, doc: dict) -> bytes:
+    def _final_delta(self, doc: dict[str, object]) -> bytes:
         """The spliced response's message_delta: input side from round 1, output summed."""
         out = dict(doc)
-        usage = doc.get("usage")
-        usage = dict(usage) if isinstance(usage, dict) else {}
+        given = doc.get("usage")
+        usage: dict[str, object] = dict(given) if isinstance(given, dict) else {}
         usage.update(self._input_fields)
         usage["output_tokens"] = self._output_before + self._usage.usage.output_tokens
         out["usage"] = usage

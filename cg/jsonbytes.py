@@ -12,16 +12,23 @@ back is the identity, so everything outside the spliced spans comes back as the 
 
 import json
 import re
+from collections.abc import Callable
+from typing import Any, Final, TypeAlias
 
 import attrs
 
-EACH = object()
+EACH: Final = object()
 """Spine key standing for every item of an array."""
 
-Span = tuple[int, int]
+Span: TypeAlias = tuple[int, int]
+Path: TypeAlias = tuple[str | int, ...]
+"""Where a value sits: the object keys and array indices leading to it."""
+Spine: TypeAlias = dict[object, "Spine"]
+"""Which parts of a document to walk (see ``load``): object keys, or EACH, to the spine below."""
 
-_scan_value = json.decoder.JSONDecoder().scan_once
-_scan_string = json.decoder.scanstring
+# The stdlib's own scanners (C when available); typeshed does not declare these attributes.
+_scan_value: Callable[[str, int], tuple[object, int]] = json.decoder.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_scan_string: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
@@ -35,14 +42,15 @@ class Reuse:
     """
 
     value: object
-    spans: dict[tuple, Span]
+    spans: dict[Path, Span]
     limit: int
 
-    def item(self, path: tuple, pos: int):
+    def item(self, path: Path, pos: int) -> tuple[object, int] | None:
+        """The earlier parse's value at `path` and its end, if it started at `pos` in the prefix."""
         span = self.spans.get(path)
         if span is None or span[0] != pos or span[1] > self.limit:
             return None
-        value = self.value
+        value: Any = self.value  # the spans say what each step of the path indexes
         for key in path:
             value = value[key]
         return value, span[1]
@@ -64,14 +72,14 @@ def common_prefix(a: str, b: str, block: int = 1 << 16) -> int:
     return low
 
 
-def load(doc: str, spine: dict, reuse: Reuse | None = None) -> tuple[object, dict[tuple, Span]]:
+def load(doc: str, spine: Spine, reuse: Reuse | None = None) -> tuple[object, dict[Path, Span]]:
     """Parse doc like json.loads; also return the span of every value the spine reaches, by path.
 
     A spine is a nested dict: an object key (or EACH for array items) maps to the spine below it;
     `{}` records a value's span without descending. Raises ValueError on anything that is not one
     JSON document. `reuse` lets array items of an earlier parse stand (see Reuse).
     """
-    spans: dict[tuple, Span] = {}
+    spans: dict[Path, Span] = {}
     try:
         value, end = _parse(doc, _skip(doc, 0), spine, (), spans, reuse)
         if _skip(doc, end) != len(doc):
@@ -81,19 +89,19 @@ def load(doc: str, spine: dict, reuse: Reuse | None = None) -> tuple[object, dic
     return value, spans
 
 
-def spans_below(doc: str, start: int, spine: dict) -> dict[tuple, Span]:
+def spans_below(doc: str, start: int, spine: Spine) -> dict[Path, Span]:
     """The spans the spine reaches below the (already parsed) value at `start`, by relative path.
 
     Lets a caller walk only the parts of a document it is about to edit.
     """
-    spans: dict[tuple, Span] = {}
+    spans: dict[Path, Span] = {}
     _parse(doc, start, spine, (), spans, None)
     return spans
 
 
 def splice(doc: str, edits: list[tuple[Span, str]]) -> str:
     """doc with each (non-overlapping) span replaced by its new text."""
-    pieces = []
+    pieces: list[str] = []
     position = 0
     for (start, end), text in sorted(edits, key=lambda edit: edit[0]):
         pieces += (doc[position:start], text)
@@ -104,11 +112,14 @@ def splice(doc: str, edits: list[tuple[Span, str]]) -> str:
 
 def _skip(doc: str, pos: int) -> int:
     if doc[pos:pos + 1] in (" ", "\t", "\n", "\r"):
-        return _WHITESPACE.match(doc, pos).end()
+        match = _WHITESPACE.match(doc, pos)  # always matches: the pattern accepts ""
+        return match.end() if match else pos
     return pos
 
 
-def _parse(doc: str, pos: int, spine: dict, path: tuple, spans: dict, reuse) -> tuple[object, int]:
+def _parse(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path, Span],
+           reuse: Reuse | None) -> tuple[object, int]:
+    value: object
     opener = doc[pos]
     if opener == "{" and spine:
         value, end = _parse_object(doc, pos, spine, path, spans, reuse)
@@ -120,8 +131,9 @@ def _parse(doc: str, pos: int, spine: dict, path: tuple, spans: dict, reuse) -> 
     return value, end
 
 
-def _parse_object(doc, pos, spine, path, spans, reuse):
-    members = {}
+def _parse_object(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path, Span],
+                  reuse: Reuse | None) -> tuple[dict[str, object], int]:
+    members: dict[str, object] = {}
     pos = _skip(doc, pos + 1)
     if doc[pos] == "}":
         return members, pos + 1
@@ -146,8 +158,9 @@ def _parse_object(doc, pos, spine, path, spans, reuse):
         pos = _skip(doc, pos + 1)
 
 
-def _parse_array(doc, pos, spine, path, spans, reuse):
-    items = []
+def _parse_array(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path, Span],
+                 reuse: Reuse | None) -> tuple[list[object], int]:
+    items: list[object] = []
     pos = _skip(doc, pos + 1)
     if doc[pos] == "]":
         return items, pos + 1

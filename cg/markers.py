@@ -19,7 +19,8 @@ _ID_OR_MARKER = re.compile(rf"\s*(?:<<cg:({_ID})>>|({_ID}))\s*")
 _RAW_TAIL = re.compile(rb"cg:[A-Za-z0-9_-]{1,64}(?:>|\\u003[eE])(?:>|\\u003[eE])")
 _RAW_HEAD = re.compile(rb"(?:<|\\u003[cC])(?:<|\\u003[cC])\Z")
 _RAW_HEAD_MAX = len(b"\\u003c") * 2
-_COUNTED_FIELDS = {"messages": {}, "system": {}}
+_COUNTED_FIELDS = ("messages", "system")
+_COUNTED_SPINE: jsonbytes.Spine = {field: {} for field in _COUNTED_FIELDS}
 
 
 def marker_id(original: bytes) -> str:
@@ -56,7 +57,7 @@ def body_has_marker(body: bytes) -> bool:
         return False
     try:
         # Latin-1 maps byte n to character n, so str offsets are byte offsets (and it costs nothing).
-        _, spans = jsonbytes.load(body.decode("latin-1"), _COUNTED_FIELDS)
+        _, spans = jsonbytes.load(body.decode("latin-1"), _COUNTED_SPINE)
     except ValueError:
         return True
     counted = [spans[(field,)] for field in _COUNTED_FIELDS if (field,) in spans]

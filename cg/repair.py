@@ -46,8 +46,8 @@ _ERROR_WORDS = re.compile(
     r"|(?:unknown|invalid) (?:tool|function)|does not exist|doesn't exist|unavailable|is not a valid",
     re.IGNORECASE,
 )
-_BLOCKS = {"content": {EACH: {}}}
-_CONTENT = {"content": {}}
+_BLOCKS: jsonbytes.Spine = {"content": {EACH: {}}}
+_CONTENT: jsonbytes.Spine = {"content": {}}
 
 
 @attrs.frozen
@@ -80,7 +80,7 @@ def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
     if not isinstance(messages, list):
         return []
     calls: dict[str, ExpandCall] = {}
-    repairs = []
+    repairs: list[Repair] = []
     for message_index, message in enumerate(messages):
         if not isinstance(message, dict):
             continue
@@ -99,12 +99,12 @@ def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
     return repairs
 
 
-def _is_error_answer(calls: dict, call_id, answered: dict) -> bool:
+def _is_error_answer(calls: dict[str, ExpandCall], call_id: object, answered: dict[str, object]) -> bool:
     return (isinstance(call_id, str) and call_id in calls
             and looks_like_error(_text(answered.get("content")), answered.get("is_error")))
 
 
-def _text(content) -> str:
+def _text(content: object) -> str:
     """The text of a result's content: a string, or its text parts joined."""
     if isinstance(content, str):
         return content
@@ -131,14 +131,16 @@ def repair_edits(body: ParsedBody, repairs: list[Repair],
     (`ClientStyle`): the history before it does not change between turns, so neither do the bytes.
     """
     doc = body.doc
-    edits = []
-    below: dict[int, dict] = {}
+    edits: list[tuple[jsonbytes.Span, str]] = []
+    below: dict[int, dict[jsonbytes.Path, jsonbytes.Span]] = {}
     for repair in repairs:
         text = texts.get(repair.tool_use_id)
         if text is None:
             continue
         message = body.value["messages"][repair.message_index]
         message_start = body.spans[("messages", repair.message_index)][0]
+        span: jsonbytes.Span | None
+        value: object
         if repair.block_index is not None:
             if repair.message_index not in below:
                 below[repair.message_index] = jsonbytes.spans_below(doc, message_start, _BLOCKS)
@@ -153,14 +155,14 @@ def repair_edits(body: ParsedBody, repairs: list[Repair],
     return edits
 
 
-def _repaired_block(block: dict, text: str) -> dict:
+def _repaired_block(block: dict[str, object], text: str) -> dict[str, object]:
     repaired = {key: _repaired_content(value, text) if key == "content" else value
                 for key, value in block.items() if key != "is_error"}
     repaired.setdefault("content", text)
     return repaired
 
 
-def _repaired_content(content, text: str):
+def _repaired_content(content: object, text: str) -> object:
     """The text; as a one-part list where the client's parts carried a cache_control (kept)."""
     if isinstance(content, list):
         marks = [part["cache_control"] for part in content if isinstance(part, dict) and "cache_control" in part]

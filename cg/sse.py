@@ -63,8 +63,11 @@ class Event:
     data: bytes = b""
     _parsed: object = attrs.field(default=_UNPARSED, init=False, eq=False, hash=False, repr=False)
 
-    def json(self):
-        """``data`` parsed as JSON (parsed once, then cached). Raises ValueError on bad JSON."""
+    def json(self) -> object:
+        """``data`` parsed as JSON (parsed once, then cached). Raises ValueError on bad JSON.
+
+        Typed ``object``: the upstream may send any JSON value, so callers check what they got.
+        """
         parsed = self._parsed
         if parsed is _UNPARSED:
             try:

@@ -42,7 +42,7 @@ _DELTAS = {
     "compaction": frozenset({"compaction_delta"}),
     **{kind: frozenset({"input_json_delta"}) for kind in _TOOL_BLOCKS},
 }
-_DELTA_FIELDS = {
+_DELTA_FIELDS: dict[object, str] = {  # looked up by whatever JSON value the delta's type is
     "text_delta": "text",
     "thinking_delta": "thinking",
     "signature_delta": "signature",
@@ -51,7 +51,7 @@ _DELTA_FIELDS = {
 _BLOCK_EVENTS = frozenset({"content_block_start", "content_block_delta", "content_block_stop"})
 
 
-def _allowed(block_type: str) -> frozenset | None:
+def _allowed(block_type: str) -> frozenset[str] | None:
     """The delta types a block takes; None for any (a block type not known here)."""
     if block_type in _DELTAS:
         return _DELTAS[block_type]
@@ -137,7 +137,7 @@ class _Checker:
                 self.problem(n, name, "message_stop without message_delta")
             self.stopped = True
 
-    def block_event(self, n: int, name: str, doc: dict) -> None:
+    def block_event(self, n: int, name: str, doc: dict[str, object]) -> None:
         self.content = True
         index = doc.get("index")
         if not isinstance(index, int) or isinstance(index, bool):
@@ -168,7 +168,9 @@ class _Checker:
                     self.problem(n, name, f"{block.type} input is not a JSON object: {text[:80]!r}")
             return
         delta = doc.get("delta")
-        kind = delta.get("type") if isinstance(delta, dict) else None
+        if not isinstance(delta, dict):
+            delta = {}
+        kind = delta.get("type")
         allowed = _allowed(block.type)
         if allowed is not None and kind not in allowed:
             self.problem(n, name, f"{kind} on a {block.type} block {index}")
@@ -179,7 +181,7 @@ class _Checker:
         elif kind == "input_json_delta":
             block.json.append(delta["partial_json"])
 
-    def start(self, n: int, name: str, index: int, doc: dict) -> None:
+    def start(self, n: int, name: str, index: int, doc: dict[str, object]) -> None:
         if index != self.next_index:
             self.problem(n, name, f"index {index}, expected {self.next_index} (dense, in arrival order)")
         if index in self.blocks:

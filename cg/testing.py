@@ -18,15 +18,18 @@ import json
 import math
 import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, cast
 
 import ujson
 from attrs import define, field, frozen
 from attrs.validators import gt, in_
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IListeningPort, IPushProducer, IReactorTCP
+from twisted.internet.interfaces import IListeningPort, IPushProducer, IReactorSSL, IReactorTCP, ITCPTransport
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
@@ -365,11 +368,16 @@ class JSONReply:
         request.finish()
 
 
+def _events(events: Iterable[bytes]) -> tuple[bytes, ...]:
+    """``tuple``, typed: mypy's attrs plugin cannot read the generic ``tuple`` as a converter."""
+    return tuple(events)
+
+
 @frozen
 class SSEReply:
     """A timed event stream; ``end`` says how it stops: finish, TCP reset, or silence forever."""
 
-    events: Sequence[bytes] = field(converter=tuple)
+    events: Sequence[bytes] = field(converter=_events)
     delay: float = 0.0
     first_delay: float = 0.0
     status: int = 200
@@ -429,7 +437,7 @@ class _SSEPlayback:
         elif self._reply.end == "reset":
             # On the next reactor turn, once the last event has left Twisted's write buffer
             # (abortConnection drops whatever is still in it).
-            self._call = self._reactor.callLater(0, self._request.channel.transport.abortConnection)
+            self._call = self._reactor.callLater(0, _transport(self._request.channel).abortConnection)
         # "stall": leave the response open and silent.
 
 
@@ -438,7 +446,7 @@ class Reset:
     """Abort the TCP connection as soon as the request arrives: no response byte at all."""
 
     def play(self, request: Request, upstream: FakeUpstream) -> None:
-        request.channel.transport.abortConnection()
+        _transport(request.channel).abortConnection()
 
 
 @frozen
@@ -562,14 +570,14 @@ def default_reply(received: Received) -> Reply:
     if not isinstance(body, dict):
         body = {}
     model = body.get("model")
-    model_kw = {"model": model} if isinstance(model, str) else {}
+    model_kw: dict[str, Any] = {"model": model} if isinstance(model, str) else {}
     path = received.path.split(b"?", 1)[0]
     if path == b"/v1/messages/count_tokens":
         return JSONReply({"input_tokens": 10})
     anthropic = path == b"/v1/messages" or path.startswith(b"/v1/messages/")
     openai = path == b"/v1/chat/completions"
-    expand = received.header(b"x-fake-expand") if path == b"/v1/messages" else None
-    expand = expand.decode("utf-8", "replace") if expand and not _answers_fake_expand(body) else None
+    asked = received.header(b"x-fake-expand") if path == b"/v1/messages" else None
+    expand = asked.decode("utf-8", "replace") if asked and not _answers_fake_expand(body) else None
     if body.get("stream") is True and (anthropic or openai):
         texts = _fake_texts(int(received.header(b"x-fake-events") or 3))
         if expand:
@@ -618,7 +626,7 @@ def _cache_marks(body: dict) -> int:
 
 
 def anthropic_request_problems(
-    body: object, thinking: dict[str, str] | None = None, redacted: set[str] | frozenset = frozenset()
+    body: object, thinking: dict[str, object] | None = None, redacted: set[str] | frozenset = frozenset()
 ) -> list[str]:
     """Why the Messages API would reject ``body`` (empty if it would not), for what cg can break.
 
@@ -715,7 +723,7 @@ def _sse_data(event: bytes) -> object:
         return None
 
 
-def _block_thinking(block: object, thinking: dict[str, str], redacted: set[str]) -> None:
+def _block_thinking(block: object, thinking: dict[str, object], redacted: set[str]) -> None:
     if not isinstance(block, dict):
         return
     if block.get("type") == "thinking" and block.get("signature"):
@@ -726,6 +734,17 @@ def _block_thinking(block: object, thinking: dict[str, str], redacted: set[str])
 
 # ---------------------------------------------------------------------------------------------
 # The server
+
+
+def _transport(channel: HTTPChannel) -> ITCPTransport:
+    """The channel's connection, TCP or TLS over TCP: both abort."""
+    return cast(ITCPTransport, channel.transport)
+
+
+def _port_number(port: IListeningPort) -> int:
+    address = port.getHost()
+    assert isinstance(address, (IPv4Address, IPv6Address))  # the fake listens on TCP
+    return address.port
 
 
 class _Request(Request):
@@ -749,7 +768,7 @@ class _Channel(HTTPChannel):
         self.requests_seen = 0
         self.closed: Deferred[None] = Deferred()
 
-    def connectionLost(self, reason) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.upstream._channels.discard(self)
         super().connectionLost(reason)
         self.closed.callback(None)
@@ -775,7 +794,9 @@ class _Root(Resource):
 
 
 class _Site(Site):
-    protocol = _Channel  # plain HTTP/1.1, no h2 negotiation wrapper: we need the channel itself
+    # Plain HTTP/1.1, no h2 negotiation wrapper: we need the channel itself (which the
+    # annotation of Site.protocol, the wrapper's factory, does not foresee).
+    protocol = _Channel  # type: ignore[assignment]
 
     def __init__(self, upstream: FakeUpstream, reactor) -> None:
         super().__init__(_Root(upstream), requestFactory=_Request, reactor=reactor)
@@ -801,7 +822,7 @@ class FakeUpstream:
     reset_reused_connections: int = 0
     strict: bool = False
     rejections: list[str] = field(factory=list, init=False)
-    _thinking: dict[str, str] = field(factory=dict, init=False)  # signature -> text, as sent
+    _thinking: dict[str, object] = field(factory=dict, init=False)  # signature -> text, as sent
     _redacted: set[str] = field(factory=set, init=False)  # redacted_thinking data, as sent
     received: list[Received] = field(factory=list, init=False)
     flood_bytes_written: int = field(default=0, init=False)  # by Flood replies, cumulative
@@ -822,12 +843,14 @@ class FakeUpstream:
         self.reactor = reactor
         site = _Site(self, reactor)
         if tls is None:
-            self._port = reactor.listenTCP(port, site, interface=interface)
+            # Twisted's annotations: a Site is a ServerFactory of the h2 wrapper, which its
+            # _ProtoWithFactory bound does not admit.
+            self._port = reactor.listenTCP(port, site, interface=interface)  # type: ignore[arg-type]
         else:
-            self._port = reactor.listenSSL(port, site, tls, interface=interface)
+            self._port = cast(IReactorSSL, reactor).listenSSL(port, site, tls, interface=interface)
         host = f"[{interface}]" if ":" in interface else interface
         scheme = "http" if tls is None else "https"
-        self.url = f"{scheme}://{host}:{self._port.getHost().port}"
+        self.url = f"{scheme}://{host}:{_port_number(self._port)}"
         return self._port
 
     def enqueue(self, *replies: Reply) -> None:
@@ -836,12 +859,14 @@ class FakeUpstream:
 
     def stop(self) -> Deferred[None]:
         """Stop listening and abort every open connection; fires once all are closed."""
-        waits = []
+        waits: list[Deferred[None]] = []
         if self._port is not None:
-            waits.append(self._port.stopListening())
+            stopped = self._port.stopListening()  # "may return a Deferred"
+            if stopped is not None:
+                waits.append(stopped)
             self._port = None
         for channel in list(self._channels):
-            channel.transport.abortConnection()
+            _transport(channel).abortConnection()
             waits.append(channel.closed)
         return gatherResults(waits).addCallback(lambda _: None)
 
@@ -850,8 +875,9 @@ class FakeUpstream:
         return next(self._serials)
 
     def _handle(self, request: _Request) -> None:
-        channel = request.channel
+        channel = cast(_Channel, request.channel)  # _Site.protocol
         channel.requests_seen += 1
+        assert request.content is not None  # set before the request is handled
         received = Received(
             method=request.method,
             path=request.uri,
@@ -922,7 +948,9 @@ class FakeUpstream:
                 _block_thinking(open_blocks.pop(index, None), self._thinking, self._redacted)
                 open_blocks[index] = dict(doc["content_block"])
             elif doc.get("type") == "content_block_delta" and index in open_blocks:
-                delta = doc.get("delta") if isinstance(doc.get("delta"), dict) else {}
+                delta = doc.get("delta")
+                if not isinstance(delta, dict):
+                    delta = {}
                 block = open_blocks[index]
                 if delta.get("type") == "thinking_delta":
                     block["thinking"] = (block.get("thinking") or "") + str(delta.get("thinking", ""))
@@ -942,7 +970,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from twisted.internet import reactor
 
     port = FakeUpstream().listen(reactor, args.port, args.interface)
-    print(f"listening {port.getHost().port}", flush=True)
+    print(f"listening {_port_number(port)}", flush=True)
     reactor.run()
 
 

@@ -41,7 +41,7 @@ _MODEL = (
 
 def _counts(data: bytes) -> list[int]:
     """The model's features, in _MODEL order."""
-    counts = []
+    counts: list[int] = []
     for table, patterns in _MODEL:
         classes = data.translate(table)
         counts += (classes.count(pattern) for pattern, _ in patterns)

@@ -111,7 +111,7 @@ def _anthropic_fields(usage: object) -> dict[str, int]:
     """The Usage fields present (and valid) in an Anthropic ``usage`` object."""
     if not isinstance(usage, dict):
         return {}
-    found = {}
+    found: dict[str, int] = {}
     for key, field in _ANTHROPIC_KEYS:
         value = _count(usage.get(key))
         if value is not None:
@@ -119,7 +119,7 @@ def _anthropic_fields(usage: object) -> dict[str, int]:
     return found
 
 
-def anthropic_usage(message: dict) -> Usage:
+def anthropic_usage(message: object) -> Usage:
     """The usage of a non-streaming Messages API response (missing fields count as 0)."""
     if not isinstance(message, dict):
         return Usage()
@@ -150,7 +150,7 @@ def _openai_fields(usage: object) -> dict[str, int] | None:
     }
 
 
-def openai_usage(doc: dict) -> Usage:
+def openai_usage(doc: object) -> Usage:
     """The usage of a non-streaming chat.completion (missing fields count as 0)."""
     if not isinstance(doc, dict):
         return Usage()
@@ -260,11 +260,12 @@ class ResponseUsage:
         self._max_json = max_json
 
     def feed(self, data: bytes) -> None:
-        if self._stream is not None:
-            if not self._parser.buffered and data.endswith(b"\n\n") and b"usage" not in data:
+        stream, parser = self._stream, self._parser
+        if stream is not None and parser is not None:
+            if not parser.buffered and data.endswith(b"\n\n") and b"usage" not in data:
                 return  # whole events, none about usage: nothing to parse
-            for event in self._parser.feed(data):
-                self._stream.observe(event)
+            for event in parser.feed(data):
+                stream.observe(event)
         elif self._size <= self._max_json:
             self._chunks.append(data)
             self._size += len(data)
@@ -291,7 +292,7 @@ class SessionTotals:
     requests: int = 0
     usage: Usage = Usage()
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, object]:
         return {
             "session": self.session,
             "requests": self.requests,
@@ -355,7 +356,7 @@ class UsageTotals:
         """The ``n`` kept sessions with the most prompt tokens, busiest first."""
         return heapq.nlargest(n, self._sessions.values(), key=lambda s: (s.usage.prompt_tokens, s.requests))
 
-    def as_dict(self, top: int = 10) -> dict:
+    def as_dict(self, top: int = 10) -> dict[str, object]:
         """What /stats shows: totals, the ratio, and the ``top`` busiest sessions."""
         return {
             "requests": self.requests,
@@ -409,7 +410,7 @@ def _stable_content(content: object) -> object:
     return content
 
 
-def _first_user_content_hash(body: dict) -> str | None:
+def _first_user_content_hash(body: dict[str, object]) -> str | None:
     messages = body.get("messages")
     if not isinstance(messages, list):
         return None
@@ -429,7 +430,7 @@ def _first_user_content_hash(body: dict) -> str | None:
     return None
 
 
-def session_key(headers_get: Callable[[str], str | None], body: dict | None) -> str:
+def session_key(headers_get: Callable[[str], str | None], body: object) -> str:
     """The session a request belongs to, for per-session totals and the change log.
 
     In order: the ``x-claude-code-session-id`` header; the session in ``metadata.user_id``; ``h:``

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cg.continuation import ExpandCall
-from cg.inspector import ABORT, CONTINUE, DONE, EXPAND, PING, Inspector, Step
+from cg.inspector import ABORT, CONTINUE, DONE, EXPAND, PING, Inspector, State, Step
 from cg.markers import EXPAND_TOOL
 from cg.sse import Event, SSEParser
 from cg.streamcheck import check_anthropic_stream
@@ -638,7 +638,7 @@ def test_held_bytes_are_counted_incrementally():
     total = 0
     for event in events[:-2]:
         insp.feed(event)
-        if insp.state == "hold":
+        if insp.state is State.HOLD:
             total += len(event.raw)
             assert insp.held_bytes == total
     assert total > 0
