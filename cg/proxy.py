@@ -202,23 +202,42 @@ class ProxyResource(resource.Resource):
         rewrite = self.rewriter.finish(incoming, texts)
         if self.observe or not rewrite.originals:
             return self._chosen(exchange, body, rewrite)
+        return self._vouched(exchange, body, incoming, texts, rewrite, again=True)
+
+    def _vouched(self, exchange, body: bytes, incoming, texts: dict, rewrite, again: bool) -> defer.Deferred | bytes:
+        """Markers only for originals the store vouches for: it first stores those it does not know.
+
+        A store that forgot some while storing the others (it broke and came back, or another
+        process wrote) is given them once more. A store that cannot keep them vouches for what
+        it still knows (nothing, once it is unhealthy): the rest go whole, and reformat still
+        runs. The exchange keeps the originals behind the markers it sends, for expand calls.
+        """
         tenant = exchange.tenant
         known = self.store.known(tenant, rewrite.originals)
         if known:
             self.store.touch(tenant, known)
         new = {i: original for i, original in rewrite.originals.items() if i not in known}
-        if not new:
+
+        def chosen(rewrite):
+            exchange.originals = rewrite.originals
             return self._chosen(exchange, body, rewrite)
 
-        def unstored(failure):
-            # Offloads already stored (sent on earlier turns) stay, so the bytes the provider
-            # has cached do not change; only this request's new originals go unreplaced.
-            self.stats.compaction.store_fail_open += 1
-            log.warn("store failed ({why}): forwarding without new lossy compaction", why=failure.getErrorMessage())
-            return self._chosen(exchange, body, self.rewriter.finish(incoming, texts, lossy=frozenset(known)))
+        if not new:
+            return chosen(rewrite)
 
-        stored = self.store.put(tenant, new)
-        return stored.addCallbacks(lambda _: self._chosen(exchange, body, rewrite), unstored)
+        def stored(_):
+            if again and len(self.store.known(tenant, rewrite.originals)) < len(rewrite.originals):
+                return self._vouched(exchange, body, incoming, texts, rewrite, again=False)
+            return chosen(rewrite)
+
+        def unstored(failure):
+            # Offloads sent on earlier turns stay while the store still vouches for them, so the
+            # bytes the provider has cached do not change. The store logs the failure, once.
+            self.stats.compaction.store_fail_open += 1
+            vouched = self.store.known(tenant, known)
+            return chosen(self.rewriter.finish(incoming, texts, lossy=frozenset(vouched)))
+
+        return self.store.put(tenant, new).addCallbacks(stored, unstored)
 
     def _chosen(self, exchange, body: bytes, rewrite) -> bytes:
         self.stats.compaction.record(rewrite, len(body))
@@ -328,6 +347,7 @@ class _Exchange:
         self.seq = 0
         self.tenant = ""
         self.rewrite = None  # what cg did to the request body, when it did anything
+        self.originals = {}  # marker ID -> original, for the markers in the body cg forwarded
         self.forwarded = None  # the body sent upstream last (a continuation extends it)
         self.meter = None  # reads billed usage off a passed-through response
         self.inspector = None
@@ -543,9 +563,11 @@ class _Exchange:
             on_failure(failure)
 
     def _resolve(self, calls) -> defer.Deferred:
-        """The originals the calls ask for, from the store under this request's tenant."""
+        """The originals the calls ask for: those behind this request's own markers, else from
+        the store under this request's tenant."""
         refs = refs_to_resolve(calls)
-        lookups = [self.proxy.store.get(self.tenant, ref) for ref in refs]
+        lookups = [defer.succeed(self.originals[ref]) if ref in self.originals else self.proxy.store.get(self.tenant, ref)
+                   for ref in refs]
 
         def resolved(originals):
             resolutions = {ref: resolve(ref, original) for ref, original in zip(refs, originals)}

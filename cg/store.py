@@ -4,6 +4,10 @@ cg may only send a marker upstream once the original it stands for is committed 
 marker whose original is lost is context the model can never get back. Everything that can
 fail does so as ``StoreError`` (or a ``None`` read), so the proxy can fail open: forward
 without lossy compaction instead of erroring to the client.
+
+A store whose reads fail (the file damaged, replaced or its tables dropped while cg runs) is
+*unhealthy*: it vouches for no original (``known`` answers nothing) until a put has written
+and read back again, so cg sends no marker it might not be able to answer.
 """
 
 from __future__ import annotations
@@ -47,7 +51,11 @@ class StoreError(Exception):
 
 @attrs.define
 class StoreStats:
-    """Counters for /stats. ``writes`` counts originals written, not calls."""
+    """What /stats shows of the store. ``writes`` counts originals written, not calls.
+
+    ``healthy`` is False from a failed read until a write and a read succeed again, with the
+    latest error (``unhealthy_reason``) and the Unix time it became unhealthy.
+    """
 
     writes: int = 0
     write_errors: int = 0
@@ -56,6 +64,9 @@ class StoreStats:
     misses: int = 0
     read_errors: int = 0
     evictions: int = 0
+    healthy: bool = True
+    unhealthy_reason: str | None = None
+    unhealthy_since: float | None = None
 
 
 @attrs.frozen
@@ -75,6 +86,10 @@ class IStore(Interface):
     The seam for other backends: every method but ``known`` and ``touch`` returns a
     Deferred, and none blocks the reactor thread. Ids stored under one tenant are
     invisible under every other.
+
+    A store that cannot read what it holds is unhealthy (``stats.healthy`` False): it
+    forgets every id it knew, ``known`` answers nothing, and only a ``put`` that writes and
+    reads back makes it healthy again.
     """
 
     stats = Attribute("A StoreStats, updated on the reactor thread.")
@@ -82,11 +97,11 @@ class IStore(Interface):
     def put(tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
         """Store originals (id -> exact bytes); fire once committed, with the ids that were
         written (ids already stored are not rewritten). Errback with StoreError if not
-        committed."""
+        committed. On an unhealthy store, fire only once they also read back."""
 
     def known(tenant: str, ids: Iterable[str]) -> set[str]:
-        """Synchronously: which of ``ids`` are known to be committed. Only ids outside this
-        set need a ``put``."""
+        """Synchronously: which of ``ids`` are known to be committed (none while the store
+        is unhealthy). Only ids outside this set need a ``put``."""
 
     def touch(tenant: str, ids: Iterable[str]) -> None:
         """Record that ``ids`` were used (for LRU), off the request path."""
@@ -284,6 +299,12 @@ class SQLiteDB:
                 "UPDATE frozen SET last_used = ? WHERE tenant = ? AND key = ?", by_table["frozen"]
             )
 
+    def check(self) -> None:
+        """A cheap read of both tables: raises if the file or its tables are gone or damaged."""
+        self.conn.execute(
+            "SELECT (SELECT max(rowid) FROM originals), (SELECT max(rowid) FROM frozen)"
+        ).fetchone()
+
     def get(self, tenant: str, id_: str) -> bytes | None:
         row = self.conn.execute(
             "SELECT body FROM originals WHERE tenant = ? AND id = ?", (tenant, id_)
@@ -329,11 +350,13 @@ class SQLiteDB:
 
 
 def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Create the tables in a new file, and again where someone dropped them (nothing to lose)."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version == SCHEMA_VERSION:
-        return
-    if version != 0:
+    if version not in (0, SCHEMA_VERSION):
         raise StoreError(f"{path} has schema version {version}; this cg knows {SCHEMA_VERSION}")
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if version == SCHEMA_VERSION and {"originals", "frozen"} <= tables:
+        return  # a read only: cg-store can open a store it may not write
     # body last: an eviction scan reads size and last_used without walking a blob's pages.
     conn.executescript(
         f"""
@@ -386,7 +409,14 @@ class _Known:
 class _Worker:
     """The thread-side half of SQLiteStore: owns the connection and the pending last-use
     times. Nothing here is touched from the reactor thread except ``queue``; results and
-    notices go back through ``deliver`` (``reactor.callFromThread``)."""
+    notices go back through ``deliver`` (``reactor.callFromThread``).
+
+    ``broken`` is the store's health as this thread sees it: set by a failed read (or a
+    failed write after which a read fails too, a file that does not open, a file removed or
+    replaced under the open connection), cleared by a put that writes and then reads back
+    its originals. The reactor hears of the first through ``broke``, of the second in the
+    put's result.
+    """
 
     path: str
     max_bytes: int
@@ -394,12 +424,14 @@ class _Worker:
     flush_interval: float
     known: _Known
     deliver: Callable[..., None]
-    log_error: Callable[[str], None]  # called through deliver
+    broke: Callable[[str], None]  # the store cannot be read; called through deliver
     report: Callable[[str], None]  # a failed background write, called through deliver
     queue: queue.SimpleQueue = attrs.Factory(queue.SimpleQueue)
     db: SQLiteDB | None = None
+    identity: tuple[int, int] | None = None  # (device, inode) of the file db has open
     open_error: str = ""
     reopen_at: float = 0.0
+    broken: bool = False
     pending: set[tuple[str, str, str]] = attrs.Factory(set)
 
     def run(self) -> None:
@@ -430,16 +462,33 @@ class _Worker:
             db = SQLiteDB.open(self.path, self.max_bytes, clock=self.clock)
         except StoreError as e:
             self.open_error = str(e)
-            self.deliver(self.log_error, self.open_error)
+            self._broke(e)
             return
-        self.db = db
+        self.db, self.identity = db, _identity(self.path)
         # What is stored is known without a put: the first request after a restart
         # need not wait for the database.
         self._background(lambda: self.deliver(self.known.add, db.recent(self.known.limit)))
 
+    def _close(self) -> None:
+        db, self.db = self.db, None
+        with contextlib.suppress(sqlite3.Error):
+            db.close()
+
     def _db(self) -> SQLiteDB:
-        """The open database, in step with changes other connections made (``cg-store
-        purge``, another cg on the same file): after one, forget what we knew."""
+        """The open database, in step with what happened to its file meanwhile.
+
+        After changes other connections made (``cg-store purge``, another cg on the same
+        file), forget what we knew. A file removed or replaced under the connection breaks
+        the store (what we knew was in the old one) and is reopened at once. A broken store
+        starts over from a new connection, at most every REOPEN_AFTER seconds: that creates
+        a removed file and dropped tables again.
+        """
+        if self.db is not None and self.identity != _identity(self.path):
+            self._close()
+            self.reopen_at = 0.0
+            self._broke(StoreError("the file was removed or replaced while open"))
+        if self.broken and self.db is not None and time.monotonic() >= self.reopen_at:
+            self._close()
         if self.db is None and time.monotonic() >= self.reopen_at:
             self._open()
         if self.db is None:
@@ -448,14 +497,48 @@ class _Worker:
             self.deliver(self.known.clear)
         return self.db
 
-    def _flush(self) -> None:
+    def _broke(self, error: Exception) -> None:
+        self.broken = True
+        self.deliver(self.broke, str(_describe(error)))
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A read that fails breaks the store: nothing it holds can be vouched for."""
+        try:
+            yield
+        except Exception as e:
+            self._broke(e)
+            raise
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write that fails breaks the store only if a read fails too: a store that is
+        locked or full still has everything it had."""
+        try:
+            yield
+        except Exception as e:
+            if not self._readable():
+                self._broke(e)
+            raise
+
+    def _readable(self) -> bool:
         if self.db is None:
-            self.pending.clear()  # touches are best effort; the open error is logged already
+            return False
+        try:
+            self.db.check()
+        except Exception:  # noqa: BLE001 -- whatever the cause, it does not read
+            return False
+        return True
+
+    def _flush(self) -> None:
+        if self.db is None or self.broken:
+            self.pending.clear()  # touches are best effort; the failure is reported already
             return
-        db = self._db()
-        if self.pending:
-            keys, self.pending = self.pending, set()
-            db.touch(keys)
+        with self._writing():
+            db = self._db()
+            if self.pending:
+                keys, self.pending = self.pending, set()
+                db.touch(keys)
 
     def _background(self, fn: Callable[[], None]) -> None:
         try:
@@ -469,37 +552,62 @@ class _Worker:
         self.pending.update((table, tenant, id_) for id_ in ids)
 
     def put(self, tenant: str, originals: dict[str, bytes]):
+        """(ids written, evicted, number evicted, whether this put made the store healthy)."""
         self._flush()  # so eviction sees the last uses the proxy reported before this put
-        return self._db().put(tenant, originals)
+        with self._writing():
+            db = self._db()
+            written, evicted, count = db.put(tenant, originals)
+        if not self.broken:
+            return written, evicted, count, False
+        with self._reading():
+            for id_, body in originals.items():
+                if db.get(tenant, id_) != body:
+                    raise StoreError(f"{id_} does not read back as written")
+        self.broken = False
+        return written, evicted, count, True
 
     def freeze(self, tenant: str, key: str, text: bytes):
         self._flush()
-        return self._db().freeze(tenant, key, text)
+        with self._writing():
+            return self._db().freeze(tenant, key, text)
 
     def get(self, tenant: str, id_: str) -> bytes | None:
-        body = self._db().get(tenant, id_)
+        with self._reading():
+            body = self._db().get(tenant, id_)
         if body is not None:
             self.pending.add(("originals", tenant, id_))
         return body
 
     def frozen(self, tenant: str, key: str) -> bytes | None:
-        text = self._db().frozen(tenant, key)
+        with self._reading():
+            text = self._db().frozen(tenant, key)
         if text is not None:
             self.pending.add(("frozen", tenant, key))
         return text
 
     def info(self) -> StoreInfo:
-        return self._db().info()
+        with self._reading():
+            return self._db().info()
 
     def purge(self, older_than_days: float | None) -> int:
         self._flush()
-        return self._db().purge(older_than_days)
+        with self._writing():
+            return self._db().purge(older_than_days)
 
     def stop(self) -> None:
         self._background(self._flush)
         if self.db is not None:
             db, self.db = self.db, None
             self._background(db.close)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``, or None if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @implementer(IStore)
@@ -510,6 +618,9 @@ class SQLiteStore:
     Construction never raises: a store that cannot open logs why and answers StoreError
     (puts) or None (gets), so cg keeps proxying without lossy compaction. It tries to open
     again at most every REOPEN_AFTER seconds.
+
+    A store that breaks while cg runs (a read fails) is unhealthy until a put writes and
+    reads back again; the transition each way is logged once.
     """
 
     path: str
@@ -537,7 +648,7 @@ class SQLiteStore:
             flush_interval=self.flush_interval,
             known=self._known,
             deliver=self.reactor.callFromThread,
-            log_error=self._log,
+            broke=self._broke,
             report=self._background_error,
         )
         threading.Thread(target=self._worker.run, name="cg-store", daemon=True).start()
@@ -554,6 +665,33 @@ class SQLiteStore:
         if error != self._last_error:
             self._last_error = error
             log.error("cg store {path}: {error}", path=self.path, error=error)
+
+    def _broke(self, reason: str) -> None:
+        """The store does not read (see _Worker): forget every id known, not only one read.
+
+        Which entries a failed read affects cannot be told without reading them all, and a
+        known id that is not there becomes a marker nobody can answer. Forgetting costs
+        little: the next request holds its originals again, and its put rewrites only those
+        really missing.
+        """
+        self._known.clear()
+        self.stats.unhealthy_reason = reason
+        if not self.stats.healthy:
+            self._log(reason)
+            return
+        self.stats.healthy = False
+        self.stats.unhealthy_since = self.clock()
+        self._last_error = reason
+        log.error(
+            "cg store {path} is unhealthy: {reason}; no new markers until a write and a read succeed",
+            path=self.path,
+            reason=reason,
+        )
+
+    def _recovered(self) -> None:
+        self.stats.healthy = True
+        self.stats.unhealthy_reason = self.stats.unhealthy_since = None
+        log.info("cg store {path} is healthy again", path=self.path)
 
     def _background_error(self, error: str) -> None:
         self.stats.write_errors += 1
@@ -575,8 +713,10 @@ class SQLiteStore:
         originals = dict(originals)  # the caller may reuse its dict before the commit
 
         def done(result):
-            written, evicted, count = result
+            written, evicted, count, recovered = result
             self._wrote(evicted, count)
+            if recovered:
+                self._recovered()
             self._known.add((tenant, id_) for id_ in originals)
             self.stats.writes += len(written)
             return written
@@ -586,7 +726,8 @@ class SQLiteStore:
         )
 
     def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
-        return self._known.check(tenant, ids)
+        # Unhealthy, it vouches for nothing, even for ids a reopen found stored.
+        return self._known.check(tenant, ids) if self.stats.healthy else set()
 
     def touch(self, tenant: str, ids: Iterable[str]) -> None:
         if self._stopped is None:
@@ -650,7 +791,8 @@ class SQLiteStore:
 @implementer(IStore)
 @attrs.define
 class MemoryStore:
-    """IStore in process memory, for tests: nothing survives, every Deferred has fired."""
+    """IStore in process memory, for tests: nothing survives, every Deferred has fired, and
+    it is always healthy."""
 
     max_bytes: int = DEFAULT_MAX_BYTES
     clock: Callable[[], float] = time.time

@@ -4,6 +4,7 @@ import attrs
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
+from twisted.logger import formatEvent, globalLogPublisher
 
 from cg.config import Config
 from cg.service import CGService
@@ -74,3 +75,17 @@ def make_cg():
 def cg(make_cg, fake, fake_openai) -> RunningCG:
     """cg with the Anthropic upstream at `fake` and the OpenAI one at `fake_openai`."""
     return make_cg(anthropic_upstream=fake.url, openai_upstream=fake_openai.url)
+
+
+@pytest.fixture
+def store_log():
+    """Every line cg.store logs during the test, as (level, text)."""
+    events = []
+
+    def observer(event):
+        if event.get("log_namespace") == "cg.store":
+            events.append((event["log_level"], formatEvent(event)))
+
+    globalLogPublisher.addObserver(observer)
+    yield events
+    globalLogPublisher.removeObserver(observer)

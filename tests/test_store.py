@@ -9,7 +9,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
-from twisted.logger import LogLevel, globalLogPublisher
+from twisted.logger import LogLevel
 from zope.interface.verify import verifyObject
 
 import cg.store
@@ -95,17 +95,25 @@ def rows(path, sql):
         conn.close()
 
 
-@pytest.fixture
-def errors_logged():
-    events = []
+GARBAGE = b"this is not a database\x00" * 50_000  # 1.1 MB: more than SQLite maps of the -shm
 
-    def observer(event):
-        if event.get("log_namespace") == "cg.store" and event["log_level"] is LogLevel.error:
-            events.append(event)
 
-    globalLogPublisher.addObserver(observer)
-    yield events
-    globalLogPublisher.removeObserver(observer)
+def damage(path: str, how: str) -> None:
+    """Break the store file under a running store, as another process might."""
+    names = (path, path + "-wal", path + "-shm")
+    if how == "garbage":
+        for name in names:
+            with open(name, "wb") as f:  # in place: the same files, every byte gone
+                f.write(GARBAGE)
+    elif how == "drop":
+        conn = sqlite3.connect(path)
+        conn.execute("DROP TABLE originals")
+        conn.commit()
+        conn.close()
+    else:
+        assert how == "removed"
+        for name in names:
+            os.unlink(name)
 
 
 def test_both_implement_the_interface(db_path, closing):
@@ -382,7 +390,7 @@ async def test_all_sqlite_work_runs_on_one_worker_thread(db_path, monkeypatch, s
 
 @pytest.mark.parametrize("broken", ["garbage", "under_a_file"])
 @pytest_twisted.ensureDeferred
-async def test_a_broken_store_fails_open(tmp_path, sqlite_store, errors_logged, broken):
+async def test_a_broken_store_fails_open(tmp_path, sqlite_store, store_log, broken):
     if broken == "garbage":
         path = tmp_path / "store.sqlite3"
         garbage = b"this is not a database\x00" * 1000
@@ -397,6 +405,7 @@ async def test_a_broken_store_fails_open(tmp_path, sqlite_store, errors_logged, 
             await store.put("", {"a": b"."})
         assert await store.get("", "a") is None
     assert store.known("", ["a"]) == set()
+    assert not store.stats.healthy and "cannot open store" in store.stats.unhealthy_reason
     store.touch("", ["a"])
     for call in (store.freeze("", "k", b"."), store.frozen("", "k"), store.info(), store.purge(1)):
         with pytest.raises(StoreError):
@@ -404,7 +413,7 @@ async def test_a_broken_store_fails_open(tmp_path, sqlite_store, errors_logged, 
     assert store.stats.write_errors == 4  # two puts, a freeze, a purge
     assert store.stats.read_errors == 3  # two gets, a frozen
     assert store.stats.writes == 0
-    assert len(errors_logged) == 1  # logged once, not once per request
+    assert [level for level, _ in store_log] == [LogLevel.error]  # logged once, not once per request
     await store.close()
     if broken == "garbage":
         assert path.read_bytes() == garbage  # failing open destroys nothing
@@ -438,7 +447,95 @@ async def test_a_locked_store_fails_the_put(db_path, monkeypatch, sqlite_store):
         lock.close()
     assert store.known("", ["a", "b"]) == {"a"}
     assert store.stats.write_errors == 1
+    assert store.stats.healthy  # a locked store still reads: what it knew is still there
     assert await store.put("", {"b": b"."}) == {"b"}
+
+
+@pytest.mark.parametrize("how", ["garbage", "drop", "removed"])
+@pytest_twisted.ensureDeferred
+async def test_a_failed_read_makes_the_store_forget_everything(db_path, sqlite_store, store_log, how):
+    clock = FakeClock()
+    store = sqlite_store(clock=clock)
+    await store.put("", {"a": b"A"})
+    await store.freeze("", "toolu_1", b"F")
+    damage(db_path, how)
+    clock.advance(60)
+    # Read fails (or, the file removed, finds a new one): nothing it knew can be vouched for.
+    assert await store.get("", "a") is None
+    assert store.known("", ["a"]) == set()
+    assert (store.stats.healthy, store.stats.unhealthy_since) == (False, clock.now)
+    reason = store.stats.unhealthy_reason
+    assert {"garbage": "not a database", "drop": "no such table", "removed": "removed or replaced"}[how] in reason
+    for _ in range(3):
+        assert await store.get("", "a") is None
+        assert store.known("", ["a"]) == set()
+    assert store.stats.unhealthy_since == clock.now  # since the first failure
+    errors = [text for level, text in store_log if level is LogLevel.error]
+    assert len(errors) == 1 and "is unhealthy" in errors[0] and reason in errors[0]
+    assert store.stats.read_errors == (0 if how == "removed" else 4)
+
+
+@pytest.mark.parametrize("how", ["drop", "removed"])
+@pytest_twisted.ensureDeferred
+async def test_a_broken_store_is_made_again_by_the_next_put(db_path, monkeypatch, sqlite_store, store_log, how):
+    monkeypatch.setattr(cg.store, "REOPEN_AFTER", 0.0)
+    store = sqlite_store()
+    await store.put("", {"a": b"A"})
+    damage(db_path, how)
+    assert await store.get("", "a") is None
+    assert not store.stats.healthy
+    # The next request holds its originals again: writing and reading them back heals the store.
+    assert await store.put("", {"a": b"A", "b": b"B"}) == {"a", "b"}
+    assert (store.stats.healthy, store.stats.unhealthy_reason, store.stats.unhealthy_since) == (True, None, None)
+    assert store.known("", ["a", "b"]) == {"a", "b"}
+    assert await store.get("", "a") == b"A"
+    assert rows(db_path, "SELECT id FROM originals ORDER BY id") == [("a",), ("b",)]
+    infos = [text for level, text in store_log if level is LogLevel.info]
+    assert len(infos) == 1 and "healthy again" in infos[0]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_file_put_in_the_stores_place_is_vouched_for_only_after_a_put(db_path, tmp_path, sqlite_store):
+    store = sqlite_store()
+    await store.put("", {"a": b"A"})
+    backup = SQLiteDB.open(str(tmp_path / "backup.sqlite3"))
+    backup.put("", {"a": b"A", "b": b"B"})
+    backup.close()
+    damage(db_path, "removed")  # then a backup restored in its place, while cg runs
+    os.replace(tmp_path / "backup.sqlite3", db_path)
+    assert await store.get("", "b") == b"B"  # read from the file now in place
+    assert not store.stats.healthy and "removed or replaced" in store.stats.unhealthy_reason
+    assert store.known("", ["a", "b"]) == set()  # what a reopen finds is not vouched for yet
+    assert await store.put("", {"a": b"A"}) == set()  # there already: written over, read back
+    assert store.stats.healthy
+    assert store.known("", ["a", "b"]) == {"a", "b"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_cannot_be_read_stays_unhealthy_until_its_file_is_moved_aside(
+    db_path, monkeypatch, sqlite_store, store_log
+):
+    monkeypatch.setattr(cg.store, "REOPEN_AFTER", 0.0)
+    store = sqlite_store()
+    await store.put("", {"a": b"A"})
+    damage(db_path, "garbage")
+    # A failed write whose read fails too breaks it as well.
+    with pytest.raises(StoreError):
+        await store.put("", {"b": b"B"})
+    assert not store.stats.healthy
+    for _ in range(2):
+        with pytest.raises(StoreError, match="not a database"):
+            await store.put("", {"a": b"A", "b": b"B"})
+        assert store.known("", ["a", "b"]) == set()
+    assert open(db_path, "rb").read() == GARBAGE  # failing open destroys nothing
+    os.replace(db_path, db_path + ".broken")  # SQLite removed the -wal and -shm it could not use
+    assert await store.put("", {"a": b"A", "b": b"B"}) == {"a", "b"}
+    assert store.stats.healthy
+    assert await store.get("", "b") == b"B"
+    assert [level for level, _ in store_log].count(LogLevel.error) == 2  # unhealthy; cannot open
+    assert [text for level, text in store_log if level is LogLevel.info] == [
+        f"cg store {db_path} is healthy again"
+    ]
 
 
 @pytest_twisted.ensureDeferred
