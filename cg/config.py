@@ -18,7 +18,8 @@ def parse_size(text: str) -> int:
 
 @attrs.frozen
 class Config:
-    listen: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1",)
+    # Twisted's default backlog is 50: a burst of new connections past it is reset.
+    listen: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1:backlog=1024",)
     anthropic_upstream: str = "https://api.anthropic.com"
     openai_upstream: str = "https://api.openai.com"
     max_body: int = 64 << 20

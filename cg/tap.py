@@ -127,8 +127,13 @@ class Options(usage.Options):
         self["disable"] = []
 
     def opt_listen(self, description):
-        """Endpoint to listen on (strports description); repeatable. [default: tcp:8080:interface=127.0.0.1] Under systemd socket activation: systemd:domain=INET:index=0"""
         self["listen"].append(description)
+
+    opt_listen.__doc__ = (
+        f"Endpoint to listen on (strports description); repeatable. [default: {DEFAULT_LISTEN}] "
+        "backlog= is how many connections may wait to be accepted (the kernel caps it at "
+        "net.core.somaxconn). Under systemd socket activation: systemd:domain=INET:index=0"
+    )
 
     def opt_disable(self, component):
         if component not in _COMPONENTS:

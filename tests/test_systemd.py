@@ -553,6 +553,7 @@ def test_service_unit_runs_twistd_in_the_foreground_without_pidfile():
 def test_socket_unit_and_drop_in_agree():
     socket_entries = parse_unit(SOCKET)
     assert values(socket_entries, "Socket", "ListenStream") == ["127.0.0.1:8080"]
+    assert values(socket_entries, "Socket", "Backlog") == ["1024"]  # as cg's own --listen default
     (fdname,) = values(socket_entries, "Socket", "FileDescriptorName")
     assert re.fullmatch(r"[A-Za-z0-9_.-]+", fdname)
 
