@@ -28,6 +28,7 @@ class Config:
     header_timeout: float = 600.0
     idle_timeout: float = 60.0
     drain_timeout: float = 30.0
+    request_head_timeout: float = 30.0
     store: str | None = None  # None: cg.store.default_store_url()
     store_max_mb: int = 1024
     tenant: str = "none"

@@ -105,7 +105,9 @@ class CGService(service.Service):
             continuation_timeout=config.header_timeout,
             reactor=reactor,
         )
-        self.site = ProxySite(self.resource, config.max_body)
+        self.site = ProxySite(
+            self.resource, config.max_body, request_head_timeout=config.request_head_timeout, reactor=reactor
+        )
         self.site.noisy = False
         self.connections = Connections(self.site)
         self.connections.noisy = False

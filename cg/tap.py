@@ -49,6 +49,16 @@ class Options(usage.Options):
             float,
         ],
         [
+            "request-head-timeout",
+            None,
+            _DEFAULTS.request_head_timeout,
+            "Seconds a client has to send a complete request head (request line and headers), from "
+            "its connection's start or, on a kept-alive connection, from the request's first byte, "
+            "however slowly it trickles; past it the connection is closed. Bodies and responses "
+            "(live streams) are not timed by it.",
+            float,
+        ],
+        [
             "drain-timeout",
             None,
             _DEFAULTS.drain_timeout,
@@ -161,6 +171,8 @@ class Options(usage.Options):
             raise usage.UsageError(str(error)) from error
         if self["max-expand-rounds"] < 0:
             raise usage.UsageError("--max-expand-rounds must be 0 or more")
+        if not self["request-head-timeout"] > 0:
+            raise usage.UsageError("--request-head-timeout must be more than 0")
 
     def config(self) -> Config:
         return Config(
@@ -173,6 +185,7 @@ class Options(usage.Options):
             header_timeout=self["header-timeout"],
             idle_timeout=self["idle-timeout"],
             drain_timeout=self["drain-timeout"],
+            request_head_timeout=self["request-head-timeout"],
             store=self["store"],
             store_max_mb=self["store-max-mb"],
             tenant=self["tenant"],
