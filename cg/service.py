@@ -58,6 +58,16 @@ def rewrite_config(config: Config) -> RewriteConfig:
     )
 
 
+def _why_not_listening(description: str, failure) -> str:
+    """"address already in use", not the CannotListenError's repr."""
+    error = getattr(failure.value, "socketError", None)
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror[0].lower() + error.strerror[1:]
+    if description.startswith("systemd:") and failure.check(IndexError, KeyError):
+        return "systemd passed no such socket (is cg started by cg.socket?)"
+    return failure.getErrorMessage()
+
+
 class CGService(service.Service):
     """Listens on every --listen endpoint; on stop, stops accepting and drains in-flight responses."""
 
@@ -114,12 +124,23 @@ class CGService(service.Service):
         self.ports: list = []
         self._listening = None
 
-    def privilegedStartService(self):
-        super().privilegedStartService()
+    def bind(self):
+        """Bind every --listen endpoint now; one that cannot be bound exits with one line.
+
+        `twistd cg` binds from makeService, before twistd starts its log or daemonizes: the
+        line goes to the terminal (or the journal), with no traceback, no pid file left
+        behind, and no daemonizing parent left waiting for a child that died.
+        """
         failures = []
         self._listen().addErrback(failures.append)
-        if failures:  # a port that cannot be bound ends twistd with the reason
-            failures[0].raiseException()
+        if failures:
+            first = failures[0].value  # a FirstError: which endpoint, and why
+            description = self.config.listen[first.index]
+            raise SystemExit(f"cg: cannot listen on {description}: {_why_not_listening(description, first.subFailure)}")
+
+    def privilegedStartService(self):
+        super().privilegedStartService()
+        self.bind()
 
     def startService(self):
         super().startService()
@@ -135,7 +156,8 @@ class CGService(service.Service):
 
     def _listen(self) -> defer.Deferred:
         if self._listening is None:
-            listens = [serverFromString(self.reactor, d).listen(self.connections) for d in self.config.listen]
+            # maybeDeferred: a description that does not parse raises before any Deferred exists.
+            listens = [defer.maybeDeferred(self._listen_on, d) for d in self.config.listen]
             self._listening = defer.gatherResults(listens, consumeErrors=True)
             self._listening.addCallback(self.ports.extend)
             self._listening.addCallback(self._announce)
@@ -144,6 +166,9 @@ class CGService(service.Service):
     def _announce(self, _):
         for port in self.ports:
             log.info("cg listening on {address}", address=port.getHost())
+
+    def _listen_on(self, description: str) -> defer.Deferred:
+        return serverFromString(self.reactor, description).listen(self.connections)
 
     def stopService(self):
         """Stop accepting, let in-flight responses finish (up to drain_timeout), then cut them."""

@@ -1,16 +1,43 @@
 """`twistd cg`: the command line, documented by `twistd cg --help`."""
 
+from urllib.parse import urlsplit
+
+from twisted.copyright import version as twisted_version
 from twisted.python import usage
 
+from cg import __version__
 from cg.components import DEFAULT_COMPONENTS
 from cg.config import Config, parse_size
 from cg.service import CGService
+from cg.store import parse_store_url
 from cg.tenant import parse_tenant
 
 _COMPONENTS = [c.name for c in DEFAULT_COMPONENTS]
 
 _DEFAULTS = Config()
 DEFAULT_LISTEN = _DEFAULTS.listen[0]
+
+
+def _check_upstream(url: str) -> None:
+    """An upstream is an absolute http(s) URL, its path a prefix for every request's (a gateway's).
+
+    Anything else (``127.0.0.1:18901``) would fail every request at run time instead.
+    """
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 -- raises on a port that is no number, or out of range
+    except ValueError as error:
+        raise ValueError(f"{error}: {url!r}") from error
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.query
+        or parts.fragment
+        or not url.isascii()
+        or any(c.isspace() for c in url)
+    ):
+        raise ValueError(f"not an absolute http(s)://host[:port][/path] URL: {url!r}")
 
 
 class Options(usage.Options):
@@ -22,8 +49,18 @@ class Options(usage.Options):
     )
 
     optParameters = [
-        ["anthropic-upstream", None, _DEFAULTS.anthropic_upstream, "Base URL of the Anthropic API."],
-        ["openai-upstream", None, _DEFAULTS.openai_upstream, "Base URL of the OpenAI API."],
+        [
+            "anthropic-upstream",
+            None,
+            _DEFAULTS.anthropic_upstream,
+            "Base URL of the Anthropic API: http(s)://host[:port], optionally with a path prefix.",
+        ],
+        [
+            "openai-upstream",
+            None,
+            _DEFAULTS.openai_upstream,
+            "Base URL of the OpenAI API: http(s)://host[:port], optionally with a path prefix.",
+        ],
         ["max-body", None, "64MiB", "Largest request body accepted; larger ones get a 413.", parse_size],
         [
             "upstream-ca",
@@ -69,8 +106,9 @@ class Options(usage.Options):
             "store",
             None,
             None,
-            "Where originals live: sqlite:PATH or memory: (tests). [default: sqlite: under "
-            "$STATE_DIRECTORY, else ~/.local/state/cg/store.sqlite3]",
+            "Where originals live: sqlite:PATH or memory: (tests); a bare path is refused, write "
+            "sqlite:PATH. [default: sqlite: under $STATE_DIRECTORY, else "
+            "~/.local/state/cg/store.sqlite3]",
         ],
         ["store-max-mb", None, _DEFAULTS.store_max_mb, "Store size; least recently used out first.", int],
         [
@@ -145,6 +183,11 @@ class Options(usage.Options):
         "net.core.somaxconn). Under systemd socket activation: systemd:domain=INET:index=0"
     )
 
+    def opt_version(self):
+        """Print cg's version and exit."""
+        print(f"cg {__version__} (Twisted {twisted_version})")
+        raise SystemExit(0)
+
     def opt_disable(self, component):
         if component not in _COMPONENTS:
             raise usage.UsageError(f"--disable takes one of {', '.join(_COMPONENTS)}")
@@ -164,11 +207,18 @@ class Options(usage.Options):
             if self[option] not in allowed:
                 raise usage.UsageError(f"--{option} must be one of {', '.join(allowed)}")
         try:
-            parse_tenant(self["tenant"])
-            for option in ("max-body", "max-held"):
-                parse_size(self[option])
+            parse_tenant(self["tenant"])  # its message names --tenant
         except ValueError as error:
             raise usage.UsageError(str(error)) from error
+        checks = [("max-body", parse_size), ("max-held", parse_size),
+                  ("anthropic-upstream", _check_upstream), ("openai-upstream", _check_upstream)]
+        if self["store"] is not None:
+            checks.append(("store", parse_store_url))
+        for option, check in checks:
+            try:
+                check(self[option])
+            except ValueError as error:
+                raise usage.UsageError(f"--{option}: {error}") from error
         if self["max-expand-rounds"] < 0:
             raise usage.UsageError("--max-expand-rounds must be 0 or more")
         if not self["request-head-timeout"] > 0:
@@ -201,4 +251,6 @@ class Options(usage.Options):
 
 
 def makeService(options: Options) -> CGService:
-    return CGService(options.config())
+    service = CGService(options.config())
+    service.bind()  # see CGService.bind: a port in use is one line, before twistd goes on
+    return service

@@ -1,10 +1,24 @@
-"""Start-up as a person meets it: the listen backlog."""
+"""Start-up as a person meets it: refusals that name the option, the listen backlog."""
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from twisted.copyright import version as twisted_version
+from twisted.internet import reactor
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import Factory
 from twisted.internet.testing import MemoryReactor
+from twisted.python import usage
 
+from cg import __version__
+from cg.config import Config
+from cg.service import CGService
 from cg.tap import DEFAULT_LISTEN, Options
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+
 
 # --- the listen backlog -----------------------------------------------------------------------
 
@@ -19,3 +33,76 @@ def test_default_listen_has_a_backlog_of_1024():
     [(port, _factory, backlog, interface)] = memory.tcpServers
     assert (port, backlog, interface) == (8080, 1024, "127.0.0.1")
     assert "backlog=1024" in str(Options())  # --help says so
+
+
+# --- options refused at start -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--anthropic-upstream", "127.0.0.1:18901"], "--anthropic-upstream: not an absolute http(s)://"),
+        (["--anthropic-upstream", "localhost:18901"], "--anthropic-upstream: not an absolute http(s)://"),
+        (["--openai-upstream", "ftp://example.com"], "--openai-upstream: not an absolute http(s)://"),
+        (["--openai-upstream", "https://"], "--openai-upstream: not an absolute http(s)://"),
+        (["--openai-upstream", "https://key:secret@example.com"], "--openai-upstream: not an absolute"),
+        (["--anthropic-upstream", "https://example.com/v1?x=1"], "--anthropic-upstream: not an absolute"),
+        (["--anthropic-upstream", "https://example.com:99999"], "--anthropic-upstream: Port out of range"),
+        (["--store", "/var/lib/cg/store.sqlite3"], "--store: unknown store URL"),
+        (["--store", "postgres://db/cg"], "--store: unknown store URL"),
+        (["--request-head-timeout", "0"], "--request-head-timeout must be more than 0"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option(argv, message):
+    with pytest.raises(usage.UsageError) as refused:
+        Options().parseOptions(argv)
+    assert str(refused.value).startswith(message)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:18901", "https://api.anthropic.com/", "https://gw.corp.example/anthropic", "http://[::1]:8080"]
+)
+def test_upstreams_with_a_scheme_and_a_host_are_taken(url):
+    options = Options()
+    options.parseOptions(["--anthropic-upstream", url, "--store", "sqlite:~/cg.sqlite3"])
+    assert options.config().anthropic_upstream == url
+
+
+def test_bad_upstream_is_refused_by_twistd_without_a_traceback(tmp_path):
+    result = subprocess.run(
+        [TWISTD, "-n", "--pidfile=", "cg", "--anthropic-upstream", "127.0.0.1:18901"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1].endswith(
+        ": --anthropic-upstream: not an absolute http(s)://host[:port][/path] URL: '127.0.0.1:18901'"
+    )
+
+
+def test_version(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exited:
+        Options().parseOptions(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"cg {__version__} (Twisted {twisted_version})\n"
+    result = subprocess.run([TWISTD, "cg", "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.stdout == f"cg {__version__} (Twisted {twisted_version})\n"
+
+
+@pytest.mark.parametrize(
+    ("description", "why"),
+    [
+        ("systemd:domain=INET:index=0", "systemd passed no such socket (is cg started by cg.socket?)"),
+        ("systemd:domain=INET:name=cg", "systemd passed no such socket (is cg started by cg.socket?)"),
+        ("tcp:8080:interface=192.0.2.1", "cannot assign requested address"),
+        ("tpc:8080", "Unknown endpoint type: 'tpc'"),
+    ],
+)
+def test_an_endpoint_that_cannot_listen_is_one_line(monkeypatch, description, why):
+    for name in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        monkeypatch.delenv(name, raising=False)
+    service = CGService(Config(listen=(description,), store="memory:"), reactor)
+    with pytest.raises(SystemExit) as exited:
+        service.bind()
+    assert exited.value.code == f"cg: cannot listen on {description}: {why}"

@@ -247,21 +247,38 @@ def test_twistd_sends_ready_once_bound_and_stopping_on_sigterm(spawn, notify_soc
 
 @linux_only
 def test_twistd_that_cannot_bind_fails_without_ready(spawn, notify_socket):
-    """systemd must see a failed start (non-zero exit, no READY=1), so Restart=on-failure acts."""
+    """systemd must see a failed start (non-zero exit, no READY=1), so Restart=on-failure acts;
+    the person reading the journal gets one line, not a traceback."""
     listener, path = notify_socket
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         proc = spawn(
-            [TWISTD, "-n", "--pidfile=", "cg", "--listen", f"tcp:{port}:interface=127.0.0.1"],
+            [TWISTD, "-n", "--pidfile=", "cg", "--store", "memory:", "--listen", f"tcp:{port}:interface=127.0.0.1"],
             _env(NOTIFY_SOCKET=path),
             name="twistd",
         )
-        assert _wait_exit(proc) != 0, _output(proc)
-    assert "Address already in use" in _output(proc)
+        assert _wait_exit(proc) == 1, _output(proc)
+    assert _output(proc) == f"cg: cannot listen on tcp:{port}:interface=127.0.0.1: address already in use\n"
     listener.drain()
     assert b"READY=1" not in listener.lines()
+
+
+@linux_only
+def test_daemonizing_twistd_that_cannot_bind_says_so_and_exits(spawn, tmp_path):
+    """Without -n twistd forks and its parent waits for the child's word: a port in use must
+    still be one line and a non-zero exit, with no pid file left behind and no parent hanging."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = spawn(
+            [TWISTD, "cg", "--store", "memory:", "--listen", f"tcp:{port}:interface=127.0.0.1"], _env(), name="daemon"
+        )
+        assert _wait_exit(proc) == 1, _output(proc)
+    assert _output(proc) == f"cg: cannot listen on tcp:{port}:interface=127.0.0.1: address already in use\n"
+    assert not (tmp_path / "twistd.pid").exists()
 
 
 # --- graceful stop (what systemctl stop does: SIGTERM, then SIGKILL after TimeoutStopSec) --------
