@@ -1,10 +1,13 @@
-"""Start-up as a person meets it: refusals that name the option, the listen backlog."""
+"""Start-up as a person meets it: refusals that name the option, the listen backlog, the start-up line."""
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from pytest_twisted import inlineCallbacks
 from twisted.copyright import version as twisted_version
 from twisted.internet import reactor
 from twisted.internet.endpoints import serverFromString
@@ -15,6 +18,7 @@ from twisted.python import usage
 from cg import __version__
 from cg.config import Config
 from cg.service import CGService
+from cg.store import SQLiteStore
 from cg.tap import DEFAULT_LISTEN, Options
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
@@ -106,3 +110,45 @@ def test_an_endpoint_that_cannot_listen_is_one_line(monkeypatch, description, wh
     with pytest.raises(SystemExit) as exited:
         service.bind()
     assert exited.value.code == f"cg: cannot listen on {description}: {why}"
+
+
+# --- what cg says once it listens -------------------------------------------------------------
+
+
+def test_the_start_up_line(cg_log, make_cg, fake, fake_openai):
+    cg = make_cg(anthropic_upstream=fake.url, openai_upstream=fake_openai.url)
+    assert cg_log.containing("listening on") == [
+        f"cg {__version__} listening on {cg.url} \N{RIGHTWARDS ARROW} Anthropic {fake.url}, OpenAI {fake_openai.url}; "
+        "store memory: (0 originals); expand on; mode forward"
+    ]
+
+
+@inlineCallbacks
+def test_a_store_that_opens_in_the_background_says_its_count_when_known(cg_log, make_cg, tmp_path):
+    path = tmp_path / "store.sqlite3"
+    earlier = SQLiteStore(str(path), reactor=reactor)
+    yield earlier.put("", {"0123456789abcdef": b"one", "fedcba9876543210": b"two"})
+    yield earlier.close()
+
+    cg = make_cg(store=f"sqlite:{path}", expand=False, observe=True)
+    [line] = cg_log.containing("listening on")
+    assert line.endswith(f"; store sqlite:{path} (opening); expand off; mode observe")
+    assert (yield cg_log.wait_for("cg store ")) == f"cg store sqlite:{path}: 2 originals"
+    yield cg.service.store.info()  # the store's worker has answered everything before this
+    assert len(cg_log.containing("cg store ")) == 1
+
+
+@inlineCallbacks
+def test_sighup_says_it_reopened_the_change_log(cg_log, make_cg, tmp_path):
+    path = tmp_path / "changes.jsonl"
+    make_cg(changelog=str(path))
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert (yield cg_log.wait_for("SIGHUP")) == f"cg reopened the change log {path} (SIGHUP)"
+
+
+@inlineCallbacks
+def test_sighup_without_a_change_log_says_so(cg_log, make_cg):
+    make_cg()
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert (yield cg_log.wait_for("SIGHUP")) == "cg got SIGHUP: no --changelog to reopen"
+

@@ -113,8 +113,8 @@ def _get(port: int, path: str = "/healthz") -> tuple[int, bytes]:
 
 
 def _announced_port(proc) -> int:
-    """The port cg logged ("cg listening on IPv4Address(... port=N)"), without waiting."""
-    match = re.search(r"cg listening on .*port=(\d+)", _output(proc))
+    """The port cg logged ("cg 0.1 listening on http://127.0.0.1:N → ..."), without waiting."""
+    match = re.search(r"listening on http://127\.0\.0\.1:(\d+) ", _output(proc))
     if match is None:
         pytest.fail(f"cg has not logged its port:\n{_output(proc)}")
     return int(match.group(1))
@@ -478,8 +478,7 @@ def test_socket_activation(spawn):
     assert _get(port) == (200, b"ok\n"), _output(proc)
     assert _get(port) == (200, b"ok\n"), _output(proc)
     output = _output(proc)
-    assert "Execing" in output and "cg listening on" in output, output
-    assert f"port={port}" in output, output
+    assert "Execing" in output and f"listening on http://127.0.0.1:{port} " in output, output
 
     proc.send_signal(signal.SIGTERM)  # the tool exec'd twistd in place: same pid
     assert_clean_stop(proc)
