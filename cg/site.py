@@ -22,6 +22,7 @@ class CappedRequest(server.Request):
     """A request whose body is kept up to the site's `max_body`, then discarded."""
 
     too_large = False
+    proxied = False  # set by the proxy, which then logs the request's line itself
     _received = 0
 
     def gotLength(self, length):
@@ -103,7 +104,7 @@ def _address(address) -> str:
 
 
 class ProxySite(server.Site):
-    """Serves the proxy resource; logs through the proxy's own line, not an access log."""
+    """Serves the proxy resource; logs cg's own line per request, not an access log."""
 
     requestFactory = CappedRequest
     protocol = HeadTimedChannel  # HTTP/1.1 only: cg's client leg never negotiates HTTP/2
@@ -116,7 +117,23 @@ class ProxySite(server.Site):
         self.request_head_timeout = request_head_timeout
 
     def log(self, request):
-        """cg writes one line per request itself (no bodies, no credentials)."""
+        """One line for a request cg answered itself (/healthz, /stats, a 404, a 413).
+
+        The proxy logs the requests it forwards (cg.proxy `_Exchange._end`); no bodies,
+        no credentials either way.
+        """
+        if request.proxied:
+            return
+        status = request.code
+        log.info(
+            "{method} {path} {status} {outcome} in={bytes_in} out={bytes_out}",
+            method=request.method.decode("latin-1"),
+            path=request.uri.decode("latin-1"),
+            status=status,
+            outcome="ok" if status < 400 else "refused" if status < 500 else "error",
+            bytes_in=request._received,
+            bytes_out=request.sentLength,
+        )
 
 
 class Connections(WrappingFactory):
