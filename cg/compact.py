@@ -61,6 +61,16 @@ class Change:
     content_id: str  # the original's marker ID even when no marker is shown: counts unique savings
 
 
+def result_sizes(changes: list[Change]) -> tuple[int, int]:
+    """Tokens of the tool results `changes` rewrote, as the client sent them and as forwarded.
+
+    Each result counts once however many components rewrote it: its step 0's size before,
+    less every step's saving.
+    """
+    before = sum(change.tokens_before for change in changes if change.step == 0)
+    return before, before - sum(change.tokens_before - change.tokens_after for change in changes)
+
+
 @attrs.frozen
 class Compaction:
     """The body to forward; `originals` (marker ID -> original) must be stored before it is sent."""

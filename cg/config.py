@@ -18,7 +18,8 @@ def parse_size(text: str) -> int:
 
 @attrs.frozen
 class Config:
-    listen: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1",)
+    # Twisted's default backlog is 50: a burst of new connections past it is reset.
+    listen: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1:backlog=1024",)
     anthropic_upstream: str = "https://api.anthropic.com"
     openai_upstream: str = "https://api.openai.com"
     max_body: int = 64 << 20
@@ -27,6 +28,7 @@ class Config:
     header_timeout: float = 600.0
     idle_timeout: float = 60.0
     drain_timeout: float = 30.0
+    request_head_timeout: float = 30.0
     store: str | None = None  # None: cg.store.default_store_url()
     store_max_mb: int = 1024
     tenant: str = "none"

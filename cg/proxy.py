@@ -26,6 +26,7 @@ from zope.interface import implementer
 
 from cg import dialect, headers, http1
 from cg.changelog import NullChangeLog, compaction_record, usage_record
+from cg.compact import result_sizes
 from cg.continuation import (
     answers,
     billed,
@@ -331,6 +332,7 @@ class _Exchange:
     def __init__(self, proxy: ProxyResource, request, which: str):
         self.proxy = proxy
         self.request = request
+        request.proxied = True  # its line is written by _end, not by the site
         self.which = which
         self.stats = proxy.stats
         self.clock = proxy.clock
@@ -694,17 +696,24 @@ class _Exchange:
         self.stats.record_response(self)
         self.proxy.ended(self)
         ms = _ms
+        outcome = self.outcome
+        if outcome == "ok" and self.status is not None and self.status >= 400:
+            outcome = "upstream_error_status"  # relayed as it came, but no success
+        before, after, markers = _compacted(self.rewrite)
         log.info(
             "{method} {path} {status} {outcome} upstream_ms={upstream_ms} ttfb_ms={ttfb_ms} "
-            "in={bytes_in} out={bytes_out}",
+            "in={bytes_in} out={bytes_out} tokens={tokens} markers={markers} expand_rounds={rounds}",
             method=self.request.method.decode("latin-1"),
             path=self.request.uri.decode("latin-1"),
             status=self.status or "-",
-            outcome=self.outcome,
+            outcome=outcome,
             upstream_ms=ms(self.t_sent, self.t_headers),
             ttfb_ms=ms(self.t_received, self.t_client_first),
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
+            tokens="-" if before is None else f"{before}->{after}",
+            markers=markers,
+            rounds=rounds,
         )
 
 
@@ -725,6 +734,14 @@ def _is_stream(response) -> bool:
 
 def _ms(start, end):
     return "-" if start is None or end is None else f"{(end - start) * 1000:.1f}"
+
+
+def _compacted(rewrite) -> tuple[int | None, int | None, int]:
+    """(estimated tokens of the tool results cg changed, before and after; markers in the body sent)."""
+    if rewrite is None or not rewrite.changes:
+        return None, None, 0
+    before, after = result_sizes(rewrite.changes)
+    return before, after, len({c.marker_id for c in rewrite.changes if c.marker_id})
 
 
 class _Relay(Protocol):

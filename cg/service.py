@@ -1,5 +1,6 @@
 """The cg service: listening ports, the proxy, and a graceful stop that drains streams."""
 
+import os
 import signal
 
 from twisted.application import service
@@ -7,7 +8,7 @@ from twisted.internet import defer, task
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from cg import systemd
+from cg import __version__, systemd
 from cg.changelog import open_changelog
 from cg.compact import CompactConfig
 from cg.components import DEFAULT_COMPONENTS
@@ -16,7 +17,7 @@ from cg.proxy import ProxyResource
 from cg.rewrite import RewriteConfig, Rewriter
 from cg.site import Connections, ProxySite
 from cg.stats import Stats
-from cg.store import default_store_url, store_from_url
+from cg.store import default_store_url, parse_store_url, store_from_url
 from cg.tenant import parse_tenant
 from cg.upstream import Upstream, load_trust_root, split_base
 
@@ -24,7 +25,7 @@ log = Logger(namespace="cg.service")
 
 
 def _install_sighup(reopen):
-    """SIGHUP reopens the change log (logrotate); returns the previous handler.
+    """SIGHUP calls `reopen` (the change log's, for logrotate); returns the previous handler.
 
     Only the main thread may set signal handlers: elsewhere nothing changes.
     """
@@ -54,6 +55,25 @@ def rewrite_config(config: Config) -> RewriteConfig:
     )
 
 
+def _why_not_listening(description: str, failure) -> str:
+    """"address already in use", not the CannotListenError's repr."""
+    error = getattr(failure.value, "socketError", None)
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror[0].lower() + error.strerror[1:]
+    if description.startswith("systemd:") and failure.check(IndexError, KeyError):
+        return "systemd passed no such socket (is cg started by cg.socket?)"
+    return failure.getErrorMessage()
+
+
+def _url(description: str, address) -> str:
+    """A listening address as a client is pointed at it: http://127.0.0.1:8080."""
+    host = getattr(address, "host", None)
+    if host is None:
+        return f"unix:{os.fsdecode(address.name)}"
+    scheme = "https" if description.startswith("ssl:") else "http"
+    return f"{scheme}://[{host}]:{address.port}" if ":" in host else f"{scheme}://{host}:{address.port}"
+
+
 class CGService(service.Service):
     """Listens on every --listen endpoint; on stop, stops accepting and drains in-flight responses."""
 
@@ -78,14 +98,14 @@ class CGService(service.Service):
             trust_root=trust_root,
             on_retry=count_retry,
         )
-        self.store = store_from_url(
-            config.store or default_store_url(), reactor, max_bytes=config.store_max_mb << 20
-        )
+        self.store_url = ":".join(parse_store_url(config.store or default_store_url()))  # ~ expanded
+        self.store = store_from_url(self.store_url, reactor, max_bytes=config.store_max_mb << 20)
         self.stats.store = self.store.stats
         self.changelog = open_changelog(config.changelog, reactor)
         self.stats.changelog = self.changelog
         self._store_info = task.LoopingCall(self._refresh_store_info)
         self._store_info.clock = reactor
+        self._store_untold = False  # the start-up line said "opening": say the count once known
         self._previous_hup = None
         self.resource = ProxyResource(
             self.upstream,
@@ -101,43 +121,84 @@ class CGService(service.Service):
             continuation_timeout=config.header_timeout,
             reactor=reactor,
         )
-        self.site = ProxySite(self.resource, config.max_body)
+        self.site = ProxySite(
+            self.resource, config.max_body, request_head_timeout=config.request_head_timeout, reactor=reactor
+        )
         self.site.noisy = False
         self.connections = Connections(self.site)
         self.connections.noisy = False
         self.ports: list = []
         self._listening = None
 
-    def privilegedStartService(self):
-        super().privilegedStartService()
+    def bind(self):
+        """Bind every --listen endpoint now; one that cannot be bound exits with one line.
+
+        `twistd cg` binds from makeService, before twistd starts its log or daemonizes: the
+        line goes to the terminal (or the journal), with no traceback, no pid file left
+        behind, and no daemonizing parent left waiting for a child that died.
+        """
         failures = []
         self._listen().addErrback(failures.append)
-        if failures:  # a port that cannot be bound ends twistd with the reason
-            failures[0].raiseException()
+        if failures:
+            first = failures[0].value  # a FirstError: which endpoint, and why
+            description = self.config.listen[first.index]
+            raise SystemExit(f"cg: cannot listen on {description}: {_why_not_listening(description, first.subFailure)}")
+
+    def privilegedStartService(self):
+        super().privilegedStartService()
+        self.bind()
 
     def startService(self):
         super().startService()
-        self._listen().addCallback(lambda _: systemd.notify(b"READY=1"))
-        self._store_info.start(10.0, now=True)
-        self._previous_hup = _install_sighup(lambda: self.reactor.callFromThread(self.changelog.reopen))
+        self._store_info.start(10.0, now=True)  # first: a store that answers at once is in the line
+        self._listen().addCallback(self._ready)
+        self._previous_hup = _install_sighup(lambda: self.reactor.callFromThread(self._reopen_changelog))
+
+    def _ready(self, _):
+        """Say where cg listens and what it does, then tell systemd it is ready."""
+        config = self.config
+        info = self.stats.store_info
+        self._store_untold = info is None
+        log.info(
+            "cg {version} listening on {where} \N{RIGHTWARDS ARROW} Anthropic {anthropic}, OpenAI {openai}; "
+            "store {store} ({originals}); expand {expand}; mode {mode}",
+            version=__version__,
+            where=", ".join(_url(d, p.getHost()) for d, p in zip(config.listen, self.ports)),
+            anthropic=config.anthropic_upstream,
+            openai=config.openai_upstream,
+            store=self.store_url,
+            originals="opening" if info is None else f"{info.entries} originals",
+            expand="on" if config.expand else "off",
+            mode="observe" if config.observe else "forward",
+        )
+        systemd.notify(b"READY=1")
 
     def _refresh_store_info(self):
         def keep(info):
             self.stats.store_info, self.stats.store_info_as_of = info, self.reactor.seconds()
+            if self._store_untold:
+                self._store_untold = False
+                log.info("cg store {store}: {originals} originals", store=self.store_url, originals=info.entries)
 
-        return self.store.info().addCallbacks(keep, lambda failure: None)
+        return self.store.info().addCallbacks(keep, lambda failure: None)  # the store logs its errors
+
+    def _reopen_changelog(self):
+        if self.changelog.path is None:
+            log.info("cg got SIGHUP: no --changelog to reopen")
+            return
+        reopened = self.changelog.reopen()
+        reopened.addCallback(lambda _: log.info("cg reopened the change log {path} (SIGHUP)", path=self.changelog.path))
 
     def _listen(self) -> defer.Deferred:
         if self._listening is None:
-            listens = [serverFromString(self.reactor, d).listen(self.connections) for d in self.config.listen]
+            # maybeDeferred: a description that does not parse raises before any Deferred exists.
+            listens = [defer.maybeDeferred(self._listen_on, d) for d in self.config.listen]
             self._listening = defer.gatherResults(listens, consumeErrors=True)
             self._listening.addCallback(self.ports.extend)
-            self._listening.addCallback(self._announce)
         return self._listening
 
-    def _announce(self, _):
-        for port in self.ports:
-            log.info("cg listening on {address}", address=port.getHost())
+    def _listen_on(self, description: str) -> defer.Deferred:
+        return serverFromString(self.reactor, description).listen(self.connections)
 
     def stopService(self):
         """Stop accepting, let in-flight responses finish (up to drain_timeout), then cut them."""

@@ -5,6 +5,7 @@ from collections import Counter, deque
 
 import attrs
 
+from cg.compact import result_sizes
 from cg.tokens import estimate_body_tokens, estimate_tokens
 from cg.usage import UsageTotals
 
@@ -159,11 +160,11 @@ class CompactionStats:
         if not changes:
             return
         self.requests_rewritten += 1
+        before, after = result_sizes(changes)
+        self.tokens_before += before
+        self.saved += before - after
         for change in changes:
             saved = change.tokens_before - change.tokens_after
-            if change.step == 0:  # the result as the client sent it; later steps start from cg's text
-                self.tokens_before += change.tokens_before
-            self.saved += saved
             component = self._component(change.component)
             component.acted += 1
             component.saved_tokens += saved

@@ -1,10 +1,13 @@
 """`twistd cg`: the command line, documented by `twistd cg --help`."""
 
+from twisted.copyright import version as twisted_version
 from twisted.python import usage
 
+from cg import __version__
 from cg.components import DEFAULT_COMPONENTS
 from cg.config import Config, parse_size
 from cg.service import CGService
+from cg.store import parse_store_url
 from cg.tenant import parse_tenant
 from cg.upstream import split_base
 
@@ -23,8 +26,18 @@ class Options(usage.Options):
     )
 
     optParameters = [
-        ["anthropic-upstream", None, _DEFAULTS.anthropic_upstream, "Base URL of the Anthropic API."],
-        ["openai-upstream", None, _DEFAULTS.openai_upstream, "Base URL of the OpenAI API."],
+        [
+            "anthropic-upstream",
+            None,
+            _DEFAULTS.anthropic_upstream,
+            "Base URL of the Anthropic API: http(s)://host[:port], optionally with a path prefix.",
+        ],
+        [
+            "openai-upstream",
+            None,
+            _DEFAULTS.openai_upstream,
+            "Base URL of the OpenAI API: http(s)://host[:port], optionally with a path prefix.",
+        ],
         ["max-body", None, "64MiB", "Largest request body accepted; larger ones get a 413.", parse_size],
         [
             "upstream-ca",
@@ -50,6 +63,16 @@ class Options(usage.Options):
             float,
         ],
         [
+            "request-head-timeout",
+            None,
+            _DEFAULTS.request_head_timeout,
+            "Seconds a client has to send a complete request head (request line and headers), from "
+            "its connection's start or, on a kept-alive connection, from the request's first byte, "
+            "however slowly it trickles; past it the connection is closed. Bodies and responses "
+            "(live streams) are not timed by it.",
+            float,
+        ],
+        [
             "drain-timeout",
             None,
             _DEFAULTS.drain_timeout,
@@ -60,8 +83,9 @@ class Options(usage.Options):
             "store",
             None,
             None,
-            "Where originals live: sqlite:PATH or memory: (tests). [default: sqlite: under "
-            "$STATE_DIRECTORY, else ~/.local/state/cg/store.sqlite3]",
+            "Where originals live: sqlite:PATH or memory: (tests); a bare path is refused, write "
+            "sqlite:PATH. [default: sqlite: under $STATE_DIRECTORY, else "
+            "~/.local/state/cg/store.sqlite3]",
         ],
         ["store-max-mb", None, _DEFAULTS.store_max_mb, "Store size; least recently used out first.", int],
         [
@@ -128,8 +152,18 @@ class Options(usage.Options):
         self["disable"] = []
 
     def opt_listen(self, description):
-        """Endpoint to listen on (strports description); repeatable. [default: tcp:8080:interface=127.0.0.1] Under systemd socket activation: systemd:domain=INET:index=0"""
         self["listen"].append(description)
+
+    opt_listen.__doc__ = (
+        f"Endpoint to listen on (strports description); repeatable. [default: {DEFAULT_LISTEN}] "
+        "backlog= is how many connections may wait to be accepted (the kernel caps it at "
+        "net.core.somaxconn). Under systemd socket activation: systemd:domain=INET:index=0"
+    )
+
+    def opt_version(self):
+        """Print cg's version and exit."""
+        print(f"cg {__version__} (Twisted {twisted_version})")
+        raise SystemExit(0)
 
     def opt_disable(self, component):
         if component not in _COMPONENTS:
@@ -150,15 +184,22 @@ class Options(usage.Options):
             if self[option] not in allowed:
                 raise usage.UsageError(f"--{option} must be one of {', '.join(allowed)}")
         try:
-            parse_tenant(self["tenant"])
-            for option in ("max-body", "max-held"):
-                parse_size(self[option])
-            for option in ("anthropic-upstream", "openai-upstream"):
-                split_base(self[option])
+            parse_tenant(self["tenant"])  # its message names --tenant
         except ValueError as error:
             raise usage.UsageError(str(error)) from error
+        checks = [("max-body", parse_size), ("max-held", parse_size),
+                  ("anthropic-upstream", split_base), ("openai-upstream", split_base)]
+        if self["store"] is not None:
+            checks.append(("store", parse_store_url))
+        for option, check in checks:
+            try:
+                check(self[option])
+            except ValueError as error:
+                raise usage.UsageError(f"--{option}: {error}") from error
         if self["max-expand-rounds"] < 0:
             raise usage.UsageError("--max-expand-rounds must be 0 or more")
+        if not self["request-head-timeout"] > 0:
+            raise usage.UsageError("--request-head-timeout must be more than 0")
 
     def config(self) -> Config:
         return Config(
@@ -171,6 +212,7 @@ class Options(usage.Options):
             header_timeout=self["header-timeout"],
             idle_timeout=self["idle-timeout"],
             drain_timeout=self["drain-timeout"],
+            request_head_timeout=self["request-head-timeout"],
             store=self["store"],
             store_max_mb=self["store-max-mb"],
             tenant=self["tenant"],
@@ -186,4 +228,6 @@ class Options(usage.Options):
 
 
 def makeService(options: Options) -> CGService:
-    return CGService(options.config())
+    service = CGService(options.config())
+    service.bind()  # see CGService.bind: a port in use is one line, before twistd goes on
+    return service

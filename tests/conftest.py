@@ -3,7 +3,7 @@
 import attrs
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
+from twisted.internet import defer, reactor
 from twisted.logger import formatEvent, globalLogPublisher
 
 from cg.config import Config
@@ -89,3 +89,41 @@ def store_log():
     globalLogPublisher.addObserver(observer)
     yield events
     globalLogPublisher.removeObserver(observer)
+
+
+class LogLines(list):
+    """The text of every line cg logs (namespaces cg.*), in order, as a twisted.logger observer."""
+
+    def __init__(self):
+        super().__init__()
+        self._waiting: list[tuple[str, defer.Deferred]] = []
+
+    def __call__(self, event):
+        if not event.get("log_namespace", "").startswith("cg."):
+            return
+        text = formatEvent(event)
+        self.append(text)
+        for part, d in list(self._waiting):
+            if part in text:
+                self._waiting.remove((part, d))
+                d.callback(text)
+
+    def containing(self, part: str) -> list[str]:
+        return [text for text in self if part in text]
+
+    def wait_for(self, part: str, timeout: float = 10.0) -> defer.Deferred:
+        """Fires with the first line holding `part`, logged already or later."""
+        for text in self:
+            if part in text:
+                return defer.succeed(text)
+        d = defer.Deferred()
+        self._waiting.append((part, d))
+        return d.addTimeout(timeout, reactor)
+
+
+@pytest.fixture
+def cg_log():
+    lines = LogLines()
+    globalLogPublisher.addObserver(lines)
+    yield lines
+    globalLogPublisher.removeObserver(lines)

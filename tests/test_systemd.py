@@ -113,8 +113,8 @@ def _get(port: int, path: str = "/healthz") -> tuple[int, bytes]:
 
 
 def _announced_port(proc) -> int:
-    """The port cg logged ("cg listening on IPv4Address(... port=N)"), without waiting."""
-    match = re.search(r"cg listening on .*port=(\d+)", _output(proc))
+    """The port cg logged ("cg 0.1 listening on http://127.0.0.1:N → ..."), without waiting."""
+    match = re.search(r"listening on http://127\.0\.0\.1:(\d+) ", _output(proc))
     if match is None:
         pytest.fail(f"cg has not logged its port:\n{_output(proc)}")
     return int(match.group(1))
@@ -247,21 +247,38 @@ def test_twistd_sends_ready_once_bound_and_stopping_on_sigterm(spawn, notify_soc
 
 @linux_only
 def test_twistd_that_cannot_bind_fails_without_ready(spawn, notify_socket):
-    """systemd must see a failed start (non-zero exit, no READY=1), so Restart=on-failure acts."""
+    """systemd must see a failed start (non-zero exit, no READY=1), so Restart=on-failure acts;
+    the person reading the journal gets one line, not a traceback."""
     listener, path = notify_socket
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         proc = spawn(
-            [TWISTD, "-n", "--pidfile=", "cg", "--listen", f"tcp:{port}:interface=127.0.0.1"],
+            [TWISTD, "-n", "--pidfile=", "cg", "--store", "memory:", "--listen", f"tcp:{port}:interface=127.0.0.1"],
             _env(NOTIFY_SOCKET=path),
             name="twistd",
         )
-        assert _wait_exit(proc) != 0, _output(proc)
-    assert "Address already in use" in _output(proc)
+        assert _wait_exit(proc) == 1, _output(proc)
+    assert _output(proc) == f"cg: cannot listen on tcp:{port}:interface=127.0.0.1: address already in use\n"
     listener.drain()
     assert b"READY=1" not in listener.lines()
+
+
+@linux_only
+def test_daemonizing_twistd_that_cannot_bind_says_so_and_exits(spawn, tmp_path):
+    """Without -n twistd forks and its parent waits for the child's word: a port in use must
+    still be one line and a non-zero exit, with no pid file left behind and no parent hanging."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = spawn(
+            [TWISTD, "cg", "--store", "memory:", "--listen", f"tcp:{port}:interface=127.0.0.1"], _env(), name="daemon"
+        )
+        assert _wait_exit(proc) == 1, _output(proc)
+    assert _output(proc) == f"cg: cannot listen on tcp:{port}:interface=127.0.0.1: address already in use\n"
+    assert not (tmp_path / "twistd.pid").exists()
 
 
 # --- graceful stop (what systemctl stop does: SIGTERM, then SIGKILL after TimeoutStopSec) --------
@@ -461,8 +478,7 @@ def test_socket_activation(spawn):
     assert _get(port) == (200, b"ok\n"), _output(proc)
     assert _get(port) == (200, b"ok\n"), _output(proc)
     output = _output(proc)
-    assert "Execing" in output and "cg listening on" in output, output
-    assert f"port={port}" in output, output
+    assert "Execing" in output and f"listening on http://127.0.0.1:{port} " in output, output
 
     proc.send_signal(signal.SIGTERM)  # the tool exec'd twistd in place: same pid
     assert_clean_stop(proc)
@@ -553,6 +569,7 @@ def test_service_unit_runs_twistd_in_the_foreground_without_pidfile():
 def test_socket_unit_and_drop_in_agree():
     socket_entries = parse_unit(SOCKET)
     assert values(socket_entries, "Socket", "ListenStream") == ["127.0.0.1:8080"]
+    assert values(socket_entries, "Socket", "Backlog") == ["1024"]  # as cg's own --listen default
     (fdname,) = values(socket_entries, "Socket", "FileDescriptorName")
     assert re.fullmatch(r"[A-Za-z0-9_.-]+", fdname)
 

@@ -1,0 +1,154 @@
+"""Start-up as a person meets it: refusals that name the option, the listen backlog, the start-up line."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pytest_twisted import inlineCallbacks
+from twisted.copyright import version as twisted_version
+from twisted.internet import reactor
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.protocol import Factory
+from twisted.internet.testing import MemoryReactor
+from twisted.python import usage
+
+from cg import __version__
+from cg.config import Config
+from cg.service import CGService
+from cg.store import SQLiteStore
+from cg.tap import DEFAULT_LISTEN, Options
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+
+
+# --- the listen backlog -----------------------------------------------------------------------
+
+
+def test_default_listen_has_a_backlog_of_1024():
+    """Twisted's default, 50, resets a burst of new connections before any answer."""
+    options = Options()
+    options.parseOptions([])
+    assert options.config().listen == (DEFAULT_LISTEN,)
+    memory = MemoryReactor()
+    serverFromString(memory, DEFAULT_LISTEN).listen(Factory())
+    [(port, _factory, backlog, interface)] = memory.tcpServers
+    assert (port, backlog, interface) == (8080, 1024, "127.0.0.1")
+    assert "backlog=1024" in str(Options())  # --help says so
+
+
+# --- options refused at start -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--anthropic-upstream", "127.0.0.1:18901"], "--anthropic-upstream: not an absolute http(s)://"),
+        (["--anthropic-upstream", "localhost:18901"], "--anthropic-upstream: not an absolute http(s)://"),
+        (["--openai-upstream", "ftp://example.com"], "--openai-upstream: not an absolute http(s)://"),
+        (["--openai-upstream", "https://"], "--openai-upstream: not an absolute http(s)://"),
+        (["--openai-upstream", "https://key:secret@example.com"], "--openai-upstream: not an absolute"),
+        (["--anthropic-upstream", "https://example.com/v1?x=1"], "--anthropic-upstream: not an absolute"),
+        (["--anthropic-upstream", "https://example.com:99999"], "--anthropic-upstream: Port out of range"),
+        (["--store", "/var/lib/cg/store.sqlite3"], "--store: unknown store URL"),
+        (["--store", "postgres://db/cg"], "--store: unknown store URL"),
+        (["--request-head-timeout", "0"], "--request-head-timeout must be more than 0"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option(argv, message):
+    with pytest.raises(usage.UsageError) as refused:
+        Options().parseOptions(argv)
+    assert str(refused.value).startswith(message)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:18901", "https://api.anthropic.com/", "https://gw.corp.example/anthropic", "http://[::1]:8080"]
+)
+def test_upstreams_with_a_scheme_and_a_host_are_taken(url):
+    options = Options()
+    options.parseOptions(["--anthropic-upstream", url, "--store", "sqlite:~/cg.sqlite3"])
+    assert options.config().anthropic_upstream == url
+
+
+def test_bad_upstream_is_refused_by_twistd_without_a_traceback(tmp_path):
+    result = subprocess.run(
+        [TWISTD, "-n", "--pidfile=", "cg", "--anthropic-upstream", "127.0.0.1:18901"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1].endswith(
+        ": --anthropic-upstream: not an absolute http(s)://host[:port][/path] URL: '127.0.0.1:18901'"
+    )
+
+
+def test_version(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exited:
+        Options().parseOptions(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"cg {__version__} (Twisted {twisted_version})\n"
+    result = subprocess.run([TWISTD, "cg", "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.stdout == f"cg {__version__} (Twisted {twisted_version})\n"
+
+
+@pytest.mark.parametrize(
+    ("description", "why"),
+    [
+        ("systemd:domain=INET:index=0", "systemd passed no such socket (is cg started by cg.socket?)"),
+        ("systemd:domain=INET:name=cg", "systemd passed no such socket (is cg started by cg.socket?)"),
+        ("tcp:8080:interface=192.0.2.1", "cannot assign requested address"),
+        ("tpc:8080", "Unknown endpoint type: 'tpc'"),
+    ],
+)
+def test_an_endpoint_that_cannot_listen_is_one_line(monkeypatch, description, why):
+    for name in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        monkeypatch.delenv(name, raising=False)
+    service = CGService(Config(listen=(description,), store="memory:"), reactor)
+    with pytest.raises(SystemExit) as exited:
+        service.bind()
+    assert exited.value.code == f"cg: cannot listen on {description}: {why}"
+
+
+# --- what cg says once it listens -------------------------------------------------------------
+
+
+def test_the_start_up_line(cg_log, make_cg, fake, fake_openai):
+    cg = make_cg(anthropic_upstream=fake.url, openai_upstream=fake_openai.url)
+    assert cg_log.containing("listening on") == [
+        f"cg {__version__} listening on {cg.url} \N{RIGHTWARDS ARROW} Anthropic {fake.url}, OpenAI {fake_openai.url}; "
+        "store memory: (0 originals); expand on; mode forward"
+    ]
+
+
+@inlineCallbacks
+def test_a_store_that_opens_in_the_background_says_its_count_when_known(cg_log, make_cg, tmp_path):
+    path = tmp_path / "store.sqlite3"
+    earlier = SQLiteStore(str(path), reactor=reactor)
+    yield earlier.put("", {"0123456789abcdef": b"one", "fedcba9876543210": b"two"})
+    yield earlier.close()
+
+    cg = make_cg(store=f"sqlite:{path}", expand=False, observe=True)
+    [line] = cg_log.containing("listening on")
+    assert line.endswith(f"; store sqlite:{path} (opening); expand off; mode observe")
+    assert (yield cg_log.wait_for("cg store ")) == f"cg store sqlite:{path}: 2 originals"
+    yield cg.service.store.info()  # the store's worker has answered everything before this
+    assert len(cg_log.containing("cg store ")) == 1
+
+
+@inlineCallbacks
+def test_sighup_says_it_reopened_the_change_log(cg_log, make_cg, tmp_path):
+    path = tmp_path / "changes.jsonl"
+    make_cg(changelog=str(path))
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert (yield cg_log.wait_for("SIGHUP")) == f"cg reopened the change log {path} (SIGHUP)"
+
+
+@inlineCallbacks
+def test_sighup_without_a_change_log_says_so(cg_log, make_cg):
+    make_cg()
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert (yield cg_log.wait_for("SIGHUP")) == "cg got SIGHUP: no --changelog to reopen"
+
