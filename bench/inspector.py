@@ -33,9 +33,9 @@ Measured:
     history, the assistant turn and the original as the tool result: a larger body than
     cg's compacted one): round 1's time plus the upstream's own latency (continuation
     request to its first text delta).
- 3. In-process, pinned to one CPU, no sockets: events/s of ``cg.sse.SSEParser`` +
-    ``cg.inspector.Inspector`` over long generated streams, next to the parser alone and the
-    pass-through path's usage meter (``cg.usage.ResponseUsage``); and memory per inspected
+ 3. In-process, pinned to one CPU, no sockets: events/s of ``cg.wire.sse.SSEParser`` +
+    ``cg.stream.inspector.Inspector`` over long generated streams, next to the parser alone and the
+    pass-through path's usage meter (``cg.stream.usage.ResponseUsage``); and memory per inspected
     stream two ways: tracemalloc around N parser+inspector pairs holding a stream open (the
     inspector's own state), and cg's RSS with N marker-bearing streams open at once (all an
     inspected Claude Code stream costs cg: request bodies, Twisted, the inspector).
@@ -312,7 +312,7 @@ def _chunks(events: list[bytes], size: int | None) -> list[bytes]:
 
 
 def _run_parser(rounds):
-    from cg.sse import SSEParser
+    from cg.wire.sse import SSEParser
 
     n = 0
     for chunks in rounds:
@@ -323,7 +323,7 @@ def _run_parser(rounds):
 
 
 def _run_meter(rounds):
-    from cg.usage import ResponseUsage
+    from cg.stream.usage import ResponseUsage
 
     for chunks in rounds:
         meter = ResponseUsage("anthropic", True)
@@ -334,8 +334,8 @@ def _run_meter(rounds):
 
 def _run_inspector(rounds):
     """Every round through one Inspector, as _Inspected drives it (EXPAND -> begin_continuation)."""
-    from cg.inspector import EXPAND, Inspector, State
-    from cg.sse import SSEParser
+    from cg.stream.inspector import EXPAND, Inspector, State
+    from cg.wire.sse import SSEParser
 
     inspector = Inspector()
     n = 0
@@ -409,9 +409,9 @@ def throughput(quick: bool) -> dict:
 
 def memory(quick: bool, fake_stream: list[bytes]) -> dict:
     """tracemalloc: N parser+inspector pairs, each fed a stream up to its last block's end (open)."""
-    from cg.inspector import Inspector
-    from cg.sse import SSEParser
+    from cg.stream.inspector import Inspector
     from cg.testing import anthropic_stream_events, anthropic_text_block, anthropic_thinking_block
+    from cg.wire.sse import SSEParser
 
     n_streams = 50 if quick else 200
     rnd = random.Random(7)
@@ -478,8 +478,8 @@ class Bench:
         self.cg_pid, self.cg_port = cg.pid, cg_port
         self.ports = {"direct": fake_port, "cg": cg_port}
         self.results: dict = {}
-        from cg.markers import marker_id
         from cg.testing import claude_code_bytes, command_output
+        from cg.wire.markers import marker_id
 
         base = fixture()
         self.headers = base["headers"]
@@ -542,7 +542,7 @@ class Bench:
 
     async def check(self) -> None:
         """The setup does what it claims: markers forwarded, the expand spliced, streams valid."""
-        from cg.streamcheck import check_anthropic_stream
+        from cg.stream.streamcheck import check_anthropic_stream
 
         status, original = http_get(self.cg_port, f"/cg/expand/{self.ref}")
         if status != 200 or original != self.bash.encode():
@@ -621,7 +621,7 @@ class Bench:
 
     # 2 ---------------------------------------------------------------------------------------
     async def spliced(self) -> None:
-        from cg.streamcheck import check_anthropic_stream
+        from cg.stream.streamcheck import check_anthropic_stream
 
         n = 2 if self.quick else 15
         k = self.splice_texts
@@ -864,10 +864,10 @@ def main(argv=None) -> int:
     env = _child_env()
     fixture()  # fail early without the fixture
     # Import cg's modules now, so the in-process figures use the code cg's process starts with.
-    import cg.inspector
-    import cg.sse
+    import cg.stream.inspector
+    import cg.stream.usage  # noqa: F401
     import cg.testing
-    import cg.usage  # noqa: F401
+    import cg.wire.sse
 
     rev = revision()
     with run_dir("cg-bench-inspector-", args.keep_logs) as tmp:

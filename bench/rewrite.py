@@ -12,8 +12,8 @@ result made of text blocks, two duplicate results (a re-run and a re-read), and 
 text, thinking and tool_use blocks. It is serialized as Claude Code does
 (``JSON.stringify``: no spaces, non-ASCII raw).
 
-The rewrite is ``cg.rewrite.Rewriter.rewrite`` with the production configuration
-(``cg.service.rewrite_config(Config(expand=True))``: all components, expand injected).
+The rewrite is ``cg.compaction.rewrite.Rewriter.rewrite`` with the production configuration
+(``cg.web.service.rewrite_config(Config(expand=True))``: all components, expand injected).
 Measured, in interleaved rounds so drift on a shared machine hits every row alike:
 
 - cold: a fresh Rewriter (empty memo) per sample;
@@ -59,11 +59,12 @@ except ImportError:  # not installed: use this checkout
 
 import cg  # noqa: E402
 from cg import expand  # noqa: E402
-from cg.compact import ParsedBody, plan  # noqa: E402
-from cg.config import Config  # noqa: E402
-from cg.rewrite import Rewriter  # noqa: E402
-from cg.service import rewrite_config  # noqa: E402
-from cg.tokens import estimate_tokens  # noqa: E402
+from cg.compaction.pipeline import plan  # noqa: E402
+from cg.compaction.rewrite import Rewriter  # noqa: E402
+from cg.compaction.tokens import estimate_tokens  # noqa: E402
+from cg.web.config import Config  # noqa: E402
+from cg.web.service import rewrite_config  # noqa: E402
+from cg.wire.body import ParsedBody  # noqa: E402
 
 clock = time.perf_counter
 URI = b"/v1/messages?beta=true"

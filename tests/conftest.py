@@ -6,9 +6,9 @@ import pytest_twisted
 from twisted.internet import defer, reactor
 from twisted.logger import formatEvent, globalLogPublisher
 
-from cg.config import Config
-from cg.service import CGService
 from cg.testing import FakeUpstream
+from cg.web.config import Config
+from cg.web.service import CGService
 
 
 @attrs.define

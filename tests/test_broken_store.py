@@ -17,9 +17,9 @@ from test_rewrite_proxy import history, post
 from test_store import GARBAGE, damage
 from twisted.logger import LogLevel
 
-import cg.store
-from cg.markers import marker_id
+import cg.store.sqlite
 from cg.testing import claude_code_bytes, command_output, default_reply
+from cg.wire.markers import marker_id
 
 MARKER = re.compile(r"<<cg:([0-9a-f]{16})>>")  # a marker (the tool's description shows <<cg:ID>>)
 
@@ -31,7 +31,7 @@ def store_path(tmp_path):
 
 @pytest.fixture
 def running(make_cg, fake, store_path, monkeypatch):
-    monkeypatch.setattr(cg.store, "REOPEN_AFTER", 0.0)  # a broken store tries its file again at once
+    monkeypatch.setattr(cg.store.sqlite, "REOPEN_AFTER", 0.0)  # a broken store tries its file again at once
     fake.strict = True
     return make_cg(anthropic_upstream=fake.url, expand=True, store=f"sqlite:{store_path}")
 

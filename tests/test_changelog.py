@@ -10,15 +10,15 @@ import pytest_twisted
 import ujson
 from twisted.logger import LogLevel, globalLogPublisher
 
-import cg.changelog
-from cg.changelog import (
+import cg.record.changelog
+from cg.record.changelog import (
     ChangeLog,
     NullChangeLog,
     compaction_record,
     open_changelog,
     usage_record,
 )
-from cg.report import tally
+from cg.record.report import tally
 
 
 def compaction(seq=1, **overrides):
@@ -83,7 +83,7 @@ def errors_logged():
     events = []
 
     def observer(event):
-        if event.get("log_namespace") == "cg.changelog" and event["log_level"] is LogLevel.error:
+        if event.get("log_namespace") == "cg.record.changelog" and event["log_level"] is LogLevel.error:
             events.append(event)
 
     globalLogPublisher.addObserver(observer)
@@ -125,7 +125,7 @@ def test_usage_record_schema():
 
 
 def test_a_line_is_compact_json():
-    line = cg.changelog._encode(compaction(tool="mcp__fs/read ünïcode"))
+    line = cg.record.changelog._encode(compaction(tool="mcp__fs/read ünïcode"))
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert b", " not in line and b'": ' not in line
     assert b"mcp__fs/read" in line  # slashes unescaped
@@ -138,13 +138,13 @@ def test_a_line_is_compact_json():
 @pytest_twisted.ensureDeferred
 async def test_records_land_in_order_on_one_worker_thread(changelog, monkeypatch):
     threads = []
-    real_write = cg.changelog._write_all
+    real_write = cg.record.changelog._write_all
 
     def recording_write(fd, data):
         threads.append(threading.get_ident())
         real_write(fd, data)
 
-    monkeypatch.setattr(cg.changelog, "_write_all", recording_write)
+    monkeypatch.setattr(cg.record.changelog, "_write_all", recording_write)
     log = changelog()
     reactor_thread = threading.get_ident()
     for seq in range(1, 501):
@@ -165,13 +165,13 @@ async def test_records_land_in_order_on_one_worker_thread(changelog, monkeypatch
 @pytest_twisted.ensureDeferred
 async def test_the_reactor_does_not_wait_for_the_disk(changelog, monkeypatch):
     disk = threading.Event()
-    real_write = cg.changelog._write_all
+    real_write = cg.record.changelog._write_all
 
     def slow_write(fd, data):
         disk.wait(10)
         real_write(fd, data)
 
-    monkeypatch.setattr(cg.changelog, "_write_all", slow_write)
+    monkeypatch.setattr(cg.record.changelog, "_write_all", slow_write)
     log = changelog()
     started = time.monotonic()
     for seq in range(100):
@@ -266,7 +266,7 @@ async def test_directory_gone_then_back(changelog, tmp_path, errors_logged):
 
 @pytest_twisted.ensureDeferred
 async def test_a_torn_write_leaves_one_bad_line(changelog, monkeypatch):
-    real_write = cg.changelog._write_all
+    real_write = cg.record.changelog._write_all
     failures = [True]
 
     def tearing_write(fd, data):
@@ -275,7 +275,7 @@ async def test_a_torn_write_leaves_one_bad_line(changelog, monkeypatch):
             raise OSError(28, "No space left on device")
         real_write(fd, data)
 
-    monkeypatch.setattr(cg.changelog, "_write_all", tearing_write)
+    monkeypatch.setattr(cg.record.changelog, "_write_all", tearing_write)
     log = changelog()
     log.write(compaction(1))
     await log.flush()
@@ -302,14 +302,14 @@ async def test_records_that_cannot_be_written_are_counted(changelog, monkeypatch
 @pytest_twisted.ensureDeferred
 async def test_a_hung_disk_does_not_grow_memory_without_bound(changelog, monkeypatch):
     disk = threading.Event()
-    real_write = cg.changelog._write_all
+    real_write = cg.record.changelog._write_all
 
     def hung_write(fd, data):
         disk.wait(10)
         real_write(fd, data)
 
-    monkeypatch.setattr(cg.changelog, "_write_all", hung_write)
-    monkeypatch.setattr(cg.changelog, "MAX_PENDING", 10)
+    monkeypatch.setattr(cg.record.changelog, "_write_all", hung_write)
+    monkeypatch.setattr(cg.record.changelog, "MAX_PENDING", 10)
     log = changelog()
     log.write(usage(0))
     while log._worker.queue.qsize():  # the worker has taken the first line, and hangs

@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_markers import go_style, js_style, python_style, slash_style
 
-from cg.compact import CompactConfig, Memo, ParsedBody, compact, plan
-from cg.components import DEFAULT_COMPONENTS, Outcome
-from cg.markers import body_has_marker, marker, marker_id
+from cg.compaction.components import DEFAULT_COMPONENTS, Outcome
+from cg.compaction.pipeline import CompactConfig, Memo, compact, plan
+from cg.wire.body import ParsedBody
+from cg.wire.markers import body_has_marker, marker, marker_id
 
 FIXTURE_NAMES = sorted(path.stem for path in CLAUDE_CODE.glob("*.json"))
 CONFIG = CompactConfig()
@@ -363,7 +364,7 @@ def test_same_input_same_bytes_with_or_without_memo():
 
 def test_same_bytes_in_another_process():
     raw = js_style(conversation(6))
-    script = ("import sys, hashlib; from cg.compact import compact, CompactConfig; "
+    script = ("import sys, hashlib; from cg.compaction.pipeline import compact, CompactConfig; "
               "print(hashlib.sha256(compact(sys.stdin.buffer.read(), 'anthropic', CompactConfig(), True).body)"
               ".hexdigest())")
     for seed in ("1", "2"):

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cg.compact import CompactConfig
-from cg.components import Context, Dedup, JsonFormat, Offload, TextClean
-from cg.markers import marker_id
+from cg.compaction.components import Context, Dedup, JsonFormat, Offload, TextClean
+from cg.compaction.pipeline import CompactConfig
+from cg.wire.markers import marker_id
 
 GOLDEN = Path(__file__).parent / "golden"
 CONFIG = CompactConfig()

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_markers import go_style, js_style, python_style, slash_style
 
-from cg import continuation
-from cg.continuation import (
+from cg.stream import continuation
+from cg.stream.continuation import (
     EVICTED,
     MALFORMED,
     UNKNOWN,
@@ -26,8 +26,8 @@ from cg.continuation import (
     refs_to_resolve,
     resolve,
 )
-from cg.markers import marker_id
-from cg.usage import Usage
+from cg.stream.usage import Usage
+from cg.wire.markers import marker_id
 
 ID_A = marker_id(b"original A")
 ID_B = marker_id(b"original B")

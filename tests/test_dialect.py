@@ -1,9 +1,9 @@
-"""cg.dialect: which provider a client speaks to, and what cg tells it, without a reactor."""
+"""cg.wire.dialect: which provider a client speaks to, and what cg tells it, without a reactor."""
 
 import pytest
 from twisted.web.http_headers import Headers
 
-from cg.dialect import ANTHROPIC, OPENAI, not_proxied, spoken_by
+from cg.wire.dialect import ANTHROPIC, OPENAI, not_proxied, spoken_by
 
 
 @pytest.mark.parametrize(

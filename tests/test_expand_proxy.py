@@ -19,9 +19,9 @@ from rawhttp import connect, http_request, split_response
 from test_rewrite_proxy import command_output
 from twisted.internet.threads import deferToThread
 
-from cg.expand import ANTHROPIC_TOOL
-from cg.markers import EXPAND_TOOL, marker_id
+from cg.compaction.expand import ANTHROPIC_TOOL
 from cg.testing import JSONReply, Reset, anthropic_message, openai_completion
+from cg.wire.markers import EXPAND_TOOL, marker_id
 
 BASH = {"name": "Bash", "description": "Run a command", "input_schema": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
@@ -292,7 +292,7 @@ def test_count_tokens_sees_what_cg_sends_and_stores_nothing(strict_cg, fake):
 
 def test_tool_bytes_are_the_same_in_every_process():
     """Pinned: a change to the tool's bytes re-bills every user's cache once (note it in CHANGES.md)."""
-    script = "from cg.expand import ANTHROPIC_TOOL, OPENAI_TOOL; print(ANTHROPIC_TOOL); print(OPENAI_TOOL)"
+    script = "from cg.compaction.expand import ANTHROPIC_TOOL, OPENAI_TOOL; print(ANTHROPIC_TOOL); print(OPENAI_TOOL)"
     outputs = {
         subprocess.run([sys.executable, "-c", script], capture_output=True, check=True,
                        env={**os.environ, "PYTHONHASHSEED": seed}).stdout

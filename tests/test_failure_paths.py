@@ -9,8 +9,7 @@ from test_inspect_proxy import bash_body, ident_of, raw_stream, stream, until
 from test_rewrite_proxy import command_output, history
 from twisted.logger import globalLogPublisher
 
-from cg.markers import EXPAND_TOOL
-from cg.streamcheck import check_anthropic_stream
+from cg.stream.streamcheck import check_anthropic_stream
 from cg.testing import (
     JSONReply,
     SSEReply,
@@ -20,6 +19,7 @@ from cg.testing import (
     openai_completion,
     sse_event,
 )
+from cg.wire.markers import EXPAND_TOOL
 
 
 @inlineCallbacks

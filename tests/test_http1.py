@@ -1,11 +1,11 @@
-"""cg.http1: the upstream leg's HTTP/1.1 wire format, without a reactor."""
+"""cg.web.http1: the upstream leg's HTTP/1.1 wire format, without a reactor."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.web.http_headers import Headers
 
-from cg.http1 import ChunkedDecoder, ProtocolError, parse_response_head, request_head, target_problem
+from cg.web.http1 import ChunkedDecoder, ProtocolError, parse_response_head, request_head, target_problem
 
 
 @pytest.mark.parametrize(

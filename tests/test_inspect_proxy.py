@@ -1,7 +1,7 @@
 """The Inspector through the running proxy: Anthropic streams where cg injected the expand tool.
 
 Real sockets: the fake upstream over TCP, cg in-process, a raw socket client (every byte the client
-got, checked by cg.streamcheck) and the official anthropic SDK's ``messages.stream()`` accumulator
+got, checked by cg.stream.streamcheck) and the official anthropic SDK's ``messages.stream()`` accumulator
 (which raises on any index fault). The requests are Claude Code-shaped histories with a big Bash
 output that cg offloads behind a marker; the fake plays the model asking for it back.
 """
@@ -19,10 +19,8 @@ from test_rewrite_proxy import claude_code_bytes, command_output, history
 from twisted.internet import reactor, task
 from twisted.internet.threads import deferToThread
 
-import cg.proxy as cg_proxy
-from cg.markers import EXPAND_TOOL, marker_id
-from cg.sse import SSEParser
-from cg.streamcheck import check_anthropic_stream
+import cg.web.proxy as cg_proxy
+from cg.stream.streamcheck import check_anthropic_stream
 from cg.testing import (
     JSONReply,
     SSEReply,
@@ -37,6 +35,8 @@ from cg.testing import (
     openai_stream_events,
     sse_event,
 )
+from cg.wire.markers import EXPAND_TOOL, marker_id
+from cg.wire.sse import SSEParser
 
 TIMEOUT = 15
 MARKER = re.compile(rb"<<cg:[0-9a-f]{16}>>")  # a marker (the tool's description shows <<cg:ID>>)

@@ -1,8 +1,8 @@
-"""cg.inspector: forward at once, hold only a lone expand call, splice continuations.
+"""cg.stream.inspector: forward at once, hold only a lone expand call, splice continuations.
 
-Upstream streams are built with cg.testing's builders, parsed with cg.sse.SSEParser (as the proxy
+Upstream streams are built with cg.testing's builders, parsed with cg.wire.sse.SSEParser (as the proxy
 does) and fed to an Inspector; every client stream that went through a splice is checked by
-cg.streamcheck and by the official anthropic SDK's accumulator (which raises on index faults).
+cg.stream.streamcheck and by the official anthropic SDK's accumulator (which raises on index faults).
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import ujson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cg.continuation import ExpandCall
-from cg.inspector import ABORT, CONTINUE, DONE, EXPAND, PING, Inspector, State, Step
-from cg.markers import EXPAND_TOOL
-from cg.sse import Event, SSEParser
-from cg.streamcheck import check_anthropic_stream
+from cg.stream.continuation import ExpandCall
+from cg.stream.inspector import ABORT, CONTINUE, DONE, EXPAND, PING, Inspector, State, Step
+from cg.stream.streamcheck import check_anthropic_stream
+from cg.stream.usage import Usage
 from cg.testing import (
     anthropic_block_delta,
     anthropic_block_start,
@@ -30,7 +29,8 @@ from cg.testing import (
     anthropic_tool_block,
     sse_event,
 )
-from cg.usage import Usage
+from cg.wire.markers import EXPAND_TOOL
+from cg.wire.sse import Event, SSEParser
 
 # ---------------------------------------------------------------------------------------------
 # Builders
@@ -645,7 +645,7 @@ def test_held_bytes_are_counted_incrementally():
 
 
 def test_renumbering_in_place_only_touches_the_top_level_index():
-    from cg.inspector import _renumbered
+    from cg.stream.inspector import _renumbered
 
     plain = sse_event("content_block_delta", {"type": "content_block_delta", "index": 1,
                                               "delta": {"type": "text_delta", "text": '"index":1'}})

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cg.markers import body_has_marker, marker, marker_id, parse_marker_ref
+from cg.wire.markers import body_has_marker, marker, marker_id, parse_marker_ref
 
 MARKER = marker(marker_id(b"the original"))
 EXPAND_TOOL = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from twisted.python import usage
 
-from cg.tap import Options
+from cg.web.tap import Options
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 

@@ -12,7 +12,6 @@ from twisted.internet import defer, error, reactor, task
 from twisted.internet.threads import deferToThread
 from twisted.web.client import ResponseDone
 
-from cg.proxy import ClientFlow
 from cg.testing import (
     Flood,
     JSONReply,
@@ -23,6 +22,7 @@ from cg.testing import (
     anthropic_stream_events,
     openai_stream_events,
 )
+from cg.web.proxy import ClientFlow
 
 
 def sleep(seconds):

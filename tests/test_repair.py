@@ -9,10 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_markers import go_style, js_style, python_style, slash_style
 
-from cg.compact import CompactConfig, ParsedBody, plan
-from cg.continuation import is_cg_answer
-from cg.markers import marker_id
-from cg.repair import Repair, find_repairs, looks_like_error, repair_answer, repair_edits
+from cg.compaction.pipeline import CompactConfig, plan
+from cg.compaction.repair import Repair, find_repairs, looks_like_error, repair_answer, repair_edits
+from cg.stream.continuation import is_cg_answer
+from cg.wire.body import ParsedBody
+from cg.wire.markers import marker_id
 
 CLAUDE_CODE_ERROR = "<tool_use_error>Error: No such tool available: context_guru_expand</tool_use_error>"
 EXPAND_ID = "toolu_fake172718ffed1148c695a1b7f5"

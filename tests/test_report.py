@@ -6,8 +6,8 @@ import io
 import pytest
 import ujson
 
-from cg.changelog import compaction_record, usage_record
-from cg.report import NOTE, main, tally
+from cg.record.changelog import compaction_record, usage_record
+from cg.record.report import NOTE, main, tally
 
 OFFLOAD = dict(
     tool="Bash",

@@ -8,8 +8,8 @@ from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request
 from test_expand_proxy import expand_use, request_with_output, tool_turn
 
-from cg.markers import marker_id
 from cg.testing import JSONReply, anthropic_message, command_output
+from cg.wire.markers import marker_id
 
 PROXIED = re.compile(
     r"(?P<method>\S+) (?P<path>\S+) (?P<status>\S+) (?P<outcome>\S+) upstream_ms=\d+\.\d ttfb_ms=\d+\.\d "

@@ -5,8 +5,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cg import jsonbytes
-from cg.compact import ParsedBody
+from cg.wire import jsonbytes
+from cg.wire.body import ParsedBody
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
 MESSAGE = st.fixed_dictionaries({

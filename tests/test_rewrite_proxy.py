@@ -10,10 +10,10 @@ from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from twisted.web.http_headers import Headers
 
-from cg.expand import ANTHROPIC_TOOL
-from cg.markers import EXPAND_TOOL, marker_id
-from cg.tenant import parse_tenant
+from cg.compaction.expand import ANTHROPIC_TOOL
 from cg.testing import claude_code_bytes, command_output
+from cg.web.tenant import parse_tenant
+from cg.wire.markers import EXPAND_TOOL, marker_id
 
 MARKER = "<<cg:"
 

@@ -9,8 +9,8 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.web import resource, server
 
-from cg.site import ProxySite
 from cg.testing import SSEReply, anthropic_stream_events
+from cg.web.site import ProxySite
 
 TIMEOUT = 30.0
 PEER = IPv4Address("TCP", "127.0.0.1", 40000)

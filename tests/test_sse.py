@@ -1,4 +1,4 @@
-"""cg.sse: the incremental SSE parser that keeps every event's original bytes."""
+"""cg.wire.sse: the incremental SSE parser that keeps every event's original bytes."""
 
 import re
 import time
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cg.sse import Event, SSEParser
 from cg.testing import anthropic_stream_events, anthropic_text_block, openai_stream_events, sse_event
+from cg.wire.sse import Event, SSEParser
 
 
 def parse(*chunks: bytes, flush: bool = False) -> tuple[list[Event], bytes]:

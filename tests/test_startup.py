@@ -16,10 +16,10 @@ from twisted.internet.testing import MemoryReactor
 from twisted.python import usage
 
 from cg import __version__
-from cg.config import Config
-from cg.service import CGService
 from cg.store import SQLiteStore
-from cg.tap import DEFAULT_LISTEN, Options
+from cg.web.config import Config
+from cg.web.service import CGService
+from cg.web.tap import DEFAULT_LISTEN, Options
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 

@@ -9,8 +9,8 @@ from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from test_rewrite_proxy import claude_code_bytes, command_output, history, post
 
-from cg import report
-from cg.tokens import estimate_tokens
+from cg.compaction.tokens import estimate_tokens
+from cg.record import report
 
 
 def coloured_output() -> str:

@@ -12,7 +12,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import LogLevel
 from zope.interface.verify import verifyObject
 
-import cg.store
+import cg.store.sqlite
 from cg.store import (
     IStore,
     MemoryStore,
@@ -65,7 +65,7 @@ def sqlite_store(db_path, closing):
 def make_store(request, sqlite_store):
     """Both implementations must keep the same contract."""
 
-    def make(max_bytes=cg.store.DEFAULT_MAX_BYTES, clock=None):
+    def make(max_bytes=cg.store.sqlite.DEFAULT_MAX_BYTES, clock=None):
         clock = clock or FakeClock()
         if request.param == "memory":
             return MemoryStore(max_bytes, clock=clock)
@@ -421,7 +421,7 @@ async def test_a_broken_store_fails_open(tmp_path, sqlite_store, store_log, brok
 
 @pytest_twisted.ensureDeferred
 async def test_a_store_that_failed_to_open_recovers(tmp_path, monkeypatch, sqlite_store):
-    monkeypatch.setattr(cg.store, "REOPEN_AFTER", 0.0)
+    monkeypatch.setattr(cg.store.sqlite, "REOPEN_AFTER", 0.0)
     blocker = tmp_path / "blocker"
     blocker.write_bytes(b"")
     store = sqlite_store(str(blocker / "store.sqlite3"))
@@ -434,7 +434,7 @@ async def test_a_store_that_failed_to_open_recovers(tmp_path, monkeypatch, sqlit
 
 @pytest_twisted.ensureDeferred
 async def test_a_locked_store_fails_the_put(db_path, monkeypatch, sqlite_store):
-    monkeypatch.setattr(cg.store, "BUSY_TIMEOUT", 0.1)
+    monkeypatch.setattr(cg.store.sqlite, "BUSY_TIMEOUT", 0.1)
     store = sqlite_store()
     await store.put("", {"a": b"."})
     lock = sqlite3.connect(db_path, timeout=0)
@@ -478,7 +478,7 @@ async def test_a_failed_read_makes_the_store_forget_everything(db_path, sqlite_s
 @pytest.mark.parametrize("how", ["drop", "removed"])
 @pytest_twisted.ensureDeferred
 async def test_a_broken_store_is_made_again_by_the_next_put(db_path, monkeypatch, sqlite_store, store_log, how):
-    monkeypatch.setattr(cg.store, "REOPEN_AFTER", 0.0)
+    monkeypatch.setattr(cg.store.sqlite, "REOPEN_AFTER", 0.0)
     store = sqlite_store()
     await store.put("", {"a": b"A"})
     damage(db_path, how)
@@ -515,7 +515,7 @@ async def test_a_file_put_in_the_stores_place_is_vouched_for_only_after_a_put(db
 async def test_a_store_that_cannot_be_read_stays_unhealthy_until_its_file_is_moved_aside(
     db_path, monkeypatch, sqlite_store, store_log
 ):
-    monkeypatch.setattr(cg.store, "REOPEN_AFTER", 0.0)
+    monkeypatch.setattr(cg.store.sqlite, "REOPEN_AFTER", 0.0)
     store = sqlite_store()
     await store.put("", {"a": b"A"})
     damage(db_path, "garbage")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from cg.store import SQLiteDB
-from cg.storecli import main
+from cg.store.cli import main
 
 DAY = 86400.0
 
@@ -112,7 +112,7 @@ def test_usage_errors(argv, capsys):
 
 def test_runs_as_a_program(store):
     result = subprocess.run(
-        [sys.executable, "-m", "cg.storecli", "--store", f"sqlite:{store}", "info"],
+        [sys.executable, "-m", "cg.store.cli", "--store", f"sqlite:{store}", "info"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},

@@ -1,10 +1,10 @@
-"""cg.streamcheck: each rule catches its fault, and a well-formed stream passes."""
+"""cg.stream.streamcheck: each rule catches its fault, and a well-formed stream passes."""
 
 from __future__ import annotations
 
 import pytest
 
-from cg.streamcheck import check_anthropic_stream, main
+from cg.stream.streamcheck import check_anthropic_stream, main
 from cg.testing import anthropic_stream_events, anthropic_text_block, sse_event
 
 
@@ -179,11 +179,11 @@ def test_main_usage_and_unreadable_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
         main(["--help"])
     assert exit.value.code == 0
-    assert "usage: python -m cg.streamcheck" in capsys.readouterr().out
+    assert "usage: python -m cg.stream.streamcheck" in capsys.readouterr().out
     assert main([str(tmp_path / "missing.sse")]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == f"python -m cg.streamcheck: cannot read {tmp_path / 'missing.sse'}: No such file or directory\n"
+    assert err == f"python -m cg.stream.streamcheck: cannot read {tmp_path / 'missing.sse'}: No such file or directory\n"
     with pytest.raises(SystemExit) as exit:
         main([])
     assert exit.value.code == 2

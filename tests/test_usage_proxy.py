@@ -12,7 +12,7 @@ from test_rewrite_proxy import claude_code_bytes, command_output, history
 from twisted.internet import reactor, task
 from twisted.internet.threads import deferToThread
 
-from cg import report
+from cg.record import report
 from cg.testing import JSONReply, SSEReply, anthropic_message, openai_stream_events, sse_event
 
 REQUEST = {"model": "claude-opus-4-8", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}

@@ -20,7 +20,7 @@ from claude_harness import (
 )
 from pytest_twisted import ensureDeferred
 
-from cg import dialect
+from cg.wire import dialect
 
 
 def _failure(what: str, run, script: Script, cg) -> str:

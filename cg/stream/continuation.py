@@ -29,11 +29,11 @@ from collections.abc import Iterator
 
 import attrs
 
-from cg import jsonbytes
-from cg.compact import ParsedBody
-from cg.dialect import ANTHROPIC, OPENAI
-from cg.markers import EXPAND_TOOL, marker, parse_marker_ref
-from cg.usage import Usage, anthropic_usage, openai_usage
+from cg.stream.usage import Usage, anthropic_usage, openai_usage
+from cg.wire import jsonbytes
+from cg.wire.body import ParsedBody
+from cg.wire.dialect import ANTHROPIC, OPENAI
+from cg.wire.markers import EXPAND_TOOL, marker, parse_marker_ref
 
 __all__ = [
     "EVICTED",
@@ -55,7 +55,7 @@ __all__ = [
     "resolve",
 ]
 
-# The shape of cg's marker IDs (cg.markers.marker_id): an unstored ID of this shape was most likely
+# The shape of cg's marker IDs (cg.wire.markers.marker_id): an unstored ID of this shape was most likely
 # cg's and evicted; any other was never cg's.
 _CG_ID = re.compile(r"[0-9a-f]{16}")
 _MAX_SHOWN_INPUT = 200

@@ -973,6 +973,3 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"listening {_port_number(port)}", flush=True)
     reactor.run()
 
-
-if __name__ == "__main__":
-    main()

@@ -1,14 +1,4 @@
-"""The durable store behind ``<<cg:ID>>`` markers, and of frozen repair texts.
-
-cg may only send a marker upstream once the original it stands for is committed here: a
-marker whose original is lost is context the model can never get back. Everything that can
-fail does so as ``StoreError`` (or a ``None`` read), so the proxy can fail open: forward
-without lossy compaction instead of erroring to the client.
-
-A store whose reads fail (the file damaged, replaced or its tables dropped while cg runs) is
-*unhealthy*: it vouches for no original (``known`` answers nothing) until a put has written
-and read back again, so cg sends no marker it might not be able to answer.
-"""
+"""The SQLite store: one file (WAL), all SQL on one dedicated thread."""
 
 from __future__ import annotations
 
@@ -26,13 +16,19 @@ import attrs
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import Attribute, Interface, implementer
+from zope.interface import implementer
 
-log = Logger()
+from cg.store.base import (
+    DEFAULT_MAX_BYTES,
+    EVICT_TO,
+    IStore,
+    StoreError,
+    StoreInfo,
+    StoreStats,
+    as_store_error,
+)
 
-DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
-# Evict down to this share of max_bytes, so a full store does not evict on every put.
-EVICT_TO = 0.9
+log = Logger(namespace="cg.store")
 # Seconds between flushes of batched last-use times (and checks for changes made by
 # another connection, e.g. ``cg-store purge``).
 FLUSH_INTERVAL = 2.0
@@ -43,95 +39,6 @@ REOPEN_AFTER = 30.0
 # Seconds SQLite waits on a lock held by another connection before failing.
 BUSY_TIMEOUT = 5.0
 SCHEMA_VERSION = 1
-
-
-class StoreError(Exception):
-    """The store could not do what was asked; the caller fails open."""
-
-
-@attrs.define
-class StoreStats:
-    """What /stats shows of the store. ``writes`` counts originals written, not calls.
-
-    ``healthy`` is False from a failed read until a write and a read succeed again, with the
-    latest error (``unhealthy_reason``) and the Unix time it became unhealthy.
-    """
-
-    writes: int = 0
-    write_errors: int = 0
-    reads: int = 0
-    hits: int = 0
-    misses: int = 0
-    read_errors: int = 0
-    evictions: int = 0
-    healthy: bool = True
-    unhealthy_reason: str | None = None
-    unhealthy_since: float | None = None
-
-
-@attrs.frozen
-class StoreInfo:
-    """What ``cg-store info`` and /stats show. ``oldest_use`` is a Unix time, or None if empty."""
-
-    entries: int
-    bytes: int
-    oldest_use: float | None
-    frozen_entries: int
-    frozen_bytes: int
-
-
-class IStore(Interface):
-    """Originals by (tenant, id), and frozen repair texts by (tenant, key).
-
-    The seam for other backends: every method but ``known`` and ``touch`` returns a
-    Deferred, and none blocks the reactor thread. Ids stored under one tenant are
-    invisible under every other.
-
-    A store that cannot read what it holds is unhealthy (``stats.healthy`` False): it
-    forgets every id it knew, ``known`` answers nothing, and only a ``put`` that writes and
-    reads back makes it healthy again.
-    """
-
-    stats = Attribute("A StoreStats, updated on the reactor thread.")
-
-    def put(tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
-        """Store originals (id -> exact bytes); fire once committed, with the ids that were
-        written (ids already stored are not rewritten). Errback with StoreError if not
-        committed. On an unhealthy store, fire only once they also read back."""
-
-    def known(tenant: str, ids: Iterable[str]) -> set[str]:
-        """Synchronously: which of ``ids`` are known to be committed (none while the store
-        is unhealthy). Only ids outside this set need a ``put``."""
-
-    def touch(tenant: str, ids: Iterable[str]) -> None:
-        """Record that ``ids`` were used (for LRU), off the request path."""
-
-    def get(tenant: str, id: str) -> Deferred[bytes | None]:
-        """The original, or None if unknown, evicted, or the store is broken."""
-
-    def freeze(tenant: str, key: str, text: bytes) -> Deferred[bytes]:
-        """Keep ``text`` under ``key`` unless something is there already; fire with what is
-        stored, so every replay is identical. Errback with StoreError."""
-
-    def frozen(tenant: str, key: str) -> Deferred[bytes | None]:
-        """The text frozen under ``key``, or None. Errback with StoreError if the store
-        cannot tell (so the caller does not mistake a broken store for "never frozen")."""
-
-    def info() -> Deferred[StoreInfo]:
-        """Sizes and ages."""
-
-    def purge(older_than_days: float | None) -> Deferred[int]:
-        """Delete originals and frozen texts unused for that long (all if None); fire with
-        how many were deleted."""
-
-    def close() -> Deferred[None]:
-        """Flush pending last-use times and release the store."""
-
-
-def _describe(error: BaseException) -> StoreError:
-    return (
-        error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
-    )
 
 
 class SQLiteDB:
@@ -184,7 +91,7 @@ class SQLiteDB:
         except Exception as e:
             if conn is not None:
                 conn.close()
-            raise StoreError(f"cannot open store {path}: {_describe(e)}") from e
+            raise StoreError(f"cannot open store {path}: {as_store_error(e)}") from e
 
     def close(self) -> None:
         self.conn.close()
@@ -446,7 +353,7 @@ class _Worker:
                 try:
                     result = fn(*args)
                 except Exception as e:  # noqa: BLE001 -- the thread must outlive any failure
-                    self.deliver(d.errback, Failure(_describe(e)))
+                    self.deliver(d.errback, Failure(as_store_error(e)))
                 else:
                     if d is not None:
                         self.deliver(d.callback, result)
@@ -499,7 +406,7 @@ class _Worker:
 
     def _broke(self, error: Exception) -> None:
         self.broken = True
-        self.deliver(self.broke, str(_describe(error)))
+        self.deliver(self.broke, str(as_store_error(error)))
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:
@@ -544,7 +451,7 @@ class _Worker:
         try:
             fn()
         except Exception as e:  # noqa: BLE001 -- fail open, whatever the cause
-            self.deliver(self.report, str(_describe(e)))
+            self.deliver(self.report, str(as_store_error(e)))
 
     # Jobs: run on this thread, in the order the reactor submitted them.
 
@@ -786,141 +693,3 @@ class SQLiteStore:
         d: Deferred = Deferred()
         self._stopped.addBoth(lambda result: d.callback(None) or result)
         return d
-
-
-@implementer(IStore)
-@attrs.define
-class MemoryStore:
-    """IStore in process memory, for tests: nothing survives, every Deferred has fired, and
-    it is always healthy."""
-
-    max_bytes: int = DEFAULT_MAX_BYTES
-    clock: Callable[[], float] = time.time
-    stats: StoreStats = attrs.field(factory=StoreStats, init=False)
-    # Both least recently used first; values are (body, last use).
-    _originals: OrderedDict[tuple[str, str], tuple[bytes, float]] = attrs.field(
-        factory=OrderedDict, init=False
-    )
-    _frozen: OrderedDict[tuple[str, str], tuple[bytes, float]] = attrs.field(
-        factory=OrderedDict, init=False
-    )
-    _total: int = attrs.field(default=0, init=False)
-
-    def _use(self, table: OrderedDict, key: tuple[str, str]) -> None:
-        table[key] = (table[key][0], self.clock())
-        table.move_to_end(key)
-
-    def _evict(self, protect: set) -> None:
-        """Same policy as SQLiteDB._evict: originals by LRU, frozen texts last."""
-        if self._total <= self.max_bytes:
-            return
-        for table in (self._originals, self._frozen):
-            for key in list(table):
-                if self._total <= self.max_bytes * EVICT_TO:
-                    return
-                if key not in protect:
-                    self._total -= len(table.pop(key)[0])
-                    self.stats.evictions += 1
-
-    def put(self, tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
-        written = set()
-        for id_, body in originals.items():
-            key = (tenant, id_)
-            if key in self._originals:
-                self._use(self._originals, key)
-            else:
-                self._originals[key] = (bytes(body), self.clock())
-                self._total += len(body)
-                written.add(id_)
-        self._evict({(tenant, id_) for id_ in originals})
-        self.stats.writes += len(written)
-        return succeed(written)
-
-    def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
-        return {id_ for id_ in ids if (tenant, id_) in self._originals}
-
-    def touch(self, tenant: str, ids: Iterable[str]) -> None:
-        for id_ in ids:
-            if (tenant, id_) in self._originals:
-                self._use(self._originals, (tenant, id_))
-
-    def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
-        self.stats.reads += 1
-        if (tenant, id) not in self._originals:
-            self.stats.misses += 1
-            return succeed(None)
-        self.stats.hits += 1
-        self._use(self._originals, (tenant, id))
-        return succeed(self._originals[tenant, id][0])
-
-    def freeze(self, tenant: str, key: str, text: bytes) -> Deferred[bytes]:
-        if (tenant, key) in self._frozen:
-            self._use(self._frozen, (tenant, key))
-        else:
-            self._frozen[tenant, key] = (bytes(text), self.clock())
-            self._total += len(text)
-            self._evict({(tenant, key)})
-        return succeed(self._frozen[tenant, key][0])
-
-    def frozen(self, tenant: str, key: str) -> Deferred[bytes | None]:
-        if (tenant, key) not in self._frozen:
-            return succeed(None)
-        self._use(self._frozen, (tenant, key))
-        return succeed(self._frozen[tenant, key][0])
-
-    def info(self) -> Deferred[StoreInfo]:
-        uses = [used for _, used in self._originals.values()]
-        return succeed(
-            StoreInfo(
-                entries=len(self._originals),
-                bytes=sum(len(body) for body, _ in self._originals.values()),
-                oldest_use=min(uses, default=None),
-                frozen_entries=len(self._frozen),
-                frozen_bytes=sum(len(body) for body, _ in self._frozen.values()),
-            )
-        )
-
-    def purge(self, older_than_days: float | None = None) -> Deferred[int]:
-        cutoff = None if older_than_days is None else self.clock() - older_than_days * 86400
-        count = 0
-        for table in (self._originals, self._frozen):
-            for key, (body, used) in list(table.items()):
-                if cutoff is None or used < cutoff:
-                    del table[key]
-                    self._total -= len(body)
-                    count += 1
-        return succeed(count)
-
-    def close(self) -> Deferred[None]:
-        return succeed(None)
-
-
-def parse_store_url(url: str) -> tuple[str, str]:
-    """``sqlite:PATH`` -> ("sqlite", PATH with ~ expanded); ``memory:`` -> ("memory", "")."""
-    scheme, sep, rest = url.partition(":")
-    if sep and scheme == "memory" and not rest:
-        return "memory", ""
-    if sep and scheme == "sqlite" and rest:
-        return "sqlite", os.path.expanduser(rest)
-    raise ValueError(f"unknown store URL {url!r}: use sqlite:PATH or memory:")
-
-
-def store_from_url(url: str, reactor=None, max_bytes: int = DEFAULT_MAX_BYTES) -> IStore:
-    """The store for ``--store URL``. Raises ValueError on a malformed URL (a usage error),
-    never on a store that fails to open (that fails open, at run time)."""
-    scheme, path = parse_store_url(url)
-    if scheme == "memory":
-        return MemoryStore(max_bytes)
-    return SQLiteStore(path, max_bytes, reactor)
-
-
-def default_store_url(environ: dict[str, str] | None = None) -> str:
-    """systemd's StateDirectory= (the first, if several), else the XDG per-user state dir."""
-    env = os.environ if environ is None else environ
-    state = env.get("STATE_DIRECTORY", "").split(":")[0]
-    if state:
-        return "sqlite:" + os.path.join(state, "store.sqlite3")
-    xdg = env.get("XDG_STATE_HOME", "")
-    if not os.path.isabs(xdg):  # the XDG spec says to ignore relative paths
-        xdg = os.path.join(os.path.expanduser("~"), ".local", "state")
-    return "sqlite:" + os.path.join(xdg, "cg", "store.sqlite3")

@@ -8,20 +8,21 @@ from twisted.internet import defer, task
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from cg import __version__, systemd
-from cg.changelog import open_changelog
-from cg.compact import CompactConfig
-from cg.components import DEFAULT_COMPONENTS
-from cg.config import Config
-from cg.proxy import ProxyResource
-from cg.rewrite import RewriteConfig, Rewriter
-from cg.site import Connections, ProxySite
-from cg.stats import Stats
+from cg import __version__
+from cg.compaction.components import DEFAULT_COMPONENTS
+from cg.compaction.pipeline import CompactConfig
+from cg.compaction.rewrite import RewriteConfig, Rewriter
+from cg.record.changelog import open_changelog
+from cg.record.stats import Stats
 from cg.store import default_store_url, parse_store_url, store_from_url
-from cg.tenant import parse_tenant
-from cg.upstream import Upstream, load_trust_root, split_base
+from cg.web import systemd
+from cg.web.config import Config
+from cg.web.proxy import ProxyResource
+from cg.web.site import Connections, ProxySite
+from cg.web.tenant import parse_tenant
+from cg.web.upstream import Upstream, load_trust_root, split_base
 
-log = Logger(namespace="cg.service")
+log = Logger(namespace="cg.web.service")
 
 
 def _install_sighup(reopen):

@@ -1,6 +1,6 @@
 """HTTP/1.1 on the upstream leg, as plain functions and objects fed bytes (RFC 9112).
 
-`cg.upstream` speaks HTTP/1.1 to the provider itself; this module holds the parts that
+`cg.web.upstream` speaks HTTP/1.1 to the provider itself; this module holds the parts that
 need no reactor: which request-targets cg forwards, the request head, the response head,
 and the response body's framing (Content-Length, chunked, or delimited by the connection's close).
 """

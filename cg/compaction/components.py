@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
-from cg.markers import EXPAND_TOOL, marker
-from cg.tokens import estimate_tokens
+from cg.compaction.tokens import estimate_tokens
+from cg.wire.markers import EXPAND_TOOL, marker
 
 if TYPE_CHECKING:
-    from cg.compact import CompactConfig
+    from cg.compaction.pipeline import CompactConfig
 
 
 @attrs.frozen

@@ -13,7 +13,7 @@ from twisted.logger import Logger
 from twisted.protocols.policies import WrappingFactory
 from twisted.web import http, server
 
-log = Logger(namespace="cg.site")
+log = Logger(namespace="cg.web.site")
 
 _REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
 
@@ -119,7 +119,7 @@ class ProxySite(server.Site):
     def log(self, request):
         """One line for a request cg answered itself (/healthz, /stats, a 404, a 413).
 
-        The proxy logs the requests it forwards (cg.proxy `_Exchange._end`); no bodies,
+        The proxy logs the requests it forwards (cg.web.proxy `_Exchange._end`); no bodies,
         no credentials either way.
         """
         if request.proxied:

@@ -5,9 +5,9 @@ from collections import Counter, deque
 
 import attrs
 
-from cg.compact import result_sizes
-from cg.tokens import estimate_body_tokens, estimate_tokens
-from cg.usage import UsageTotals
+from cg.compaction.pipeline import result_sizes
+from cg.compaction.tokens import estimate_body_tokens, estimate_tokens
+from cg.stream.usage import UsageTotals
 
 
 @attrs.define
@@ -126,7 +126,7 @@ class CompactionStats:
     whether it changed anything or not. Bodies sent with `x-cg-bypass`, bodies that are not a
     JSON object and bodies whose rewrite failed are forwarded as received and not counted, nor
     are the continuation rounds of the expand loop. Their tokens are estimated from byte length
-    (cg.tokens.estimate_body_tokens): the estimator would cost ~26 ms per MB per request. So
+    (cg.compaction.tokens.estimate_body_tokens): the estimator would cost ~26 ms per MB per request. So
     `input_savings_pct` is the share of bytes cg kept out.
     """
 

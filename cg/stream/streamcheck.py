@@ -19,7 +19,7 @@ SDK alike:
   but pings and comments;
 - no ``error`` event; no incomplete event at the end.
 
-Shipped for users' debugging: ``python -m cg.streamcheck FILE`` (``-`` for stdin) prints the
+Shipped for users' debugging: ``python -m cg.stream.streamcheck FILE`` (``-`` for stdin) prints the
 problems and exits 1 if there are any. Pure code otherwise: bytes in, strings out.
 """
 
@@ -30,7 +30,7 @@ import sys
 
 import ujson
 
-from cg.sse import SSEParser
+from cg.wire.sse import SSEParser
 
 __all__ = ["check_anthropic_stream", "main"]
 
@@ -225,9 +225,9 @@ def check_anthropic_stream(data: bytes) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cg.streamcheck FILE|-``: print the problems of a captured stream."""
+    """``python -m cg.stream.streamcheck FILE|-``: print the problems of a captured stream."""
     parser = argparse.ArgumentParser(
-        prog="python -m cg.streamcheck",
+        prog="python -m cg.stream.streamcheck",
         description="Check a recorded Anthropic Messages stream (the raw SSE bytes a client "
         "received) the way the strictest clients parse it. Prints each problem, or 'ok'; exits "
         "0 when the stream is fine, 1 when it has problems, 2 when it cannot be read.",

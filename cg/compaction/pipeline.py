@@ -11,16 +11,16 @@ from collections.abc import Iterator
 
 import attrs
 
-from cg import jsonbytes
-from cg.components import DEFAULT_COMPONENTS, Component, Context, Outcome
-from cg.jsonbytes import EACH, StringStyle
-from cg.markers import EXPAND_TOOL, marker, marker_id
-from cg.tokens import estimate_tokens
+from cg.compaction.components import DEFAULT_COMPONENTS, Component, Context, Outcome
+from cg.compaction.tokens import estimate_tokens
+from cg.wire import jsonbytes
+from cg.wire.body import ParsedBody
+from cg.wire.jsonbytes import EACH, StringStyle
+from cg.wire.markers import EXPAND_TOOL, marker, marker_id
 
-# The body is parsed once, walking in Python only as deep as each message; a message whose result
-# changes is walked again down to where result text sits: Anthropic content[].content (a string or
-# text blocks), OpenAI content (a string or text parts).
-_BODY_SPINE = {"messages": {EACH: {}}, "tools": {}}
+# A message whose result changes is walked again (the body is parsed only as deep as each message:
+# cg.wire.body) down to where result text sits: Anthropic content[].content (a string or text
+# blocks), OpenAI content (a string or text parts).
 _MESSAGE_SPINE = {"content": {EACH: {"content": {EACH: {"text": {}}}, "text": {}}}}
 
 
@@ -153,43 +153,6 @@ class _ToolResult:
     message_index: int
     block_index: int | None
     part_index: int | None
-
-
-@attrs.frozen
-class ParsedBody:
-    """A request body parsed once, with the spans of its messages and its tools array.
-
-    Every stage that edits the body (compaction, tool injection) works from this one parse
-    and returns span edits; `apply` splices them all at once.
-    """
-
-    raw: bytes
-    doc: str
-    value: dict
-    spans: dict[tuple, jsonbytes.Span]
-
-    @classmethod
-    def parse(cls, raw: bytes, previous: "ParsedBody | None" = None) -> "ParsedBody | None":
-        """None for anything that is not a JSON object (it is then forwarded untouched).
-
-        `previous`, the same conversation's last body, lets the messages it shares with this
-        one stand unparsed (the values are the same objects: treat them as read-only).
-        """
-        if previous is not None and raw == previous.raw:
-            return previous
-        try:
-            doc = raw.decode("utf-8")
-            reuse = None
-            if previous is not None:
-                reuse = jsonbytes.Reuse(previous.value, previous.spans, jsonbytes.common_prefix(doc, previous.doc))
-            value, spans = jsonbytes.load(doc, _BODY_SPINE, reuse)
-        except ValueError:
-            return None
-        return cls(raw, doc, value, spans) if isinstance(value, dict) else None
-
-    def apply(self, edits: list[tuple[jsonbytes.Span, str]]) -> bytes:
-        """The body with `edits` spliced in; the very same bytes object when there are none."""
-        return jsonbytes.splice(self.doc, edits).encode("utf-8") if edits else self.raw
 
 
 @attrs.frozen

@@ -10,9 +10,9 @@ already has a tool of that name. Exactly there cg may run lossy compaction.
 
 import ujson
 
-from cg import jsonbytes
-from cg.compact import ParsedBody
-from cg.markers import EXPAND_TOOL
+from cg.wire import jsonbytes
+from cg.wire.body import ParsedBody
+from cg.wire.markers import EXPAND_TOOL
 
 DESCRIPTION = (
     "Markers of the form <<cg:ID>> stand for content that context guru elided from earlier "

@@ -1,7 +1,7 @@
 """The incremental inspector: stream every event at once, hold back only a lone expand call, splice.
 
 One ``Inspector`` serves one client response stream (every round of it). The caller parses the
-upstream body with ``cg.sse.SSEParser`` and feeds the events one at a time; each ``feed`` returns a
+upstream body with ``cg.wire.sse.SSEParser`` and feeds the events one at a time; each ``feed`` returns a
 ``Step``: the bytes to write to the client now, and what to do next. Pure code: no Twisted, no I/O,
 no clocks.
 
@@ -70,11 +70,11 @@ from typing import Any, Literal, get_args
 import attrs
 import ujson
 
-from cg.continuation import ExpandCall
-from cg.dialect import ANTHROPIC
-from cg.markers import EXPAND_TOOL, parse_marker_ref
-from cg.sse import Event
-from cg.usage import StreamUsage, Usage
+from cg.stream.continuation import ExpandCall
+from cg.stream.usage import StreamUsage, Usage
+from cg.wire.dialect import ANTHROPIC
+from cg.wire.markers import EXPAND_TOOL, parse_marker_ref
+from cg.wire.sse import Event
 
 __all__ = [
     "ABORT",
@@ -100,7 +100,7 @@ class Action(enum.Enum):
     ABORT = "abort"  # abort the client's connection (the stream broke)
 
 
-# The names cg.proxy compares ``Step.action`` with.
+# The names cg.web.proxy compares ``Step.action`` with.
 CONTINUE = Action.CONTINUE
 EXPAND = Action.EXPAND
 DONE = Action.DONE

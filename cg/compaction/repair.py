@@ -9,7 +9,7 @@ what the call asked for before compaction runs, and the model reads the original
 
 Pure: `find_repairs` reads a `ParsedBody`; the caller builds each text (`repair_answer`, from the
 store's original), freezes it per tool_use_id in the store, and splices `repair_edits`, which are
-span edits over `body.doc` like `cg.compact.plan`'s (never overlapping them: compaction leaves the
+span edits over `body.doc` like `cg.compaction.pipeline.plan`'s (never overlapping them: compaction leaves the
 results of expand calls alone).
 
 What counts as an error answer (to a call of `context_guru_expand`, found by its id in an earlier
@@ -32,11 +32,19 @@ import re
 
 import attrs
 
-from cg import jsonbytes
-from cg.compact import ParsedBody
-from cg.continuation import Answer, ClientStyle, ExpandCall, answer, expand_calls, is_cg_answer, resolve
-from cg.dialect import ANTHROPIC, OPENAI
-from cg.jsonbytes import EACH
+from cg.stream.continuation import (
+    Answer,
+    ClientStyle,
+    ExpandCall,
+    answer,
+    expand_calls,
+    is_cg_answer,
+    resolve,
+)
+from cg.wire import jsonbytes
+from cg.wire.body import ParsedBody
+from cg.wire.dialect import ANTHROPIC, OPENAI
+from cg.wire.jsonbytes import EACH
 
 __all__ = ["Repair", "find_repairs", "looks_like_error", "repair_answer", "repair_edits"]
 

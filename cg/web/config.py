@@ -1,4 +1,4 @@
-"""cg's configuration, as the command line gives it (see cg.tap for the options)."""
+"""cg's configuration, as the command line gives it (see cg.web.tap for the options)."""
 
 import re
 

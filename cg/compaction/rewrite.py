@@ -9,10 +9,11 @@ from collections import OrderedDict
 
 import attrs
 
-from cg import expand
-from cg.compact import Change, CompactConfig, Memo, ParsedBody, plan
-from cg.dialect import ANTHROPIC, OPENAI, split_path
-from cg.repair import Repair, find_repairs, repair_edits
+from cg.compaction import expand
+from cg.compaction.pipeline import Change, CompactConfig, Memo, plan
+from cg.compaction.repair import Repair, find_repairs, repair_edits
+from cg.wire.body import ParsedBody
+from cg.wire.dialect import ANTHROPIC, OPENAI, split_path
 
 # Paths whose bodies cg rewrites, and whether what it stashes there matters
 # (count_tokens is read-only: it sizes the request cg would send, nothing more).

@@ -1,6 +1,6 @@
 """The proxy resource: route a request, rewrite it, forward it, relay the response as it arrives.
 
-One `_Exchange` per client request. The request body is rewritten by `cg.rewrite`
+One `_Exchange` per client request. The request body is rewritten by `cg.compaction.rewrite`
 (with new originals stored first); the response is passed through, inspected, or
 answered by the expand loop (see `_Exchange`). The upstream socket is the
 registered producer of the client response, so a client that stops reading
@@ -24,10 +24,10 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
-from cg import dialect, headers, http1
-from cg.changelog import NullChangeLog, compaction_record, usage_record
-from cg.compact import result_sizes
-from cg.continuation import (
+from cg.compaction.pipeline import result_sizes
+from cg.compaction.repair import repair_answer
+from cg.record.changelog import NullChangeLog, compaction_record, usage_record
+from cg.stream.continuation import (
     answers,
     billed,
     continuation_body,
@@ -36,14 +36,15 @@ from cg.continuation import (
     refs_to_resolve,
     resolve,
 )
-from cg.inspector import ABORT, DONE, EXPAND, PING, Inspector
-from cg.markers import parse_marker_ref
-from cg.repair import repair_answer
-from cg.sse import SSEParser
-from cg.upstream import is_timeout
-from cg.usage import ResponseUsage, session_key
+from cg.stream.inspector import ABORT, DONE, EXPAND, PING, Inspector
+from cg.stream.usage import ResponseUsage, session_key
+from cg.web import headers, http1
+from cg.web.upstream import is_timeout
+from cg.wire import dialect
+from cg.wire.markers import parse_marker_ref
+from cg.wire.sse import SSEParser
 
-log = Logger(namespace="cg.proxy")
+log = Logger(namespace="cg.web.proxy")
 
 
 class ProxyResource(resource.Resource):

@@ -16,7 +16,7 @@ automatically and charges nothing to write, so ``cache_write_tokens`` is always 
 
 The cache write:read ratio is the number that tells a user whether cg saves or costs money: a proxy
 that changes bytes the provider already cached turns cheap reads into expensive writes (one write
-costs as much as ~12 reads). Pure code: dicts and ``cg.sse.Event`` objects in, no I/O. Everything
+costs as much as ~12 reads). Pure code: dicts and ``cg.wire.sse.Event`` objects in, no I/O. Everything
 that reads a response fails open: a missing or malformed field counts as 0, never an exception.
 """
 
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 import attrs
 import ujson
 
-from cg.dialect import ANTHROPIC, OPENAI
-from cg.sse import Event, SSEParser
+from cg.wire.dialect import ANTHROPIC, OPENAI
+from cg.wire.sse import Event, SSEParser
 
 __all__ = [
     "SessionTotals",

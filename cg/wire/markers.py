@@ -7,7 +7,7 @@ the same marker in every request and every process: a re-sent history keeps its 
 import hashlib
 import re
 
-from cg import jsonbytes
+from cg.wire import jsonbytes
 
 EXPAND_TOOL = "context_guru_expand"
 

@@ -4,12 +4,12 @@ from twisted.copyright import version as twisted_version
 from twisted.python import usage
 
 from cg import __version__
-from cg.components import DEFAULT_COMPONENTS
-from cg.config import Config, parse_size
-from cg.service import CGService
+from cg.compaction.components import DEFAULT_COMPONENTS
 from cg.store import parse_store_url
-from cg.tenant import parse_tenant
-from cg.upstream import split_base
+from cg.web.config import Config, parse_size
+from cg.web.service import CGService
+from cg.web.tenant import parse_tenant
+from cg.web.upstream import split_base
 
 _COMPONENTS = [c.name for c in DEFAULT_COMPONENTS]
 

@@ -1,0 +1,1 @@
+"""What cg did, for people: the counters behind /stats, the change log, and cg-report."""

@@ -1,0 +1,102 @@
+"""What every store is: the interface, its errors and counters (no backend here)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+from twisted.internet.defer import Deferred
+from zope.interface import Attribute, Interface
+
+DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
+# Evict down to this share of max_bytes, so a full store does not evict on every put.
+EVICT_TO = 0.9
+
+
+class StoreError(Exception):
+    """The store could not do what was asked; the caller fails open."""
+
+
+@attrs.define
+class StoreStats:
+    """What /stats shows of the store. ``writes`` counts originals written, not calls.
+
+    ``healthy`` is False from a failed read until a write and a read succeed again, with the
+    latest error (``unhealthy_reason``) and the Unix time it became unhealthy.
+    """
+
+    writes: int = 0
+    write_errors: int = 0
+    reads: int = 0
+    hits: int = 0
+    misses: int = 0
+    read_errors: int = 0
+    evictions: int = 0
+    healthy: bool = True
+    unhealthy_reason: str | None = None
+    unhealthy_since: float | None = None
+
+
+@attrs.frozen
+class StoreInfo:
+    """What ``cg-store info`` and /stats show. ``oldest_use`` is a Unix time, or None if empty."""
+
+    entries: int
+    bytes: int
+    oldest_use: float | None
+    frozen_entries: int
+    frozen_bytes: int
+
+
+class IStore(Interface):
+    """Originals by (tenant, id), and frozen repair texts by (tenant, key).
+
+    The seam for other backends: every method but ``known`` and ``touch`` returns a
+    Deferred, and none blocks the reactor thread. Ids stored under one tenant are
+    invisible under every other.
+
+    A store that cannot read what it holds is unhealthy (``stats.healthy`` False): it
+    forgets every id it knew, ``known`` answers nothing, and only a ``put`` that writes and
+    reads back makes it healthy again.
+    """
+
+    stats = Attribute("A StoreStats, updated on the reactor thread.")
+
+    def put(tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
+        """Store originals (id -> exact bytes); fire once committed, with the ids that were
+        written (ids already stored are not rewritten). Errback with StoreError if not
+        committed. On an unhealthy store, fire only once they also read back."""
+
+    def known(tenant: str, ids: Iterable[str]) -> set[str]:
+        """Synchronously: which of ``ids`` are known to be committed (none while the store
+        is unhealthy). Only ids outside this set need a ``put``."""
+
+    def touch(tenant: str, ids: Iterable[str]) -> None:
+        """Record that ``ids`` were used (for LRU), off the request path."""
+
+    def get(tenant: str, id: str) -> Deferred[bytes | None]:
+        """The original, or None if unknown, evicted, or the store is broken."""
+
+    def freeze(tenant: str, key: str, text: bytes) -> Deferred[bytes]:
+        """Keep ``text`` under ``key`` unless something is there already; fire with what is
+        stored, so every replay is identical. Errback with StoreError."""
+
+    def frozen(tenant: str, key: str) -> Deferred[bytes | None]:
+        """The text frozen under ``key``, or None. Errback with StoreError if the store
+        cannot tell (so the caller does not mistake a broken store for "never frozen")."""
+
+    def info() -> Deferred[StoreInfo]:
+        """Sizes and ages."""
+
+    def purge(older_than_days: float | None) -> Deferred[int]:
+        """Delete originals and frozen texts unused for that long (all if None); fire with
+        how many were deleted."""
+
+    def close() -> Deferred[None]:
+        """Flush pending last-use times and release the store."""
+
+
+def as_store_error(error: BaseException) -> StoreError:
+    return (
+        error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
+    )

@@ -1,0 +1,120 @@
+"""The in-memory store, for tests: nothing survives, every Deferred has fired."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+import attrs
+from twisted.internet.defer import Deferred, succeed
+from zope.interface import implementer
+
+from cg.store.base import DEFAULT_MAX_BYTES, EVICT_TO, IStore, StoreInfo, StoreStats
+
+
+@implementer(IStore)
+@attrs.define
+class MemoryStore:
+    """IStore in process memory, for tests: nothing survives, every Deferred has fired, and
+    it is always healthy."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    clock: Callable[[], float] = time.time
+    stats: StoreStats = attrs.field(factory=StoreStats, init=False)
+    # Both least recently used first; values are (body, last use).
+    _originals: OrderedDict[tuple[str, str], tuple[bytes, float]] = attrs.field(
+        factory=OrderedDict, init=False
+    )
+    _frozen: OrderedDict[tuple[str, str], tuple[bytes, float]] = attrs.field(
+        factory=OrderedDict, init=False
+    )
+    _total: int = attrs.field(default=0, init=False)
+
+    def _use(self, table: OrderedDict, key: tuple[str, str]) -> None:
+        table[key] = (table[key][0], self.clock())
+        table.move_to_end(key)
+
+    def _evict(self, protect: set) -> None:
+        """Same policy as SQLiteDB._evict: originals by LRU, frozen texts last."""
+        if self._total <= self.max_bytes:
+            return
+        for table in (self._originals, self._frozen):
+            for key in list(table):
+                if self._total <= self.max_bytes * EVICT_TO:
+                    return
+                if key not in protect:
+                    self._total -= len(table.pop(key)[0])
+                    self.stats.evictions += 1
+
+    def put(self, tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
+        written = set()
+        for id_, body in originals.items():
+            key = (tenant, id_)
+            if key in self._originals:
+                self._use(self._originals, key)
+            else:
+                self._originals[key] = (bytes(body), self.clock())
+                self._total += len(body)
+                written.add(id_)
+        self._evict({(tenant, id_) for id_ in originals})
+        self.stats.writes += len(written)
+        return succeed(written)
+
+    def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
+        return {id_ for id_ in ids if (tenant, id_) in self._originals}
+
+    def touch(self, tenant: str, ids: Iterable[str]) -> None:
+        for id_ in ids:
+            if (tenant, id_) in self._originals:
+                self._use(self._originals, (tenant, id_))
+
+    def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
+        self.stats.reads += 1
+        if (tenant, id) not in self._originals:
+            self.stats.misses += 1
+            return succeed(None)
+        self.stats.hits += 1
+        self._use(self._originals, (tenant, id))
+        return succeed(self._originals[tenant, id][0])
+
+    def freeze(self, tenant: str, key: str, text: bytes) -> Deferred[bytes]:
+        if (tenant, key) in self._frozen:
+            self._use(self._frozen, (tenant, key))
+        else:
+            self._frozen[tenant, key] = (bytes(text), self.clock())
+            self._total += len(text)
+            self._evict({(tenant, key)})
+        return succeed(self._frozen[tenant, key][0])
+
+    def frozen(self, tenant: str, key: str) -> Deferred[bytes | None]:
+        if (tenant, key) not in self._frozen:
+            return succeed(None)
+        self._use(self._frozen, (tenant, key))
+        return succeed(self._frozen[tenant, key][0])
+
+    def info(self) -> Deferred[StoreInfo]:
+        uses = [used for _, used in self._originals.values()]
+        return succeed(
+            StoreInfo(
+                entries=len(self._originals),
+                bytes=sum(len(body) for body, _ in self._originals.values()),
+                oldest_use=min(uses, default=None),
+                frozen_entries=len(self._frozen),
+                frozen_bytes=sum(len(body) for body, _ in self._frozen.values()),
+            )
+        )
+
+    def purge(self, older_than_days: float | None = None) -> Deferred[int]:
+        cutoff = None if older_than_days is None else self.clock() - older_than_days * 86400
+        count = 0
+        for table in (self._originals, self._frozen):
+            for key, (body, used) in list(table.items()):
+                if cutoff is None or used < cutoff:
+                    del table[key]
+                    self._total -= len(body)
+                    count += 1
+        return succeed(count)
+
+    def close(self) -> Deferred[None]:
+        return succeed(None)
