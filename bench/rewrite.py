@@ -58,7 +58,7 @@ except ImportError:  # not installed: use this checkout
     sys.path.insert(0, str(REPO))
 
 import cg  # noqa: E402
-from cg import expand  # noqa: E402
+from cg.compaction import expand  # noqa: E402
 from cg.compaction.pipeline import plan  # noqa: E402
 from cg.compaction.rewrite import Rewriter  # noqa: E402
 from cg.compaction.tokens import estimate_tokens  # noqa: E402
