@@ -10,13 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 from fixturedata import CLAUDE_CODE, claude_code_body
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_markers import go_style, js_style, python_style, slash_style
 
-from cg.compaction.components import DEFAULT_COMPONENTS, Outcome
+from cg.compaction.components import DEFAULT_COMPONENTS, Dedup, Offload, Outcome
 from cg.compaction.pipeline import CompactConfig, Memo, compact, plan
 from cg.wire.body import ParsedBody
 from cg.wire.markers import body_has_marker, marker, marker_id
@@ -323,6 +324,17 @@ def test_rewrites_breaking_the_contract_are_reverted(component):
     parsed = ParsedBody.parse(raw)
     counted = plan(parsed, "anthropic", config, lossy=True)
     assert counted.reverted[component.name] == counted.runs[component.name] > 0
+
+
+def test_the_config_sets_each_components_parameters():
+    assert CompactConfig().configured == DEFAULT_COMPONENTS
+    raises = Raises()
+    config = CompactConfig(components=(raises, Dedup(min_tokens=1), Offload(min_tokens=1)), keep_tools={"Bash"},
+                           offload_min_tokens=3000, offload_head_lines=5, offload_tail_lines=6,
+                           offload_max_line_chars=70, offload_max_error_lines=8, dedup_min_tokens=9)
+    assert config.configured == (raises, Dedup(min_tokens=9), Offload(
+        keep_tools={"Bash"}, min_tokens=3000, head_lines=5, tail_lines=6, max_line_chars=70, max_error_lines=8))
+    assert hash(config) == hash(attrs.evolve(config)) and config == attrs.evolve(config)
 
 
 # Decided once, forever

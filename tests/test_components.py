@@ -10,18 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cg.compaction.components import Context, Dedup, JsonFormat, Offload, TextClean
-from cg.compaction.pipeline import CompactConfig
 from cg.wire.markers import marker_id
 
 GOLDEN = Path(__file__).parent / "golden"
-CONFIG = CompactConfig()
 
 
-def context(text="", tool_name="Bash", earlier=frozenset(), config=CONFIG):
+def context(text="", tool_name="Bash", earlier=frozenset()):
     original = text.encode()
     return Context(
         tool_name=tool_name, message_index=3, block_index=0, part_index=None, original=original,
-        marker_id=marker_id(original), earlier=earlier, config=config,
+        marker_id=marker_id(original), earlier=earlier,
     )
 
 
@@ -189,7 +187,7 @@ def test_offload_caps_long_lines_of_a_one_line_result():
 def test_offload_leaves_small_results_kept_tools_and_thin_savings_alone():
     assert run(Offload(), "short output\n" * 50) is None
     assert run(Offload(), build_log(), tool_name="Read") is None
-    assert run(Offload(), build_log(), config=CompactConfig(keep_tools={"Bash"})) is None
+    assert run(Offload(keep_tools={"Bash"}), build_log()) is None
     barely = "\n".join(f"line {n} " + "lorem ipsum dolor sit amet " * 8 for n in range(62))
     assert run(Offload(), barely) is None
 

@@ -1,22 +1,20 @@
 """The compaction components: each rewrites one tool result's text, or leaves it alone.
 
-A component's output must be a pure function of the text, the tool's name, the configuration and
-whether the same content came earlier in the request: the pipeline memoizes on exactly those, and
-the provider's cache depends on the same result getting the same bytes on every turn.
+A component's output must be a pure function of the text, the tool's name, its own parameters and
+whether the same content came earlier in the request: the pipeline memoizes on exactly those (the
+parameters through the config they are built from), and the provider's cache depends on the same
+result getting the same bytes on every turn.
 """
 
 import json
 import re
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import attrs
 
 from cg.compaction.tokens import estimate_tokens
 from cg.wire.markers import EXPAND_TOOL, marker
-
-if TYPE_CHECKING:
-    from cg.compaction.pipeline import CompactConfig
 
 
 @attrs.frozen
@@ -44,7 +42,6 @@ class Context:
     original: bytes
     marker_id: str
     earlier: AbstractSet[str]
-    config: "CompactConfig"
 
 
 class Component(Protocol):
@@ -139,14 +136,20 @@ class JsonFormat:
         return Outcome(compacted) if compacted != text else None
 
 
+@attrs.frozen
 class Dedup:
-    """A result identical to an earlier one in the request: a one-line pointer to it."""
+    """A result identical to an earlier one in the request: a one-line pointer to it.
+
+    `min_tokens`: a smaller result stays (the pointer would save about nothing).
+    """
 
     name = "dedup"
     lossy = True
 
+    min_tokens: int = 100
+
     def apply(self, text: str, ctx: Context) -> Outcome | None:
-        if ctx.marker_id not in ctx.earlier or estimate_tokens(text) < ctx.config.dedup_min_tokens:
+        if ctx.marker_id not in ctx.earlier or estimate_tokens(text) < self.min_tokens:
             return None
         pointer = (
             f"[cg: identical to an earlier tool result in this conversation, {marker(ctx.marker_id)}; "
@@ -161,30 +164,41 @@ _ERROR_LINE = re.compile(
 )
 
 
+@attrs.frozen
 class Offload:
     """A large result: its head and tail lines, error-like lines from between, and a notice saying
-    how much is elided and how to get it back."""
+    how much is elided and how to get it back.
+
+    Results of `keep_tools` and of at most `min_tokens` stay whole; lines kept are cut at
+    `max_line_chars`.
+    """
 
     name = "offload"
     lossy = True
 
+    keep_tools: frozenset[str] = attrs.field(default=frozenset({"Read"}), converter=frozenset)
+    min_tokens: int = 2000
+    head_lines: int = 40
+    tail_lines: int = 20
+    max_line_chars: int = 500
+    max_error_lines: int = 20
+
     def apply(self, text: str, ctx: Context) -> Outcome | None:
-        config = ctx.config
         tokens = estimate_tokens(text)
-        if ctx.tool_name in config.keep_tools or tokens <= config.offload_min_tokens:
+        if ctx.tool_name in self.keep_tools or tokens <= self.min_tokens:
             return None
         lines = text.split("\n")
-        middle_start = min(len(lines), config.offload_head_lines)
-        tail_start = max(middle_start, len(lines) - config.offload_tail_lines)
-        head = [self._cap(line, config) for line in lines[:middle_start]]
-        tail = [self._cap(line, config) for line in lines[tail_start:]]
+        middle_start = min(len(lines), self.head_lines)
+        tail_start = max(middle_start, len(lines) - self.tail_lines)
+        head = [self._cap(line) for line in lines[:middle_start]]
+        tail = [self._cap(line) for line in lines[tail_start:]]
         errors = [
-            f"{middle_start + number}: {self._cap(line, config)}"
-            for number, line in _error_lines(lines[middle_start:tail_start], config.offload_max_error_lines)
+            f"{middle_start + number}: {self._cap(line)}"
+            for number, line in _error_lines(lines[middle_start:tail_start], self.max_error_lines)
         ]
         kept = head + errors + tail
         elided_tokens = tokens - estimate_tokens("\n".join(kept))
-        if elided_tokens < config.offload_min_tokens // 2:
+        if elided_tokens < self.min_tokens // 2:
             return None  # not worth an expand call
         if tail_start > middle_start:
             what = f"lines {middle_start + 1}-{tail_start} of {len(lines)} elided"
@@ -198,9 +212,8 @@ class Offload:
         )
         return Outcome("\n".join(head + [notice] + errors + tail), ctx.original, ctx.marker_id)
 
-    @staticmethod
-    def _cap(line: str, config: "CompactConfig") -> str:
-        limit = config.offload_max_line_chars
+    def _cap(self, line: str) -> str:
+        limit = self.max_line_chars
         if len(line) <= limit:
             return line
         return f"{line[:limit]} [cg: {len(line) - limit} more characters]"

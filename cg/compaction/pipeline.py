@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from cg.compaction.components import DEFAULT_COMPONENTS, Component, Context, Outcome
+from cg.compaction.components import DEFAULT_COMPONENTS, Component, Context, Dedup, Offload, Outcome
 from cg.compaction.tokens import estimate_tokens
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
@@ -24,18 +24,42 @@ from cg.wire.markers import EXPAND_TOOL, marker, marker_id
 _MESSAGE_SPINE = {"content": {EACH: {"content": {EACH: {"text": {}}}, "text": {}}}}
 
 
+# The config's defaults are the components' own.
+_OFFLOAD, _DEDUP = Offload(), Dedup()
+
+
 @attrs.frozen(cache_hash=True)
 class CompactConfig:
-    """What the pipeline runs, and its thresholds. Frozen and hashable: it is part of every memo key."""
+    """What the pipeline runs, and its thresholds. Frozen and hashable: it is part of every memo key.
+
+    `configured` is what runs: `components`, each built once with its parameters from the fields
+    below (whatever an instance in `components` was built with), so that a decision depends on
+    nothing the memo key leaves out.
+    """
 
     components: tuple[Component, ...] = DEFAULT_COMPONENTS
-    keep_tools: frozenset[str] = attrs.field(default=frozenset({"Read"}), converter=frozenset)
-    offload_min_tokens: int = 2000
-    offload_head_lines: int = 40
-    offload_tail_lines: int = 20
-    offload_max_line_chars: int = 500
-    offload_max_error_lines: int = 20
-    dedup_min_tokens: int = 100
+    keep_tools: frozenset[str] = attrs.field(default=_OFFLOAD.keep_tools, converter=frozenset)
+    offload_min_tokens: int = _OFFLOAD.min_tokens
+    offload_head_lines: int = _OFFLOAD.head_lines
+    offload_tail_lines: int = _OFFLOAD.tail_lines
+    offload_max_line_chars: int = _OFFLOAD.max_line_chars
+    offload_max_error_lines: int = _OFFLOAD.max_error_lines
+    dedup_min_tokens: int = _DEDUP.min_tokens
+    configured: tuple[Component, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    @configured.default
+    def _configure(self) -> tuple[Component, ...]:
+        return tuple(self._with_parameters(component) for component in self.components)
+
+    def _with_parameters(self, component: Component) -> Component:
+        if isinstance(component, Offload):
+            return Offload(keep_tools=self.keep_tools, min_tokens=self.offload_min_tokens,
+                           head_lines=self.offload_head_lines, tail_lines=self.offload_tail_lines,
+                           max_line_chars=self.offload_max_line_chars,
+                           max_error_lines=self.offload_max_error_lines)
+        if isinstance(component, Dedup):
+            return Dedup(min_tokens=self.dedup_min_tokens)
+        return component
 
 
 @attrs.frozen
@@ -272,10 +296,10 @@ def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[s
     """Run the components in order; keep each rewrite only if it is valid and saves tokens."""
     ctx = Context(
         tool_name=result.tool_name, message_index=result.message_index, block_index=result.block_index,
-        part_index=result.part_index, original=original, marker_id=result_id, earlier=earlier, config=config,
+        part_index=result.part_index, original=original, marker_id=result_id, earlier=earlier,
     )
     text, tokens, steps, ran, reverted = result.text, estimate_tokens(result.text), [], [], []
-    for component in config.components:
+    for component in config.configured:
         if component.lossy and not lossy:
             continue
         ran.append(component.name)
