@@ -333,7 +333,7 @@ def test_the_config_sets_each_components_parameters():
                            offload_min_tokens=3000, offload_head_lines=5, offload_tail_lines=6,
                            offload_max_line_chars=70, offload_max_error_lines=8, dedup_min_tokens=9)
     assert config.configured == (raises, Dedup(min_tokens=9), Offload(
-        keep_tools={"Bash"}, min_tokens=3000, head_lines=5, tail_lines=6, max_line_chars=70, max_error_lines=8))
+        keep_tools=frozenset({"Bash"}), min_tokens=3000, head_lines=5, tail_lines=6, max_line_chars=70, max_error_lines=8))
     assert hash(config) == hash(attrs.evolve(config)) and config == attrs.evolve(config)
 
 

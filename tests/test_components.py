@@ -187,7 +187,7 @@ def test_offload_caps_long_lines_of_a_one_line_result():
 def test_offload_leaves_small_results_kept_tools_and_thin_savings_alone():
     assert run(Offload(), "short output\n" * 50) is None
     assert run(Offload(), build_log(), tool_name="Read") is None
-    assert run(Offload(keep_tools={"Bash"}), build_log()) is None
+    assert run(Offload(keep_tools=frozenset({"Bash"})), build_log()) is None
     barely = "\n".join(f"line {n} " + "lorem ipsum dolor sit amet " * 8 for n in range(62))
     assert run(Offload(), barely) is None
 

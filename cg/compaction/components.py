@@ -9,7 +9,7 @@ result getting the same bytes on every turn.
 import json
 import re
 from collections.abc import Set as AbstractSet
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import attrs
 
@@ -111,7 +111,7 @@ def _clean_line(line: str) -> str:
 _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^ \t\n\r"]+')
 
 
-def _reject_constant(name: str):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
@@ -176,7 +176,7 @@ class Offload:
     name = "offload"
     lossy = True
 
-    keep_tools: frozenset[str] = attrs.field(default=frozenset({"Read"}), converter=frozenset)
+    keep_tools: frozenset[str] = frozenset({"Read"})
     min_tokens: int = 2000
     head_lines: int = 40
     tail_lines: int = 20
@@ -222,7 +222,7 @@ class Offload:
 def _error_lines(lines: list[str], limit: int) -> list[tuple[int, str]]:
     """The first `limit` lines that look like errors, failures or tracebacks, numbered from 1."""
     text = "\n".join(lines)
-    found = []
+    found: list[tuple[int, str]] = []
     number, counted_to = 1, 0
     for match in _ERROR_LINE.finditer(text):
         if len(found) == limit:

@@ -7,7 +7,8 @@ cache stays valid. Anything unexpected means "no change": compaction never fails
 """
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 import attrs
 
@@ -21,7 +22,7 @@ from cg.wire.markers import EXPAND_TOOL, marker, marker_id
 # A message whose result changes is walked again (the body is parsed only as deep as each message:
 # cg.wire.body) down to where result text sits: Anthropic content[].content (a string or text
 # blocks), OpenAI content (a string or text parts).
-_MESSAGE_SPINE = {"content": {EACH: {"content": {EACH: {"text": {}}}, "text": {}}}}
+_MESSAGE_SPINE: jsonbytes.Spine = {"content": {EACH: {"content": {EACH: {"text": {}}}, "text": {}}}}
 
 
 # The config's defaults are the components' own.
@@ -122,11 +123,19 @@ class _Decision:
     reverted: tuple[str, ...] = ()  # ...of which raised, broke the contract or did not shorten it
 
 
-class _Bounded:
+# (result text, tool name, config, lossy, seen earlier in the request): all a decision depends on.
+_DecisionKey = tuple[str, "str | None", CompactConfig, bool, bool]
+
+
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
+
+
+class _Bounded(Generic[_Key, _Value]):
     """A mapping bounded in entries and in characters held, least recently used out first."""
 
     def __init__(self, max_entries: int, max_chars: int):
-        self._items: OrderedDict[object, tuple[object, int]] = OrderedDict()
+        self._items: OrderedDict[_Key, tuple[_Value, int]] = OrderedDict()
         self._chars = 0
         self._max_entries = max_entries
         self._max_chars = max_chars
@@ -134,14 +143,14 @@ class _Bounded:
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, key):
+    def get(self, key: _Key) -> _Value | None:
         item = self._items.get(key)
         if item is None:
             return None
         self._items.move_to_end(key)
         return item[0]
 
-    def put(self, key, value, chars: int) -> None:
+    def put(self, key: _Key, value: _Value, chars: int) -> None:
         if key in self._items:
             return
         self._items[key] = (value, chars)
@@ -162,8 +171,8 @@ class Memo:
     """
 
     def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20):
-        self.decisions = _Bounded(max_entries, max_chars)
-        self.spans = _Bounded(max_entries, max_chars)
+        self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_entries, max_chars)
+        self.spans: _Bounded[str, dict[jsonbytes.Path, jsonbytes.Span]] = _Bounded(max_entries, max_chars)
 
     def __len__(self) -> int:
         return len(self.decisions)
@@ -171,7 +180,7 @@ class Memo:
 
 @attrs.frozen
 class _ToolResult:
-    path: tuple  # from its message to the result's string
+    path: jsonbytes.Path  # from its message to the result's string
     text: str
     tool_name: str | None
     message_index: int
@@ -186,11 +195,11 @@ class Plan:
     edits: list[tuple[jsonbytes.Span, str]]
     originals: dict[str, bytes]
     changes: list[Change]
-    runs: Counter = attrs.Factory(Counter)  # component -> tool results it ran on
-    reverted: Counter = attrs.Factory(Counter)  # component -> rewrites undone by the contract
+    runs: Counter[str] = attrs.Factory(Counter)  # component -> tool results it ran on
+    reverted: Counter[str] = attrs.Factory(Counter)  # component -> rewrites undone by the contract
 
 
-def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | frozenset,
+def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | frozenset[str],
          memo: Memo | None = None) -> Plan:
     """The edits that compact the tool results of `body`; no edits when nothing changes.
 
@@ -199,8 +208,12 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     messages = body.value.get("messages")
     if not isinstance(messages, list):
         return Plan([], {}, [])
-    edits, originals, changes, runs, reverted = [], {}, [], Counter(), Counter()
-    message_spans: dict[int, dict[tuple, jsonbytes.Span]] = {}
+    edits: list[tuple[jsonbytes.Span, str]] = []
+    originals: dict[str, bytes] = {}
+    changes: list[Change] = []
+    runs: Counter[str] = Counter()
+    reverted: Counter[str] = Counter()
+    message_spans: dict[int, dict[jsonbytes.Path, jsonbytes.Span]] = {}
     doc = body.doc
     for result, decision in _decisions(messages, dialect, config, lossy, memo):
         runs.update(decision.ran)
@@ -224,7 +237,7 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     return Plan(edits, originals, changes, runs, reverted)
 
 
-def _message_spans(body: ParsedBody, index: int, memo: Memo | None) -> dict[tuple, jsonbytes.Span]:
+def _message_spans(body: ParsedBody, index: int, memo: Memo | None) -> dict[jsonbytes.Path, jsonbytes.Span]:
     """Where the strings of message `index` sit: walked once per distinct message text."""
     start, end = body.spans[("messages", index)]
     if memo is None:
@@ -252,22 +265,25 @@ def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
                       originals=edits.originals, changes=edits.changes)
 
 
-def _decisions(messages: list, dialect: str, config: CompactConfig, lossy: bool | frozenset,
+def _decisions(messages: list[object], dialect: str, config: CompactConfig, lossy: bool | frozenset[str],
                memo: Memo | None) -> Iterator[tuple[_ToolResult, _Decision]]:
     """Each tool result with its decision (text None: no change).
 
     `lossy` may be a set of marker IDs: lossy rewrites only for those originals (the ones
     already stored), reformat only for the rest.
     """
-    only = lossy if isinstance(lossy, frozenset) else None
+    only: frozenset[str] | None = None
+    if isinstance(lossy, frozenset):
+        only, lossy = lossy, True
     seen_texts: set[str] = set()
     seen_ids: set[str] = set()
     for result in _FIND_RESULTS[dialect](messages):
         if result.tool_name == EXPAND_TOOL:
             continue  # what the model asked to see again stays as it is
         earlier = result.text in seen_texts
-        decision = _decision(result, earlier, seen_ids, config, only is not None or lossy, memo)
-        if decision is None:
+        try:
+            decision = _decision(result, earlier, seen_ids, config, lossy, memo)
+        except UnicodeEncodeError:
             continue  # a lone surrogate: no exact original to give back
         if only is not None and decision.result_id not in only and any(s.lossy for s in decision.steps):
             decision = _decision(result, earlier, seen_ids, config, False, memo)
@@ -277,14 +293,12 @@ def _decisions(messages: list, dialect: str, config: CompactConfig, lossy: bool 
 
 
 def _decision(result: _ToolResult, earlier: bool, seen_ids: set[str], config: CompactConfig,
-              lossy: bool, memo: Memo | None) -> _Decision | None:
-    key = (result.text, result.tool_name, config, lossy, earlier)
+              lossy: bool, memo: Memo | None) -> _Decision:
+    """The memo's decision, or a new one; UnicodeEncodeError for a text that is not UTF-8."""
+    key: _DecisionKey = (result.text, result.tool_name, config, lossy, earlier)
     decision = memo.decisions.get(key) if memo is not None else None
     if decision is None:
-        try:
-            original = result.text.encode("utf-8")
-        except UnicodeEncodeError:
-            return None
+        original = result.text.encode("utf-8")
         decision = _decide(result, original, marker_id(original), seen_ids, config, lossy)
         if memo is not None:
             memo.decisions.put(key, decision, len(result.text) + len(decision.text or ""))
@@ -298,7 +312,10 @@ def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[s
         tool_name=result.tool_name, message_index=result.message_index, block_index=result.block_index,
         part_index=result.part_index, original=original, marker_id=result_id, earlier=earlier,
     )
-    text, tokens, steps, ran, reverted = result.text, estimate_tokens(result.text), [], [], []
+    text, tokens = result.text, estimate_tokens(result.text)
+    steps: list[_Step] = []
+    ran: list[str] = []
+    reverted: list[str] = []
     for component in config.configured:
         if component.lossy and not lossy:
             continue
@@ -329,10 +346,12 @@ def _keeps_contract(component: Component, outcome: Outcome, ctx: Context) -> boo
             and marker(ctx.marker_id) in outcome.text)
 
 
-def _anthropic_results(messages: list) -> Iterator[_ToolResult]:
+def _anthropic_results(messages: list[object]) -> Iterator[_ToolResult]:
     tool_names: dict[str, str] = {}
     for message_index, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
         if not isinstance(content, list):
             continue
         role = message.get("role")
@@ -348,7 +367,7 @@ def _anthropic_results(messages: list) -> Iterator[_ToolResult]:
                 )
 
 
-def _openai_results(messages: list) -> Iterator[_ToolResult]:
+def _openai_results(messages: list[object]) -> Iterator[_ToolResult]:
     tool_names: dict[str, str] = {}
     for message_index, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -364,10 +383,11 @@ def _openai_results(messages: list) -> Iterator[_ToolResult]:
             )
 
 
-_FIND_RESULTS = {"anthropic": _anthropic_results, "openai": _openai_results}
+_FIND_RESULTS: dict[str, Callable[[list[object]], Iterator[_ToolResult]]] = {"anthropic": _anthropic_results, "openai": _openai_results}
 
 
-def _result_texts(content, path, tool_name, message_index, block_index) -> Iterator[_ToolResult]:
+def _result_texts(content: object, path: jsonbytes.Path, tool_name: str | None, message_index: int,
+                  block_index: int | None) -> Iterator[_ToolResult]:
     """A result's text: its string content, or each text part of a list (other parts stay)."""
     if isinstance(content, str):
         yield _ToolResult(path, content, tool_name, message_index, block_index, None)
@@ -378,10 +398,10 @@ def _result_texts(content, path, tool_name, message_index, block_index) -> Itera
                                   block_index, part_index)
 
 
-def _remember(tool_names: dict[str, str], call_id, name) -> None:
+def _remember(tool_names: dict[str, str], call_id: object, name: object) -> None:
     if isinstance(call_id, str) and isinstance(name, str):
         tool_names[call_id] = name
 
 
-def _look_up(tool_names: dict[str, str], call_id) -> str | None:
+def _look_up(tool_names: dict[str, str], call_id: object) -> str | None:
     return tool_names.get(call_id) if isinstance(call_id, str) else None

@@ -29,6 +29,7 @@ replaced by the same frozen text, giving the same bytes: the same text always gi
 """
 
 import re
+from typing import Any
 
 import attrs
 
@@ -145,7 +146,8 @@ def repair_edits(body: ParsedBody, repairs: list[Repair],
         text = texts.get(repair.tool_use_id)
         if text is None:
             continue
-        message = body.value["messages"][repair.message_index]
+        messages: Any = body.value["messages"]  # find_repairs found each repair on this path
+        message = messages[repair.message_index]
         message_start = body.spans[("messages", repair.message_index)][0]
         span: jsonbytes.Span | None
         value: object

@@ -12,6 +12,7 @@ import attrs
 from cg.compaction import expand
 from cg.compaction.pipeline import Change, CompactConfig, Memo, plan
 from cg.compaction.repair import Repair, find_repairs, repair_edits
+from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
 from cg.wire.dialect import ANTHROPIC, OPENAI, split_path
 
@@ -39,9 +40,9 @@ class Rewrite:
     changes: list[Change]
     injected: bool
     stash: bool
-    parsed: dict  # the body as parsed (session keys, later stages)
-    runs: dict = attrs.Factory(dict)  # component -> tool results it ran on
-    reverted: dict = attrs.Factory(dict)  # component -> rewrites the contract undid
+    parsed: dict[str, object]  # the body as parsed (session keys, later stages)
+    runs: dict[str, int] = attrs.Factory(dict)  # component -> tool results it ran on
+    reverted: dict[str, int] = attrs.Factory(dict)  # component -> rewrites the contract undid
     repaired: int = 0  # client answers to expand calls replaced by what cg would have answered
     dialect: str = ANTHROPIC  # the body's shape (the path's), which the response shares
 
@@ -57,7 +58,7 @@ class Incoming:
     body: ParsedBody
     dialect: str
     stash: bool
-    injection: list | None
+    injection: list[tuple[jsonbytes.Span, str]] | None
     repairs: list[Repair]
 
 
@@ -94,7 +95,7 @@ class Rewriter:
         return Incoming(body, dialect, stash, injection, repairs)
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
-               lossy: bool | frozenset = True) -> Rewrite:
+               lossy: bool | frozenset[str] = True) -> Rewrite:
         """Repair, compact and inject in one splice.
 
         `lossy=False` forbids lossy compaction; a set of marker IDs allows it only for those
@@ -127,7 +128,7 @@ class Rewriter:
         incoming = self.parse(raw, uri)
         return None if incoming is None else self.finish(incoming, lossy=lossy)
 
-    def _injection(self, body: ParsedBody, dialect: str):
+    def _injection(self, body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]] | None:
         if not self.config.expand:
             return None
         if dialect == OPENAI and body.value.get("stream") is True:

@@ -31,11 +31,11 @@ class MemoryStore:
     )
     _total: int = attrs.field(default=0, init=False)
 
-    def _use(self, table: OrderedDict, key: tuple[str, str]) -> None:
+    def _use(self, table: OrderedDict[tuple[str, str], tuple[bytes, float]], key: tuple[str, str]) -> None:
         table[key] = (table[key][0], self.clock())
         table.move_to_end(key)
 
-    def _evict(self, protect: set) -> None:
+    def _evict(self, protect: set[tuple[str, str]]) -> None:
         """Same policy as SQLiteDB._evict: originals by LRU, frozen texts last."""
         if self._total <= self.max_bytes:
             return

@@ -26,8 +26,8 @@ class ParsedBody:
 
     raw: bytes
     doc: str
-    value: dict
-    spans: dict[tuple, jsonbytes.Span]
+    value: dict[str, object]
+    spans: dict[jsonbytes.Path, jsonbytes.Span]
 
     @classmethod
     def parse(cls, raw: bytes, previous: ParsedBody | None = None) -> ParsedBody | None:

@@ -6,6 +6,9 @@ header wins over the path, because Anthropic serves some of the same paths
 (`/v1/models`).
 """
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import ujson
 
 ANTHROPIC = "anthropic"
@@ -41,7 +44,15 @@ def route(uri: bytes, anthropic_version: bool) -> str | None:
     return None
 
 
-def spoken_by(headers) -> str:
+class Headers(Protocol):
+    """What `spoken_by` reads of request headers: Twisted's Headers, which this pure layer does not import."""
+
+    def hasHeader(self, name: bytes) -> bool: ...
+
+    def getRawHeaders(self, name: bytes, default: list[bytes]) -> Sequence[bytes]: ...
+
+
+def spoken_by(headers: Headers) -> str:
     """The dialect a client speaks, by how it authenticates: for the errors cg answers itself.
 
     A bare `Authorization: Bearer` token is OpenAI's. `anthropic-version` or `x-api-key`
@@ -91,6 +102,7 @@ _OPENAI_TYPES = {
 
 def error_body(dialect: str | None, status: int, message: str) -> bytes:
     """An error body in the provider's own shape, so its SDK raises cleanly."""
+    doc: dict[str, object]
     if dialect == OPENAI:
         kind = _OPENAI_TYPES.get(status, "server_error")
         doc = {"error": {"message": message, "type": kind, "param": None, "code": None}}
