@@ -18,7 +18,7 @@ import gzip
 import math
 import sys
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO, overload
 
 import attrs
 import ujson
@@ -35,7 +35,7 @@ class BadRecord(ValueError):
     pass
 
 
-def _int(record: dict, key: str, default: int | None = None) -> int:
+def _int(record: dict[str, object], key: str, default: int | None = None) -> int:
     value = record.get(key, default)
     if value is None and default is not None:
         return default
@@ -46,7 +46,15 @@ def _int(record: dict, key: str, default: int | None = None) -> int:
     return value
 
 
-def _str(record: dict, key: str, optional: bool = False) -> str | None:
+@overload
+def _str(record: dict[str, object], key: str) -> str: ...
+
+
+@overload
+def _str(record: dict[str, object], key: str, optional: bool) -> str | None: ...
+
+
+def _str(record: dict[str, object], key: str, optional: bool = False) -> str | None:
     value = record.get(key)
     if value is None and optional:
         return None
@@ -55,9 +63,13 @@ def _str(record: dict, key: str, optional: bool = False) -> str | None:
     return value
 
 
-def _time(record: dict) -> float | None:
+def _time(record: dict[str, object]) -> float | None:
     value = record.get("time")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+_Key = tuple[str, str]  # (marker id or content hash, component)
+_Location = tuple[str, int, object, object, object]  # (session, seq, message, block, part)
 
 
 @attrs.define
@@ -65,7 +77,7 @@ class _Component:
     lossy: bool = False
     acted: int = 0
     cumulative: int = 0
-    unique: dict = attrs.Factory(dict)  # key -> tokens deleted
+    unique: dict[_Key, int] = attrs.Factory(dict)  # key -> tokens deleted
 
 
 @attrs.define
@@ -76,7 +88,7 @@ class Tally:
     lines: int = 0
     bad_lines: int = 0
     other_lines: int = 0
-    unreadable_files: list = attrs.Factory(list)
+    unreadable_files: list[str] = attrs.Factory(list)
     first_time: float | None = None
     last_time: float | None = None
     compactions: int = 0
@@ -84,21 +96,21 @@ class Tally:
     cumulative_marker: int = 0
     # (marker id or content hash, component) -> tokens deleted; the larger on a conflict
     # (a configuration change between runs), so the result does not depend on file order.
-    unique_marker: dict = attrs.Factory(dict)
-    unique_no_marker: dict = attrs.Factory(dict)
-    markers: set = attrs.Factory(set)
-    sessions: set = attrs.Factory(set)
-    usage_requests: set = attrs.Factory(set)
-    compaction_requests: set = attrs.Factory(set)
+    unique_marker: dict[_Key, int] = attrs.Factory(dict)
+    unique_no_marker: dict[_Key, int] = attrs.Factory(dict)
+    markers: set[str] = attrs.Factory(set)
+    sessions: set[str] = attrs.Factory(set)
+    usage_requests: set[tuple[str, int]] = attrs.Factory(set)
+    compaction_requests: set[tuple[str, int]] = attrs.Factory(set)
     usage_lines: int = 0
-    usage: dict = attrs.Factory(lambda: dict.fromkeys(_USAGE_FIELDS, 0))
-    components: dict = attrs.Factory(dict)
+    usage: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(_USAGE_FIELDS, 0))
+    components: dict[str, _Component] = attrs.Factory(dict)
     results: int = 0
     results_tokens_before: int = 0
     results_tokens_after: int = 0
     # The last compaction line's (session, seq, message, block, part) and size after it: a line
     # from a cg that wrote no ``step`` continues that result when it starts from that size.
-    _previous: tuple | None = None
+    _previous: tuple[_Location, int] | None = None
 
     def add_line(self, line: bytes) -> None:
         line = line.strip()
@@ -125,7 +137,7 @@ class Tally:
             self.first_time = when if self.first_time is None else min(self.first_time, when)
             self.last_time = when if self.last_time is None else max(self.last_time, when)
 
-    def _compaction(self, record: dict) -> None:
+    def _compaction(self, record: dict[str, object]) -> None:
         # Check every field before counting any of them.
         session, seq = _str(record, "session"), _int(record, "seq")
         component, marker = _str(record, "component"), _str(record, "marker", optional=True)
@@ -133,10 +145,14 @@ class Tally:
         deleted = _int(record, "tokens_deleted")
         before = None if record.get("tokens_before") is None else _int(record, "tokens_before")
         step = None if record.get("step") is None else _int(record, "step")
-        if marker is None and content_hash is None:
+        if marker is not None:
+            key = (marker, component)
+        elif content_hash is not None:
+            key = (content_hash, component)
+        else:
             raise BadRecord("neither marker nor hash")
         lossy = record.get("lossy") is True
-        location = (session, seq, record.get("message"), record.get("block"), record.get("part"))
+        location: _Location = (session, seq, record.get("message"), record.get("block"), record.get("part"))
 
         self.compactions += 1
         self.cumulative += deleted
@@ -149,15 +165,15 @@ class Tally:
         if marker is not None:
             self.cumulative_marker += deleted
             self.markers.add(marker)
-            unique, key = self.unique_marker, (marker, component)
+            unique = self.unique_marker
         else:
-            unique, key = self.unique_no_marker, (content_hash, component)
+            unique = self.unique_no_marker
         best = max(deleted, unique.get(key, deleted))
         unique[key] = best
         stats.unique[key] = best
         self._result_step(location, step, before, deleted)
 
-    def _result_step(self, location: tuple, step: int | None, before: int | None, deleted: int) -> None:
+    def _result_step(self, location: _Location, step: int | None, before: int | None, deleted: int) -> None:
         """Per result: a step 0 starts one, every step takes its deletion off what was forwarded."""
         if before is None:  # a line without its size: it cannot say what the result was
             self._previous = None
@@ -170,7 +186,7 @@ class Tally:
             self.results_tokens_after += before
         self.results_tokens_after -= deleted
 
-    def _usage(self, record: dict) -> None:
+    def _usage(self, record: dict[str, object]) -> None:
         session, seq = _str(record, "session"), _int(record, "seq")
         counts = {key: _int(record, key, default=0) for key in _USAGE_FIELDS}
         self.usage_lines += 1
@@ -179,7 +195,7 @@ class Tally:
         for key, value in counts.items():
             self.usage[key] += value
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """The report as one JSON-ready object. Keys are only ever added."""
         unique_marker = sum(self.unique_marker.values())
         unique_no_marker = sum(self.unique_no_marker.values())
@@ -239,9 +255,7 @@ class Tally:
 def _lines(stream: BinaryIO) -> Iterator[bytes]:
     """Lines of a plain or gzip stream (told apart by the magic number, not the name)."""
     head = stream.peek(2)[:2] if hasattr(stream, "peek") else b""
-    if head == b"\x1f\x8b":
-        stream = gzip.GzipFile(fileobj=stream)
-    yield from stream
+    yield from gzip.GzipFile(fileobj=stream) if head == b"\x1f\x8b" else stream
 
 
 def tally(paths: Iterable[str], stdin: BinaryIO | None = None) -> Tally:
@@ -274,14 +288,14 @@ def _when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _table(rows: list[tuple], align: str) -> list[str]:
+def _table(rows: list[tuple[str, ...]], align: str) -> list[str]:
     """Rows of cells as text columns; ``align`` is one of "<" or ">" per column."""
     cells = [[str(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(align))]
     return ["  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths)).rstrip() for row in cells]
 
 
-def render(s: dict) -> str:
+def render(s: dict[str, Any]) -> str:
     """The summary as a plain text table."""
     out = [
         f"{s['files']} file(s), {s['lines']:,} lines from {_when(s['first_time'])} to {_when(s['last_time'])}"
@@ -329,7 +343,7 @@ def render(s: dict) -> str:
     )
     out.append("")
     if s["components"]:
-        rows = [("Component", "kind", "acted", "unique", "deleted cumulative", "deleted unique")]
+        rows: list[tuple[str, ...]] = [("Component", "kind", "acted", "unique", "deleted cumulative", "deleted unique")]
         for name, c in s["components"].items():
             rows.append(
                 (

@@ -2,11 +2,15 @@
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable
+from typing import Protocol
 
 import attrs
 
 from cg.compaction.pipeline import result_sizes
+from cg.compaction.rewrite import Rewrite
 from cg.compaction.tokens import estimate_body_tokens, estimate_tokens
+from cg.stream.inspector import Inspector, ReleaseReason
 from cg.stream.usage import UsageTotals
 
 
@@ -14,14 +18,14 @@ from cg.stream.usage import UsageTotals
 class LatencyWindow:
     """The most recent samples of a latency, for percentiles without unbounded memory."""
 
-    samples: deque = attrs.field(factory=lambda: deque(maxlen=4096))
+    samples: deque[float] = attrs.field(factory=lambda: deque(maxlen=4096))
     count: int = 0
 
     def add(self, seconds: float) -> None:
         self.samples.append(seconds)
         self.count += 1
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, float | None]:
         ordered = sorted(self.samples)
         if not ordered:
             return {"count": 0, "p50_ms": None, "p99_ms": None, "avg_ms": None, "max_ms": None}
@@ -43,8 +47,8 @@ class Stats:
     """Process-wide counters; the proxy updates them, /stats reads them."""
 
     started: float = attrs.field(factory=time.time)
-    requests: Counter = attrs.field(factory=Counter)
-    statuses: Counter = attrs.field(factory=Counter)
+    requests: Counter[str] = attrs.field(factory=Counter)
+    statuses: Counter[int] = attrs.field(factory=Counter)
     in_flight: int = 0
     streamed: int = 0
     upstream_errors: int = 0
@@ -59,20 +63,20 @@ class Stats:
     upstream_ttfb: LatencyWindow = attrs.field(factory=LatencyWindow)
     bypassed: int = 0
     compaction: "CompactionStats" = attrs.field(factory=lambda: CompactionStats())
-    store: object = None  # the store's own counters (cg.store.StoreStats), when there is one
-    store_info: object = None  # the store's size (cg.store.StoreInfo), refreshed off the request path
+    store: attrs.AttrsInstance | None = None  # the store's own counters (cg.store.StoreStats), when there is one
+    store_info: attrs.AttrsInstance | None = None  # the store's size (cg.store.StoreInfo), refreshed off the request path
     store_info_as_of: float | None = None  # when store_info was read (Unix time)
     usage: UsageTotals = attrs.field(factory=UsageTotals)
     expand: "ExpandStats" = attrs.field(factory=lambda: ExpandStats())
     sse: "StreamStats" = attrs.field(factory=lambda: StreamStats())
     changelog: object = None  # the change log, for its error count
 
-    def record_response(self, exchange) -> None:
+    def record_response(self, exchange: "Exchange") -> None:
         """Once per client request, from its single exit path."""
         self.statuses[exchange.status or 499] += 1
         self.sse.record(exchange)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, object]:
         return {
             "uptime_s": round(time.time() - self.started, 3),
             "requests": sum(self.requests.values()),
@@ -139,14 +143,14 @@ class CompactionStats:
     input_requests: int = 0
     input_bytes_client: int = 0
     input_bytes_forwarded: int = 0
-    components: dict = attrs.field(factory=dict)
-    _seen: set = attrs.field(factory=set)
+    components: dict[str, ComponentStats] = attrs.field(factory=dict)
+    _seen: set[tuple[str, str]] = attrs.field(factory=set)
     _seen_max: int = 200_000
 
     def _component(self, name: str) -> "ComponentStats":
         return self.components.setdefault(name, ComponentStats())
 
-    def record(self, rewrite, client_bytes: int) -> None:
+    def record(self, rewrite: Rewrite, client_bytes: int) -> None:
         """One request's rewrite; `client_bytes`: the length of its body as the client sent it."""
         changes = rewrite.changes
         self.requests_injected += rewrite.injected
@@ -176,7 +180,7 @@ class CompactionStats:
                 self._seen.add(key)
                 self.saved_unique += saved
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, object]:
         return {
             "requests_rewritten": self.requests_rewritten,
             "requests_injected": self.requests_injected,
@@ -231,11 +235,11 @@ class StreamStats:
     spliced: int = 0
     held_events: int = 0
     expand_rounds: int = 0
-    released: Counter = attrs.field(factory=Counter)
+    released: Counter[ReleaseReason] = attrs.field(factory=Counter)
     _ttfb_streamed: float = 0.0
     _ttfb_buffered: float = 0.0
 
-    def record(self, exchange) -> None:
+    def record(self, exchange: "Exchange") -> None:
         if exchange.t_headers is None or not exchange.streaming:
             return
         ttfb = (exchange.t_client_first or exchange.clock()) - exchange.t_received
@@ -251,7 +255,7 @@ class StreamStats:
         if inspector.released:
             self.released[inspector.released] += 1
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, object]:
         total = self.streamed + self.buffered
         return {
             "sse_streamed": self.streamed,
@@ -267,3 +271,28 @@ class StreamStats:
             "sse_held_events": self.held_events,
             "expand_rounds": self.expand_rounds,
         }
+
+
+class Exchange(Protocol):
+    """What the counters read of a request's exchange (cg.web's, which this layer does not import)."""
+
+    @property
+    def status(self) -> int | None: ...
+
+    @property
+    def streaming(self) -> bool: ...
+
+    @property
+    def t_received(self) -> float: ...
+
+    @property
+    def t_headers(self) -> float | None: ...
+
+    @property
+    def t_client_first(self) -> float | None: ...
+
+    @property
+    def inspector(self) -> Inspector | None: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
