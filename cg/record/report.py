@@ -1,7 +1,7 @@
 """``cg-report CHANGELOG… [--json]``: what cg saved, from its change logs (cg/changelog.py).
 
 The cumulative figure sums every compaction line, and a decision is logged again on every
-turn that re-sends it: it counts re-sends, and context-guru found it overstated savings 8-21x.
+turn that re-sends it: it counts re-sends (an earlier proxy found such a figure overstated savings 8-21x).
 The unique figure counts each compaction once: lossy ones by (marker id, component), reformat
 ones by (content hash, component). That one is the honest measure of what cg kept out.
 
@@ -24,8 +24,8 @@ import attrs
 import ujson
 
 NOTE = (
-    "Cumulative counts a compaction again on every turn that re-sends it (context-guru found "
-    "it overstated savings 8-21x); unique counts each compaction once: use unique."
+    "Cumulative counts a compaction again on every turn that re-sends it, so it grows with the "
+    "length of a conversation; unique counts each compaction once: use unique."
 )
 
 _USAGE_FIELDS = ("input_tokens", "cache_read_tokens", "cache_write_tokens", "output_tokens", "expand_rounds")
