@@ -57,7 +57,7 @@ class Worker:
             from twisted.internet import reactor as installed
 
             reactor = cast(IReactorFromThreads, installed)
-        self._reactor = reactor
+        self.reactor = reactor  # answers and reports come back on its thread
         self._on_error = on_error
         self._tick = tick
         self._interval = interval
@@ -125,7 +125,7 @@ class Worker:
                 pass
             else:
                 if job is None:
-                    self._reactor.callFromThread(self._ended)
+                    self.reactor.callFromThread(self._ended)
                     return
                 self._do(*job)
             if self._tick is not None and self._clock() >= next_tick:
@@ -138,9 +138,9 @@ class Worker:
         except Exception:  # noqa: BLE001 -- the thread must outlive any job
             failure = Failure()  # type: ignore[no-untyped-call]  # untyped in Twisted
             if d is None:
-                self._reactor.callFromThread(self._report, failure)
+                self.reactor.callFromThread(self._report, failure)
             else:
-                self._reactor.callFromThread(d.errback, failure)
+                self.reactor.callFromThread(d.errback, failure)
         else:
             if d is not None:
-                self._reactor.callFromThread(d.callback, result)
+                self.reactor.callFromThread(d.callback, result)
