@@ -157,7 +157,7 @@ async def test_records_land_in_order_on_one_worker_thread(changelog, monkeypatch
     assert [r["seq"] for r in records] == list(range(1, 501))
     assert records[0] == compaction(1) and records[1] == usage(2)
     assert threads, "nothing was written"
-    assert set(threads) == {log._thread.ident}
+    assert set(threads) == {log._worker.thread.ident}
     assert reactor_thread not in threads
     assert log.errors == 0
 
@@ -216,6 +216,33 @@ async def test_reopen_after_rotation_writes_a_new_file(changelog, tmp_path, umas
     assert [r["seq"] for r in read_records(path)] == [3]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert log.errors == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_reopen_splits_the_lines_still_waiting_for_the_disk(changelog, tmp_path, monkeypatch):
+    path = tmp_path / "changes.jsonl"
+    log = changelog()
+    log.write(compaction(0))
+    await log.flush()
+    disk = threading.Event()
+    real_write = cg.record.changelog._write_all
+
+    def slow_write(fd, data):
+        disk.wait(10)
+        real_write(fd, data)
+
+    monkeypatch.setattr(cg.record.changelog, "_write_all", slow_write)
+    log.write(compaction(1))  # the worker takes it, and waits for the disk
+    os.rename(path, tmp_path / "changes.jsonl.1")
+    log.write(compaction(2))
+    reopened = log.reopen()
+    log.write(compaction(3))
+    disk.set()
+    await reopened
+    await log.close()
+
+    assert [r["seq"] for r in read_records(tmp_path / "changes.jsonl.1")] == [0, 1, 2]
+    assert [r["seq"] for r in read_records(path)] == [3]
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -312,7 +339,7 @@ async def test_a_hung_disk_does_not_grow_memory_without_bound(changelog, monkeyp
     monkeypatch.setattr(cg.record.changelog, "MAX_PENDING", 10)
     log = changelog()
     log.write(usage(0))
-    while log._worker.queue.qsize():  # the worker has taken the first line, and hangs
+    while log._pending:  # the worker has taken the first line, and hangs
         time.sleep(0.001)
     for seq in range(1, 21):
         log.write(usage(seq))
@@ -329,8 +356,8 @@ async def test_close_writes_what_is_queued_and_ends_the_thread(changelog):
         log.write(usage(seq))
     await log.close()
     assert len(read_records(log.path)) == 50
-    log._thread.join(5)
-    assert not log._thread.is_alive()
+    log._worker.thread.join(5)
+    assert not log._worker.thread.is_alive()
     await log.close()  # twice is fine
     await log.reopen()
 

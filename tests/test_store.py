@@ -329,6 +329,17 @@ async def test_touch_is_flushed_by_the_timer(db_path, sqlite_store):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_touch_that_fails_on_the_worker_does_not_stop_the_store(db_path, store_log):
+    store = SQLiteStore(db_path)  # not the closing fixture: a dead worker would hang its close
+    await store.put("", {"a": b"."})
+    store.touch("", [["unhashable"]])  # fails on the worker thread, with no one waiting for it
+    assert await store.get("", "a").addTimeout(5, reactor) == b"."
+    assert store.stats.write_errors == 1
+    assert [level for level, _ in store_log] == [LogLevel.error]
+    await store.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_purge_from_elsewhere_is_noticed(db_path, sqlite_store):
     store = sqlite_store(flush_interval=0.05)
     await store.put("", {"a": b"."})

@@ -3,7 +3,7 @@
 ``cg-report`` (cg/report.py) reads it. The record builders below are the schema: a field is
 only ever added, never renamed or removed, so old logs stay readable.
 
-All file I/O happens on one worker thread fed by a queue: the reactor thread serializes a
+All file I/O happens on one worker thread (cg.worker): the reactor thread serializes a
 record and hands the line over, and never waits for the disk. A write that fails (disk full,
 directory gone) loses its records; they are counted in ``errors`` and the outage is logged
 once, never raised into the reactor.
@@ -16,13 +16,15 @@ logrotate renamed the file) makes the next write go to a new file at the same pa
 from __future__ import annotations
 
 import os
-import queue
-import threading
+from collections import deque
 from collections.abc import Callable
 
 import ujson
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger
+
+from cg.worker import Worker
 
 log = Logger()
 
@@ -33,9 +35,6 @@ MAX_PENDING = 100_000
 MAX_BATCH_BYTES = 1 << 20
 
 _OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-
-# Worker jobs besides writes (which are plain bytes).
-_FLUSH, _REOPEN, _STOP = "flush", "reopen", "stop"
 
 
 def compaction_record(
@@ -135,14 +134,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-class _Worker:
-    """The thread half of ChangeLog: owns the file descriptor. Only ``queue`` is shared
-    with the reactor thread; everything the reactor must learn goes through ``deliver``
+class _File:
+    """The thread half of ChangeLog: owns the file descriptor. Only jobs on the change log's
+    worker thread touch it; everything the reactor must learn goes through ``deliver``
     (``reactor.callFromThread``)."""
 
-    def __init__(self, path: str, deliver: Callable[..., None], failed: Callable, recovered: Callable):
+    def __init__(
+        self,
+        path: str,
+        deliver: Callable[..., None],
+        failed: Callable[[int, str | None], None],
+        recovered: Callable[[], None],
+    ):
         self.path = path
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.fd: int | None = None
         self.deliver = deliver
         self.failed = failed  # (records lost, error text), called through deliver
@@ -152,53 +156,33 @@ class _Worker:
         # write with a newline so that half line stays a line of its own (cg-report skips it).
         self.torn = False
 
-    def run(self) -> None:
-        self._open()
-        job = None
-        while True:
-            if job is None:
-                job = self.queue.get()
-            if isinstance(job, bytes):
-                job = self._write_batch(job)
-                continue
-            kind, d = job
-            job = None
-            if kind == _REOPEN:
-                self._close()
-                self._open()
-            elif kind == _STOP:
-                self._close()
-            self.deliver(d.callback, None)
-            if kind == _STOP:
-                return
+    # Jobs: run on the worker thread, in the order the reactor submitted them.
 
-    def _write_batch(self, first: bytes):
-        """Write ``first`` and the lines queued behind it in one go; return the next
-        job that is not a line (or None)."""
-        lines, size, job = [first], len(first), None
-        while size < MAX_BATCH_BYTES:
-            try:
-                job = self.queue.get_nowait()
-            except queue.Empty:
-                job = None
-                break
-            if not isinstance(job, bytes):
-                break
-            lines.append(job)
-            size += len(job)
-            job = None
-        self._write(lines)
-        return job
+    def drain(self, pending: deque[bytes]) -> None:
+        """Write the lines waiting in ``pending``, in batches of few syscalls.
 
-    def _open(self) -> bool:
+        Every line queued has a drain job behind it, so most find ``pending`` emptied by
+        an earlier one. ChangeLog appends on the reactor thread, this pops: a deque's
+        append and popleft are atomic.
+        """
+        while pending:
+            lines, size = [], 0
+            while pending and size < MAX_BATCH_BYTES:
+                lines.append(pending.popleft())
+                size += len(lines[-1])
+            self._write(lines)
+
+    def reopen(self) -> None:
+        self.close()
+        self.open()
+
+    def open(self) -> None:
         try:
             self.fd = os.open(self.path, _OPEN_FLAGS, 0o600)
         except (OSError, ValueError) as e:  # ValueError: a path with a NUL in it
             self._fail(0, f"cannot open: {e}")
-            return False
-        return True
 
-    def _close(self) -> None:
+    def close(self) -> None:
         if self.fd is not None:
             fd, self.fd = self.fd, None
             try:
@@ -208,12 +192,15 @@ class _Worker:
 
     def _write(self, lines: list[bytes]) -> None:
         # After an open failure, every write tries again: the directory may be back.
-        if self.fd is None and not self._open():
+        if self.fd is None:
+            self.open()
+        fd = self.fd
+        if fd is None:
             self._fail(len(lines), None)
             return
         data = b"".join(lines)
         try:
-            _write_all(self.fd, b"\n" + data if self.torn else data)
+            _write_all(fd, b"\n" + data if self.torn else data)
         except Exception as e:  # noqa: BLE001 -- the thread must outlive any failure
             self.torn = True
             self._fail(len(lines), f"write failed: {e}")
@@ -228,6 +215,10 @@ class _Worker:
         self.deliver(self.failed, lost, error)
 
 
+def _nothing() -> None:
+    """A job that only waits its turn: what was submitted before it has run."""
+
+
 class ChangeLog:
     """Appends records to the file at ``path`` (``~`` is expanded), off the reactor thread.
 
@@ -236,25 +227,27 @@ class ChangeLog:
 
     enabled = True
 
-    def __init__(self, path: str, reactor=None):
-        if reactor is None:
-            from twisted.internet import reactor
+    def __init__(self, path: str, reactor: IReactorFromThreads | None = None):
         self.path = os.path.expanduser(path)
         self.errors = 0
-        self._reactor = reactor
         self._logged = False  # the current outage has been logged
         self._lost_in_outage = 0
-        self._stopped: Deferred | None = None
-        self._worker = _Worker(self.path, reactor.callFromThread, self._failed, self._recovered)
-        self._thread = threading.Thread(target=self._worker.run, name="cg-changelog", daemon=True)
-        self._thread.start()
+        self._closed = False
+        # Lines not yet taken by the worker. A new deque at each reopen: the drain jobs
+        # submitted before it empty the old one into the old file.
+        self._pending: deque[bytes] = deque()
+        self._worker = Worker("cg-changelog", reactor)
+        self._file = _File(
+            self.path, self._worker.reactor.callFromThread, self._failed, self._recovered
+        )
+        self._worker.submit_background(self._file.open)
 
     def write(self, record: dict) -> None:
         """Queue one record (a dict from a builder above). Never raises, never blocks."""
-        if self._stopped is not None:
+        if self._closed:
             self._failed(1, "the change log is closed")
             return
-        if self._worker.queue.qsize() >= MAX_PENDING:
+        if len(self._pending) >= MAX_PENDING:
             self._failed(1, f"{MAX_PENDING} records waiting for the disk")
             return
         try:
@@ -262,32 +255,29 @@ class ChangeLog:
         except Exception as e:  # noqa: BLE001 -- a bad record must not fail a request
             self._failed(1, f"cannot serialize a record: {e}")
             return
-        self._worker.queue.put(line)
+        self._pending.append(line)
+        self._worker.submit_background(self._file.drain, self._pending)
 
     def flush(self) -> Deferred[None]:
         """Fires once every record written so far has been handed to the kernel (or lost)."""
-        return self._job(_FLUSH)
+        if self._closed:
+            return succeed(None)
+        return self._worker.submit(_nothing)
 
     def reopen(self) -> Deferred[None]:
         """Close the file and open ``path`` again (creating it): for logrotate, on SIGHUP.
         Records written before this call go to the old file."""
-        return self._job(_REOPEN)
+        if self._closed:
+            return succeed(None)
+        self._pending = deque()
+        return self._worker.submit(self._file.reopen)
 
     def close(self) -> Deferred[None]:
         """Write what is queued, close the file and end the worker thread."""
-        if self._stopped is None:
-            self._stopped = Deferred()
-            self._worker.queue.put((_STOP, self._stopped))
-        d: Deferred = Deferred()
-        self._stopped.addBoth(lambda result: d.callback(None) or result)
-        return d
-
-    def _job(self, kind: str) -> Deferred[None]:
-        if self._stopped is not None:
-            return succeed(None)
-        d: Deferred = Deferred()
-        self._worker.queue.put((kind, d))
-        return d
+        if not self._closed:
+            self._closed = True
+            self._worker.submit_background(self._file.close)
+        return self._worker.stop()
 
     # Called on the reactor thread (from the worker, through callFromThread).
 

@@ -1,19 +1,19 @@
-"""The SQLite store: one file (WAL), all SQL on one dedicated thread."""
+"""The SQLite store: one file (WAL), all SQL on one worker thread (cg.worker)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import sqlite3
-import threading
 import time
 import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -27,6 +27,7 @@ from cg.store.base import (
     StoreStats,
     as_store_error,
 )
+from cg.worker import Worker
 
 log = Logger(namespace="cg.store")
 # Seconds between flushes of batched last-use times (and checks for changes made by
@@ -163,6 +164,7 @@ class SQLiteDB:
                 )
                 self.total += len(text)
             stored = self.frozen(tenant, key)
+            assert stored is not None  # written above, in this transaction
             evicted, count = self._evict(protect_frozen={(tenant, key)})
         return stored, evicted, count
 
@@ -241,6 +243,7 @@ class SQLiteDB:
         return StoreInfo(entries, size, oldest, frozen_entries, frozen_size)
 
     def purge(self, older_than_days: float | None) -> int:
+        args: tuple[float, ...]
         if older_than_days is None:
             where, args = "", ()
         else:
@@ -313,10 +316,10 @@ class _Known:
 
 
 @attrs.define
-class _Worker:
+class _Connection:
     """The thread-side half of SQLiteStore: owns the connection and the pending last-use
-    times. Nothing here is touched from the reactor thread except ``queue``; results and
-    notices go back through ``deliver`` (``reactor.callFromThread``).
+    times. Only jobs on the store's worker thread touch it; notices go back through
+    ``deliver`` (``reactor.callFromThread``).
 
     ``broken`` is the store's health as this thread sees it: set by a failed read (or a
     failed write after which a read fails too, a file that does not open, a file removed or
@@ -328,12 +331,10 @@ class _Worker:
     path: str
     max_bytes: int
     clock: Callable[[], float]
-    flush_interval: float
     known: _Known
     deliver: Callable[..., None]
     broke: Callable[[str], None]  # the store cannot be read; called through deliver
     report: Callable[[str], None]  # a failed background write, called through deliver
-    queue: queue.SimpleQueue = attrs.Factory(queue.SimpleQueue)
     db: SQLiteDB | None = None
     identity: tuple[int, int] | None = None  # (device, inode) of the file db has open
     open_error: str = ""
@@ -341,29 +342,7 @@ class _Worker:
     broken: bool = False
     pending: set[tuple[str, str, str]] = attrs.Factory(set)
 
-    def run(self) -> None:
-        self._open()
-        next_flush = time.monotonic() + self.flush_interval
-        while True:
-            try:
-                fn, args, d = self.queue.get(timeout=max(0.0, next_flush - time.monotonic()))
-            except queue.Empty:
-                fn = None
-            if fn is not None:
-                try:
-                    result = fn(*args)
-                except Exception as e:  # noqa: BLE001 -- the thread must outlive any failure
-                    self.deliver(d.errback, Failure(as_store_error(e)))
-                else:
-                    if d is not None:
-                        self.deliver(d.callback, result)
-                if fn == self.stop:
-                    return
-            if time.monotonic() >= next_flush:
-                next_flush = time.monotonic() + self.flush_interval
-                self._background(self._flush)
-
-    def _open(self) -> None:
+    def open(self) -> None:
         self.reopen_at = time.monotonic() + REOPEN_AFTER
         try:
             db = SQLiteDB.open(self.path, self.max_bytes, clock=self.clock)
@@ -378,8 +357,9 @@ class _Worker:
 
     def _close(self) -> None:
         db, self.db = self.db, None
-        with contextlib.suppress(sqlite3.Error):
-            db.close()
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
 
     def _db(self) -> SQLiteDB:
         """The open database, in step with what happened to its file meanwhile.
@@ -397,7 +377,7 @@ class _Worker:
         if self.broken and self.db is not None and time.monotonic() >= self.reopen_at:
             self._close()
         if self.db is None and time.monotonic() >= self.reopen_at:
-            self._open()
+            self.open()
         if self.db is None:
             raise StoreError(self.open_error)
         if self.db.changed_elsewhere():
@@ -437,7 +417,8 @@ class _Worker:
             return False
         return True
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write the batched last-use times: the worker's tick, and before each write."""
         if self.db is None or self.broken:
             self.pending.clear()  # touches are best effort; the failure is reported already
             return
@@ -453,14 +434,14 @@ class _Worker:
         except Exception as e:  # noqa: BLE001 -- fail open, whatever the cause
             self.deliver(self.report, str(as_store_error(e)))
 
-    # Jobs: run on this thread, in the order the reactor submitted them.
+    # Jobs: run on the worker thread, in the order the reactor submitted them.
 
     def note(self, table: str, tenant: str, ids: tuple[str, ...]) -> None:
         self.pending.update((table, tenant, id_) for id_ in ids)
 
     def put(self, tenant: str, originals: dict[str, bytes]):
         """(ids written, evicted, number evicted, whether this put made the store healthy)."""
-        self._flush()  # so eviction sees the last uses the proxy reported before this put
+        self.flush()  # so eviction sees the last uses the proxy reported before this put
         with self._writing():
             db = self._db()
             written, evicted, count = db.put(tenant, originals)
@@ -474,7 +455,7 @@ class _Worker:
         return written, evicted, count, True
 
     def freeze(self, tenant: str, key: str, text: bytes):
-        self._flush()
+        self.flush()
         with self._writing():
             return self._db().freeze(tenant, key, text)
 
@@ -497,12 +478,12 @@ class _Worker:
             return self._db().info()
 
     def purge(self, older_than_days: float | None) -> int:
-        self._flush()
+        self.flush()
         with self._writing():
             return self._db().purge(older_than_days)
 
     def stop(self) -> None:
-        self._background(self._flush)
+        self._background(self.flush)
         if self.db is not None:
             db, self.db = self.db, None
             self._background(db.close)
@@ -520,7 +501,7 @@ def _identity(path: str) -> tuple[int, int] | None:
 @implementer(IStore)
 @attrs.define
 class SQLiteStore:
-    """IStore on a local SQLite file (WAL), all SQL on one dedicated thread.
+    """IStore on a local SQLite file (WAL), all SQL on one worker thread.
 
     Construction never raises: a store that cannot open logs why and answers StoreError
     (puts) or None (gets), so cg keeps proxying without lossy compaction. It tries to open
@@ -532,40 +513,47 @@ class SQLiteStore:
 
     path: str
     max_bytes: int = DEFAULT_MAX_BYTES
-    reactor: object = None
+    reactor: IReactorFromThreads | None = None
     clock: Callable[[], float] = time.time
     flush_interval: float = FLUSH_INTERVAL
     known_max: int = KNOWN_MAX
     stats: StoreStats = attrs.field(factory=StoreStats, init=False)
     _known: _Known = attrs.field(init=False)
-    _worker: _Worker = attrs.field(init=False)
-    _stopped: Deferred | None = attrs.field(default=None, init=False)
+    _connection: _Connection = attrs.field(init=False)
+    _worker: Worker = attrs.field(init=False)
+    _closed: bool = attrs.field(default=False, init=False)
     _last_error: str | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.reactor is None:
             from twisted.internet import reactor
 
-            self.reactor = reactor
+            self.reactor = cast(IReactorFromThreads, reactor)
         self._known = _Known(self.known_max)
-        self._worker = _Worker(
+        self._connection = _Connection(
             path=os.path.expanduser(self.path),
             max_bytes=self.max_bytes,
             clock=self.clock,
-            flush_interval=self.flush_interval,
             known=self._known,
             deliver=self.reactor.callFromThread,
             broke=self._broke,
             report=self._background_error,
         )
-        threading.Thread(target=self._worker.run, name="cg-store", daemon=True).start()
+        self._worker = Worker(
+            "cg-store",
+            self.reactor,
+            on_error=self._job_failed,
+            tick=self._connection.flush,
+            interval=self.flush_interval,
+        )
+        self._worker.submit_background(self._connection.open)
 
     def _submit(self, fn: Callable, *args) -> Deferred:
-        if self._stopped is not None:
+        if self._closed:
             return fail(StoreError("store is closed"))
-        d: Deferred = Deferred()
-        self._worker.queue.put((fn, args, d))
-        return d
+        return self._worker.submit(fn, *args).addErrback(
+            lambda failure: Failure(as_store_error(failure.value))
+        )
 
     def _log(self, error: str) -> None:
         """Log each new error once, not once per request."""
@@ -574,7 +562,7 @@ class SQLiteStore:
             log.error("cg store {path}: {error}", path=self.path, error=error)
 
     def _broke(self, reason: str) -> None:
-        """The store does not read (see _Worker): forget every id known, not only one read.
+        """The store does not read (see _Connection): forget every id known, not only one read.
 
         Which entries a failed read affects cannot be told without reading them all, and a
         known id that is not there becomes a marker nobody can answer. Forgetting costs
@@ -604,6 +592,10 @@ class SQLiteStore:
         self.stats.write_errors += 1
         self._log(error)
 
+    def _job_failed(self, failure: Failure) -> None:
+        """A job nobody waits for (a touch, the tick's flush) raised."""
+        self._background_error(str(as_store_error(failure.value)))
+
     def _write_failed(self, failure: Failure) -> Failure:
         self.stats.write_errors += 1
         self._log(str(failure.value))
@@ -628,7 +620,7 @@ class SQLiteStore:
             self.stats.writes += len(written)
             return written
 
-        return self._submit(self._worker.put, tenant, originals).addCallbacks(
+        return self._submit(self._connection.put, tenant, originals).addCallbacks(
             done, self._write_failed
         )
 
@@ -637,8 +629,8 @@ class SQLiteStore:
         return self._known.check(tenant, ids) if self.stats.healthy else set()
 
     def touch(self, tenant: str, ids: Iterable[str]) -> None:
-        if self._stopped is None:
-            self._worker.queue.put((self._worker.note, ("originals", tenant, tuple(ids)), None))
+        if not self._closed:
+            self._worker.submit_background(self._connection.note, "originals", tenant, tuple(ids))
 
     def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
         self.stats.reads += 1
@@ -654,7 +646,7 @@ class SQLiteStore:
             self.stats.read_errors += 1
             self._log(str(failure.value))
 
-        return self._submit(self._worker.get, tenant, id).addCallbacks(done, failed)
+        return self._submit(self._connection.get, tenant, id).addCallbacks(done, failed)
 
     def freeze(self, tenant: str, key: str, text: bytes) -> Deferred[bytes]:
         def done(result):
@@ -662,7 +654,7 @@ class SQLiteStore:
             self._wrote(evicted, count)
             return stored
 
-        return self._submit(self._worker.freeze, tenant, key, text).addCallbacks(
+        return self._submit(self._connection.freeze, tenant, key, text).addCallbacks(
             done, self._write_failed
         )
 
@@ -672,24 +664,22 @@ class SQLiteStore:
             self._log(str(failure.value))
             return failure
 
-        return self._submit(self._worker.frozen, tenant, key).addErrback(failed)
+        return self._submit(self._connection.frozen, tenant, key).addErrback(failed)
 
     def info(self) -> Deferred[StoreInfo]:
-        return self._submit(self._worker.info)
+        return self._submit(self._connection.info)
 
     def purge(self, older_than_days: float | None = None) -> Deferred[int]:
         def done(count):
             self._known.clear()  # a cache: refilled by the next puts, which rewrite nothing
             return count
 
-        return self._submit(self._worker.purge, older_than_days).addCallbacks(
+        return self._submit(self._connection.purge, older_than_days).addCallbacks(
             done, self._write_failed
         )
 
     def close(self) -> Deferred[None]:
-        if self._stopped is None:
-            self._stopped = Deferred()
-            self._worker.queue.put((self._worker.stop, (), self._stopped))
-        d: Deferred = Deferred()
-        self._stopped.addBoth(lambda result: d.callback(None) or result)
-        return d
+        if not self._closed:
+            self._closed = True
+            self._worker.submit_background(self._connection.stop)
+        return self._worker.stop()
