@@ -19,7 +19,6 @@ from cg.testing import (
     openai_completion,
     sse_event,
 )
-from cg.wire.markers import EXPAND_TOOL
 
 
 @inlineCallbacks
@@ -34,19 +33,6 @@ def test_a_response_cg_cannot_read_ends_the_exchange(make_cg, fake_openai):
                                                  [("content-type", "application/json")]))
     yield client.closed
     yield until(lambda: cg.stats.in_flight == 0)
-
-
-@inlineCallbacks
-def test_a_continuation_that_never_commits_gives_round_one(make_cg, fake):
-    cg = make_cg(anthropic_upstream=fake.url, header_timeout=0.5)
-    ident = ident_of(command_output())
-    first = stream([anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=ident)])
-    fake.enqueue(SSEReply(first), SSEReply(anthropic_stream_events()[:1], end="stall"))
-    client, data, complete = yield raw_stream(cg, bash_body())
-    assert complete and check_anthropic_stream(data) == []
-    assert data.endswith(first[-1])  # round 1 released verbatim, message_stop last
-    assert EXPAND_TOOL.encode() in data
-    assert cg.stats.in_flight == 0 and cg.stats.expand.continuations_failed == 1
 
 
 @inlineCallbacks

@@ -3,7 +3,8 @@
 Real sockets: the fake upstream over TCP, cg in-process, a raw socket client (every byte the client
 got, checked by cg.stream.streamcheck) and the official anthropic SDK's ``messages.stream()`` accumulator
 (which raises on any index fault). The requests are Claude Code-shaped histories with a big Bash
-output that cg offloads behind a marker; the fake plays the model asking for it back.
+output that cg offloads behind a marker; the fake plays the model asking for it back. The timers
+(pings, the stall deadline) are tested on a Clock, in test_proxy_clock.py.
 """
 
 import copy
@@ -19,12 +20,10 @@ from test_rewrite_proxy import claude_code_bytes, command_output, history
 from twisted.internet import reactor, task
 from twisted.internet.threads import deferToThread
 
-import cg.web.proxy as cg_proxy
 from cg.stream.streamcheck import check_anthropic_stream
 from cg.testing import (
     JSONReply,
     SSEReply,
-    Stall,
     anthropic_block_start,
     anthropic_block_stop,
     anthropic_expand_block,
@@ -592,25 +591,6 @@ def test_continuation_that_breaks_midway_aborts_the_client(make_cg, fake, end):
 
 
 @inlineCallbacks
-def test_client_disconnect_while_the_continuation_is_awaited_cancels_it(make_cg, fake, monkeypatch):
-    monkeypatch.setattr(cg_proxy, "PING_INTERVAL", 0.05)
-    cg = make_cg(anthropic_upstream=fake.url, expand=True)
-    ident = ident_of(command_output())
-    round1 = stream([anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=ident)])
-    fake.enqueue(SSEReply(round1), Stall())
-    client = yield post(cg, bash_body())
-    yield until(lambda: len(fake.received) == 2)
-    # waiting on the continuation's headers, the client is kept alive with pings
-    yield until(lambda: names(client_body(client)).count("ping") >= 3)
-    assert fake.received[0].finished.called and not fake.received[1].finished.called
-    client.transport.abortConnection()
-    assert (yield upstream_outcome(fake.received[1])) == "lost"
-    yield until(lambda: cg.stats.in_flight == 0)
-    assert cg.stats.client_disconnects == 1
-    assert cg.stats.sse.snapshot()["sse_streamed"] == 1
-
-
-@inlineCallbacks
 def test_client_disconnect_during_a_streaming_continuation_cancels_it(make_cg, fake):
     cg = make_cg(anthropic_upstream=fake.url, expand=True)
     ident = ident_of(command_output())
@@ -623,30 +603,6 @@ def test_client_disconnect_during_a_streaming_continuation_cancels_it(make_cg, f
     assert (yield upstream_outcome(fake.received[1])) == "lost"
     yield until(lambda: cg.stats.in_flight == 0)
     assert cg.stats.client_disconnects == 1
-
-
-@pytest.mark.parametrize("silence", ["after_headers", "after_message_start_and_ping"])
-@inlineCallbacks
-def test_pings_while_a_slow_continuation_is_awaited(make_cg, fake, monkeypatch, silence):
-    monkeypatch.setattr(cg_proxy, "PING_INTERVAL", 0.05)
-    cg = make_cg(anthropic_upstream=fake.url, expand=True)
-    ident = ident_of(command_output())
-    round1 = stream([anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=ident)])
-    events = continuation(["Found it."])
-    if silence == "after_headers":  # headers at once, the first event 0.5 s later
-        slow = SSEReply(events, first_delay=0.5)
-    else:  # headers, message_start and ping at once, the first block 0.5 s later
-        slow = SSEReply([events[0] + events[1], b"".join(events[2:])], delay=0.5)
-    fake.enqueue(SSEReply(round1), slow)
-    _, data, complete = yield raw_stream(cg, bash_body())
-    assert complete
-    assert_spliced(data, "Let me look.Found it.")
-    seen = names(data)
-    stop = seen.index("content_block_stop")  # round 1's last forwarded event (its text block)
-    resumed = seen.index("content_block_start", stop)  # the continuation's text
-    between = seen[stop + 1:resumed]
-    assert between and set(between) == {"ping"}
-    assert len(between) >= 4, f"{len(between)} pings in 0.5 s at one per 0.05 s"
 
 
 @inlineCallbacks

@@ -278,16 +278,6 @@ def test_upstream_down_gives_provider_shaped_502(make_cg):
 
 
 @inlineCallbacks
-def test_header_timeout_gives_504(make_cg, fake):
-    cg = make_cg(anthropic_upstream=fake.url, header_timeout=0.3)
-    fake.enqueue(Stall())
-    with pytest.raises(anthropic.APIStatusError) as caught:
-        yield deferToThread(anthropic_client(cg).messages.create, **REQUEST)
-    assert caught.value.status_code == 504
-    assert caught.value.body["error"]["type"] == "timeout_error"
-
-
-@inlineCallbacks
 def test_midstream_reset_aborts_the_client_stream(cg, fake):
     events = anthropic_stream_events(texts=["a", "b", "c", "d"])
     fake.enqueue(SSEReply(events[:5], end="reset"))

@@ -1,7 +1,8 @@
 """cg.web.upstream against a scripted raw HTTP/1.1 server over real sockets.
 
 The fake provider (cg.testing) speaks well-formed HTTP through twisted.web; these
-replies are written byte by byte, for the framings and failures it never produces.
+replies are written byte by byte, for the framings and failures it never produces. The pool's
+timers (the idle sweep, the header timeout) are tested on a Clock, in test_upstream_clock.py.
 """
 
 import pytest
@@ -307,24 +308,6 @@ async def test_body_taken_later_loses_nothing(server, upstream):
     response.deliverBody(reader)
     reason = await ended(reader)
     assert b"".join(reader.chunks) == b"0123456789" and reason.check(ResponseDone)
-
-
-@pytest_twisted.ensureDeferred
-async def test_idle_connections_are_closed_after_the_idle_timeout():
-    script = Script(OK_12, OK_12)
-    port = reactor.listenTCP(0, protocol.Factory.forProtocol(lambda: ScriptedServer(script)), interface="127.0.0.1")
-    url = f"http://127.0.0.1:{port.getHost().port}".encode()
-    client = Upstream(reactor, idle_timeout=0.2, max_idle_per_host=1)
-    try:
-        # Two at once: two connections; only one may stay idle.
-        await defer.gatherResults([defer.ensureDeferred(fetch(client, url)) for _ in range(2)])
-        assert len(script.connections) == 2
-        first_closed = await defer.DeferredList(script.closed, fireOnOneCallback=True).addTimeout(TIMEOUT, reactor)
-        assert first_closed is not None
-        await defer.gatherResults(script.closed).addTimeout(TIMEOUT, reactor)  # the other, by the sweep
-    finally:
-        await client.close()
-        await port.stopListening()
 
 
 class StopsAtFirstData(Body):

@@ -7,6 +7,9 @@ byte for byte (``FakeUpstream.received``) so tests can check what the proxy real
 
 Run ``python -m cg.testing --port 0`` to serve it from a separate process (it prints
 ``listening <port>``).
+
+For tests without sockets, `MemoryUpstream` (cg.testing.memory) stands in for cg's upstream
+client itself: each request waits for the test to answer it, on whatever clock the test runs.
 """
 
 from __future__ import annotations
@@ -35,12 +38,17 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
+from cg.testing.memory import MemoryRequest, MemoryResponse, MemoryUpstream
+
 __all__ = [
     "FAKE_EXPAND_ID",
     "HELLO",
     "FakeUpstream",
     "Flood",
     "JSONReply",
+    "MemoryRequest",
+    "MemoryResponse",
+    "MemoryUpstream",
     "Received",
     "Reset",
     "SSEReply",

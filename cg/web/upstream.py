@@ -8,8 +8,9 @@ parser and a state dispatcher per response, a Deferred per body chunk) was about
 third of cg's CPU per proxied request. treq's HTTPClient was never an option: its cookie
 jar would replay one client's Set-Cookie on another's requests.
 
-What callers see is Agent's shape: `Upstream.request` fires with a response that has
-`code`, `phrase`, `headers` and `deliverBody(protocol)`; the protocol's transport is the
+What callers see is Agent's shape, declared as `IUpstream` and `IUpstreamResponse` (the
+seam `cg.testing.MemoryUpstream` also fills): `Upstream.request` fires with a response that
+has `code`, `phrase`, `headers` and `deliverBody(protocol)`; the protocol's transport is the
 body's push producer, and its `connectionLost` gets ResponseDone (a complete body),
 PotentialDataLoss (a body delimited by a clean close) or ResponseFailed.
 """
@@ -18,12 +19,50 @@ from urllib.parse import urlsplit
 
 from twisted.internet import defer, error, ssl
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import BrowserLikePolicyForHTTPS, ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
+from zope.interface import Attribute, Interface, implementer
 
 from cg.web import http1
+
+
+class IUpstreamResponse(IPushProducer):
+    """A provider's response whose head has arrived; its body goes to one protocol.
+
+    Agent's `IResponse` minus what a proxy never reads (`version`, `length`, `request`,
+    `previousResponse`), plus what it needs: the response is also the body's push
+    producer. Pausing it stops the body's bytes coming; stopping it abandons the body,
+    which then ends (never from inside that call) as failed.
+    """
+
+    code = Attribute("The status code, an int.")
+    phrase = Attribute("The reason phrase, bytes.")
+    headers = Attribute("The response headers, a twisted.web.http_headers.Headers.")
+
+    def deliverBody(protocol):
+        """Connect `protocol` (its transport is this response) and hand it the body as it arrives.
+
+        Its `connectionLost` gets ResponseDone (the body is complete), PotentialDataLoss (a body
+        delimited by a clean close: complete too) or ResponseFailed (cut short).
+        """
+
+
+class IUpstream(Interface):
+    """Sends one request to a provider and gets its response head; what `ProxyResource` forwards through."""
+
+    def request(method, origin, path, headers, body):
+        """Send `method` `path` to `origin` (``scheme://host[:port]``) with `headers` and `body` (bytes or None).
+
+        Returns a Deferred firing with an `IUpstreamResponse` once the head arrived, or failing
+        (HeaderTimeout, a connect failure, ConnectionDied, ResponseFailed). Cancelling it
+        before then drops the request, so the provider stops.
+        """
+
+    def close():
+        """Close idle connections (and any that frees up later); a Deferred that fires once they are."""
 
 
 class HeaderTimeout(Exception):
@@ -50,6 +89,7 @@ def is_timeout(failure) -> bool:
     return bool(failure.check(HeaderTimeout, error.TimeoutError))
 
 
+@implementer(IUpstreamResponse)
 class Response:
     """An upstream response whose head has arrived; its body goes to one protocol.
 
@@ -445,6 +485,7 @@ class _Call:
         self._attempt.cancel()
 
 
+@implementer(IUpstream)
 class Upstream:
     """Sends requests upstream over pooled connections, bounding the wait for headers."""
 

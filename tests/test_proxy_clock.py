@@ -1,0 +1,230 @@
+"""The proxy's timers on a Clock: cg's resource and site over in-memory transports, a MemoryUpstream behind.
+
+No socket and no sleep: the test plays the provider (each request cg sends waits in
+``upstream.requests`` until the test answers it) and moves time with ``clock.advance``.
+Assertions are on the bytes the client got, on what the upstream saw, and on /stats.
+"""
+
+import json
+
+import pytest
+from rawhttp import dechunk, http_request, split_response
+from test_inspect_proxy import (
+    HEADERS,
+    assert_spliced,
+    bash_body,
+    continuation,
+    ident_of,
+    names,
+    stream,
+    without_pings,
+)
+from test_rewrite_proxy import claude_code_bytes, command_output
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionLost, ConnectionRefusedError
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+
+from cg.compaction.rewrite import Rewriter
+from cg.record.stats import Stats
+from cg.store.memory import MemoryStore
+from cg.stream.streamcheck import check_anthropic_stream
+from cg.testing import MemoryUpstream, anthropic_expand_block, anthropic_stream_events, anthropic_text_block
+from cg.web.config import Config
+from cg.web.proxy import FLUSH_TIMEOUT, PING_INTERVAL, ProxyResource
+from cg.web.service import rewrite_config
+from cg.web.site import ProxySite
+from cg.web.tenant import parse_tenant
+from cg.web.upstream import HeaderTimeout, split_base
+from cg.wire.markers import EXPAND_TOOL
+
+PEER = IPv4Address("TCP", "127.0.0.1", 40000)
+CONTINUATION_TIMEOUT = 60.0
+SSE = [("content-type", "text/event-stream")]
+
+
+class Proxy:
+    """cg's resource and site on a MemoryReactorClock, built as CGService builds them."""
+
+    def __init__(self):
+        config = Config(expand=True)
+        self.clock = MemoryReactorClock()
+        self.upstream = MemoryUpstream(self.clock)
+        store = MemoryStore()
+        self.stats = Stats(store=store.stats)
+        resource = ProxyResource(
+            self.upstream,
+            self.stats,
+            {"anthropic": split_base("http://anthropic.test/base"), "openai": split_base("http://openai.test")},
+            rewriter=Rewriter(rewrite_config(config)),
+            store=store,
+            tenant_of=parse_tenant(config.tenant),
+            continuation_timeout=CONTINUATION_TIMEOUT,
+            reactor=self.clock,
+        )
+        self.site = ProxySite(resource, config.max_body, reactor=self.clock)
+
+    def send(self, request: bytes) -> "Client":
+        """A new client connection that sends `request`."""
+        client = Client(self.site.buildProtocol(PEER))
+        client.channel.dataReceived(request)
+        return client
+
+    def intervals(self, n: int):
+        """`n` ping intervals pass, one at a time (a LoopingCall runs once for a jump of several)."""
+        self.clock.pump([PING_INTERVAL] * n)
+
+    def stats_json(self) -> dict:
+        status, _, body = split_response(self.send(http_request("GET", "/stats")).transport.value())
+        assert status == 200
+        return json.loads(body)
+
+
+class Client:
+    """A client connection as the channel sees it: bytes in through `channel`, out on `transport`."""
+
+    def __init__(self, channel):
+        self.channel = channel
+        self.transport = StringTransport(peerAddress=PEER)
+        channel.makeConnection(self.transport)
+
+    def body(self) -> tuple[bytes, bool]:
+        """The de-chunked response body so far, and whether its last chunk came."""
+        head, _, rest = self.transport.value().partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head
+        return dechunk(rest)
+
+    def pings(self) -> int:
+        """Pings cg wrote since round one's text block (round one's own ping is before it)."""
+        seen = names(self.body()[0])
+        return seen[seen.index("content_block_stop") :].count("ping")
+
+
+@pytest.fixture
+def proxy():
+    return Proxy()
+
+
+def claude_code_request() -> bytes:
+    """A Claude Code stream request whose Bash output cg offloads behind a marker (expand injected)."""
+    return http_request("POST", "/v1/messages?beta=true", claude_code_bytes(bash_body()), HEADERS)
+
+
+def round_one() -> list[bytes]:
+    """The model's first round: some text, then a lone expand call for the offloaded output."""
+    return stream([anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=ident_of(command_output()))])
+
+
+def expanding(proxy: Proxy) -> tuple[Client, list[bytes]]:
+    """A client whose stream's first round asked to expand: cg has sent the continuation."""
+    client = proxy.send(claude_code_request())
+    (request,) = proxy.upstream.requests
+    assert request.path == b"/base/v1/messages?beta=true"
+    assert EXPAND_TOOL.encode() in request.body
+    events = round_one()
+    first = request.respond(200, SSE)
+    first.write(b"".join(events))
+    first.finish()
+    assert len(proxy.upstream.requests) == 2, "cg sent no continuation"
+    return client, events
+
+
+@pytest.mark.parametrize("silence", ["after_headers", "after_message_start_and_ping"])
+def test_pings_every_interval_until_the_continuations_first_event(proxy, silence):
+    """Claude Code gives up on a silent stream: cg pings it while the continuation is awaited, then stops."""
+    client, _ = expanding(proxy)
+    proxy.clock.advance(PING_INTERVAL - 0.01)
+    assert client.pings() == 0
+    proxy.clock.advance(0.01)
+    assert client.pings() == 1  # awaiting the continuation's headers
+    second = proxy.upstream.requests[1].respond(200, SSE)
+    events = continuation(["Found it."])  # message_start, ping, the text block, ...
+    if silence == "after_message_start_and_ping":
+        second.write(events[0] + events[1])
+    proxy.intervals(3)
+    passed_on = 1 if silence == "after_message_start_and_ping" else 0  # the continuation's own ping
+    assert client.pings() == 4 + passed_on  # no content yet: cg goes on pinging
+    second.write(b"".join(events[2:] if passed_on else events))
+    second.finish()
+    data, complete = client.body()
+    assert complete
+    assert_spliced(data, "Let me look.Found it.")
+    seen = names(data)
+    stop = seen.index("content_block_stop")  # round 1's last forwarded event (its text block)
+    assert seen[stop + 1 : seen.index("content_block_start", stop)] == ["ping"] * 5
+    proxy.intervals(10)
+    assert client.pings() == 5, "pings after the stream ended"
+
+
+def test_pings_stop_once_the_continuation_commits(proxy):
+    """The continuation's first content event ends the pings, though its body is still flowing."""
+    client, _ = expanding(proxy)
+    proxy.intervals(2)
+    second = proxy.upstream.requests[1].respond(200, SSE)
+    events = continuation(["slow ", "still going"])
+    second.write(b"".join(events[:4]))  # start, ping, block start, first delta
+    assert "content_block_delta" in names(client.body()[0])
+    proxy.intervals(10)
+    assert client.pings() == 2 + 1  # cg's, and the continuation's own
+    second.write(b"".join(events[4:]))
+    second.finish()
+    assert client.body()[1]
+
+
+def test_a_continuation_that_never_commits_gives_round_one_verbatim(proxy):
+    """Headers but no content within continuation_timeout: the client gets round one as upstream sent it."""
+    client, events = expanding(proxy)
+    second = proxy.upstream.requests[1].respond(200, SSE)
+    second.write(anthropic_stream_events()[0])  # message_start, then silence
+    proxy.clock.advance(CONTINUATION_TIMEOUT - 0.01)
+    assert not client.body()[1] and second.producer_calls == []
+    proxy.clock.advance(0.01)
+    data, complete = client.body()
+    assert complete and check_anthropic_stream(data) == []
+    assert without_pings(data) == without_pings(b"".join(events))  # round one verbatim, expand call and all
+    assert set(second.producer_calls) == {"stop"}  # the stalled continuation is dropped
+    stats = proxy.stats_json()
+    assert stats["in_flight"] == 0 and stats["expand"]["continuations_failed"] == 1
+    assert stats["sse_released"] == {"continuation_failed": 1}
+
+
+def test_client_leaving_while_the_continuation_is_awaited_cancels_it(proxy):
+    client, _ = expanding(proxy)
+    proxy.intervals(3)
+    assert client.pings() == 3
+    waiting = proxy.upstream.requests[1]
+    assert not waiting.cancelled
+    client.channel.connectionLost(Failure(ConnectionLost()))
+    assert waiting.cancelled
+    stats = proxy.stats_json()
+    assert stats["client_disconnects"] == 1 and stats["in_flight"] == 0 and stats["sse_streamed"] == 1
+
+
+def test_a_cut_stream_to_a_client_that_stopped_reading_is_aborted_after_the_flush_timeout(proxy):
+    """The client keeps the bytes cg already wrote for FLUSH_TIMEOUT, never the last chunk; then it is cut."""
+    client = proxy.send(http_request("POST", "/v1/messages", b'{"stream":true}', HEADERS))
+    response = proxy.upstream.requests[0].respond(200, SSE)
+    events = anthropic_stream_events(texts=["a", "b"])
+    response.write(events[0])
+    client.channel.pauseProducing()  # the client's socket is full: it stopped reading
+    assert response.producer_calls == ["pause"]
+    response.fail()
+    assert client.transport.disconnecting and not client.transport.disconnected
+    proxy.clock.advance(FLUSH_TIMEOUT - 0.01)
+    assert not client.transport.disconnected
+    proxy.clock.advance(0.01)
+    assert client.transport.disconnected  # aborted
+    assert client.body() == (events[0], False)
+    assert proxy.stats_json()["upstream_errors"] == 1
+
+
+@pytest.mark.parametrize(("failure", "status", "kind"), [
+    (HeaderTimeout(), 504, "timeout_error"),
+    (ConnectionRefusedError(), 502, "api_error"),
+])
+def test_an_upstream_that_fails_before_its_head_gets_a_provider_shaped_error(proxy, failure, status, kind):
+    client = proxy.send(http_request("POST", "/v1/messages", b"{}", HEADERS))
+    proxy.upstream.requests[0].fail(failure)
+    got, _, body = split_response(client.transport.value())
+    assert (got, json.loads(body)["error"]["type"]) == (status, kind)
+    assert proxy.stats_json()["upstream_errors"] == 1
