@@ -77,18 +77,48 @@ def cg(make_cg, fake, fake_openai) -> RunningCG:
     return make_cg(anthropic_upstream=fake.url, openai_upstream=fake_openai.url)
 
 
+class LogEvents(list):
+    """The events one log namespace emits during a test (at one level, if given), in order.
+
+    A twisted.logger observer.
+    """
+
+    def __init__(self, namespace: str, level=None):
+        super().__init__()
+        self.namespace = namespace
+        self.level = level
+
+    def __call__(self, event):
+        if event.get("log_namespace") == self.namespace and self.level in (None, event["log_level"]):
+            self.append(event)
+
+    def levels(self) -> list:
+        return [event["log_level"] for event in self]
+
+    def texts(self, level=None) -> list[str]:
+        return [formatEvent(event) for event in self if level is None or event["log_level"] is level]
+
+
 @pytest.fixture
-def store_log():
-    """Every line cg.store logs during the test, as (level, text)."""
-    events = []
+def logged():
+    """``logged(namespace, level=None)``: a LogEvents collecting those events until the test ends."""
+    observers = []
 
-    def observer(event):
-        if event.get("log_namespace") == "cg.store":
-            events.append((event["log_level"], formatEvent(event)))
+    def collect(namespace: str, level=None) -> LogEvents:
+        events = LogEvents(namespace, level)
+        globalLogPublisher.addObserver(events)
+        observers.append(events)
+        return events
 
-    globalLogPublisher.addObserver(observer)
-    yield events
-    globalLogPublisher.removeObserver(observer)
+    yield collect
+    for events in observers:
+        globalLogPublisher.removeObserver(events)
+
+
+@pytest.fixture
+def store_log(logged):
+    """Every event cg.store logs during the test."""
+    return logged("cg.store")
 
 
 class LogLines(list):

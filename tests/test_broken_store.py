@@ -117,7 +117,7 @@ def test_a_broken_store_says_so_once_and_recovers_without_a_restart(running, fak
     for sent in fake.received[1:]:
         assert markers(sent) == []
         assert sent.json()["messages"][3]["content"][0]["content"] == bash
-    errors = [text for level, text in store_log if level is LogLevel.error]
+    errors = store_log.texts(LogLevel.error)
     assert len([text for text in errors if "unhealthy" in text]) == 1  # once, not per request
     assert len(errors) == 2  # and the reopen's error, once
     assert open(store_path, "rb").read() == GARBAGE  # cg never overwrites a file it cannot read
@@ -127,7 +127,7 @@ def test_a_broken_store_says_so_once_and_recovers_without_a_restart(running, fak
     assert fake.received[-1].body == before  # the same bytes as before the store broke
     store = running.stats.snapshot()["store"]
     assert (store["healthy"], store["unhealthy_reason"], store["unhealthy_since"]) == (True, None, None)
-    assert [text for level, text in store_log if level is LogLevel.info] == [
+    assert store_log.texts(LogLevel.info) == [
         f"cg store {store_path} is healthy again"
     ]
     assert (yield read_original(running, ident)) == (200, output.encode())

@@ -8,7 +8,7 @@ import time
 import pytest
 import pytest_twisted
 import ujson
-from twisted.logger import LogLevel, globalLogPublisher
+from twisted.logger import LogLevel
 
 import cg.record.changelog
 from cg.record.changelog import (
@@ -79,16 +79,8 @@ def changelog(tmp_path):
 
 
 @pytest.fixture
-def errors_logged():
-    events = []
-
-    def observer(event):
-        if event.get("log_namespace") == "cg.record.changelog" and event["log_level"] is LogLevel.error:
-            events.append(event)
-
-    globalLogPublisher.addObserver(observer)
-    yield events
-    globalLogPublisher.removeObserver(observer)
+def errors_logged(logged):
+    return logged("cg.record.changelog", LogLevel.error)
 
 
 @pytest.fixture

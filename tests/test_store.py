@@ -335,7 +335,7 @@ async def test_a_touch_that_fails_on_the_worker_does_not_stop_the_store(db_path,
     store.touch("", [["unhashable"]])  # fails on the worker thread, with no one waiting for it
     assert await store.get("", "a").addTimeout(5, reactor) == b"."
     assert store.stats.write_errors == 1
-    assert [level for level, _ in store_log] == [LogLevel.error]
+    assert store_log.levels() == [LogLevel.error]
     await store.close()
 
 
@@ -424,7 +424,7 @@ async def test_a_broken_store_fails_open(tmp_path, sqlite_store, store_log, brok
     assert store.stats.write_errors == 4  # two puts, a freeze, a purge
     assert store.stats.read_errors == 3  # two gets, a frozen
     assert store.stats.writes == 0
-    assert [level for level, _ in store_log] == [LogLevel.error]  # logged once, not once per request
+    assert store_log.levels() == [LogLevel.error]  # logged once, not once per request
     await store.close()
     if broken == "garbage":
         assert path.read_bytes() == garbage  # failing open destroys nothing
@@ -481,7 +481,7 @@ async def test_a_failed_read_makes_the_store_forget_everything(db_path, sqlite_s
         assert await store.get("", "a") is None
         assert store.known("", ["a"]) == set()
     assert store.stats.unhealthy_since == clock.now  # since the first failure
-    errors = [text for level, text in store_log if level is LogLevel.error]
+    errors = store_log.texts(LogLevel.error)
     assert len(errors) == 1 and "is unhealthy" in errors[0] and reason in errors[0]
     assert store.stats.read_errors == (0 if how == "removed" else 4)
 
@@ -501,7 +501,7 @@ async def test_a_broken_store_is_made_again_by_the_next_put(db_path, monkeypatch
     assert store.known("", ["a", "b"]) == {"a", "b"}
     assert await store.get("", "a") == b"A"
     assert rows(db_path, "SELECT id FROM originals ORDER BY id") == [("a",), ("b",)]
-    infos = [text for level, text in store_log if level is LogLevel.info]
+    infos = store_log.texts(LogLevel.info)
     assert len(infos) == 1 and "healthy again" in infos[0]
 
 
@@ -543,8 +543,8 @@ async def test_a_store_that_cannot_be_read_stays_unhealthy_until_its_file_is_mov
     assert await store.put("", {"a": b"A", "b": b"B"}) == {"a", "b"}
     assert store.stats.healthy
     assert await store.get("", "b") == b"B"
-    assert [level for level, _ in store_log].count(LogLevel.error) == 2  # unhealthy; cannot open
-    assert [text for level, text in store_log if level is LogLevel.info] == [
+    assert store_log.levels().count(LogLevel.error) == 2  # unhealthy; cannot open
+    assert store_log.texts(LogLevel.info) == [
         f"cg store {db_path} is healthy again"
     ]
 

@@ -6,7 +6,7 @@ import threading
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
-from twisted.logger import LogLevel, globalLogPublisher
+from twisted.logger import LogLevel
 
 from cg.worker import Worker, WorkerStopped
 
@@ -37,16 +37,8 @@ def workers():
 
 
 @pytest.fixture
-def failures_logged():
-    events = []
-
-    def observer(event):
-        if event.get("log_namespace") == "cg.worker" and event["log_level"] is LogLevel.critical:
-            events.append(event)
-
-    globalLogPublisher.addObserver(observer)
-    yield events
-    globalLogPublisher.removeObserver(observer)
+def failures_logged(logged):
+    return logged("cg.worker", LogLevel.critical)
 
 
 @pytest_twisted.ensureDeferred
