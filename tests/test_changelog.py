@@ -84,6 +84,24 @@ def errors_logged(logged):
 
 
 @pytest.fixture
+def slow_disk(monkeypatch):
+    """``slow_disk()``: the change log's writes wait until the returned Event is set (10 s at most)."""
+
+    def hold() -> threading.Event:
+        disk = threading.Event()
+        real_write = cg.record.changelog._write_all
+
+        def slow_write(fd, data):
+            disk.wait(10)
+            real_write(fd, data)
+
+        monkeypatch.setattr(cg.record.changelog, "_write_all", slow_write)
+        return disk
+
+    return hold
+
+
+@pytest.fixture
 def umask():
     old = os.umask(0o022)  # a usual umask, which alone would give 0644
     yield
@@ -155,15 +173,8 @@ async def test_records_land_in_order_on_one_worker_thread(changelog, monkeypatch
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_reactor_does_not_wait_for_the_disk(changelog, monkeypatch):
-    disk = threading.Event()
-    real_write = cg.record.changelog._write_all
-
-    def slow_write(fd, data):
-        disk.wait(10)
-        real_write(fd, data)
-
-    monkeypatch.setattr(cg.record.changelog, "_write_all", slow_write)
+async def test_the_reactor_does_not_wait_for_the_disk(changelog, slow_disk):
+    disk = slow_disk()
     log = changelog()
     started = time.monotonic()
     for seq in range(100):
@@ -211,19 +222,12 @@ async def test_reopen_after_rotation_writes_a_new_file(changelog, tmp_path, umas
 
 
 @pytest_twisted.ensureDeferred
-async def test_reopen_splits_the_lines_still_waiting_for_the_disk(changelog, tmp_path, monkeypatch):
+async def test_reopen_splits_the_lines_still_waiting_for_the_disk(changelog, tmp_path, slow_disk):
     path = tmp_path / "changes.jsonl"
     log = changelog()
     log.write(compaction(0))
     await log.flush()
-    disk = threading.Event()
-    real_write = cg.record.changelog._write_all
-
-    def slow_write(fd, data):
-        disk.wait(10)
-        real_write(fd, data)
-
-    monkeypatch.setattr(cg.record.changelog, "_write_all", slow_write)
+    disk = slow_disk()
     log.write(compaction(1))  # the worker takes it, and waits for the disk
     os.rename(path, tmp_path / "changes.jsonl.1")
     log.write(compaction(2))
@@ -319,15 +323,8 @@ async def test_records_that_cannot_be_written_are_counted(changelog, monkeypatch
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_hung_disk_does_not_grow_memory_without_bound(changelog, monkeypatch):
-    disk = threading.Event()
-    real_write = cg.record.changelog._write_all
-
-    def hung_write(fd, data):
-        disk.wait(10)
-        real_write(fd, data)
-
-    monkeypatch.setattr(cg.record.changelog, "_write_all", hung_write)
+async def test_a_hung_disk_does_not_grow_memory_without_bound(changelog, slow_disk, monkeypatch):
+    disk = slow_disk()
     monkeypatch.setattr(cg.record.changelog, "MAX_PENDING", 10)
     log = changelog()
     log.write(usage(0))
