@@ -19,7 +19,7 @@ from test_rewrite_proxy import claude_code_bytes, command_output, history
 from twisted.internet import reactor, task
 from twisted.internet.threads import deferToThread
 
-import cg.web.proxy as cg_proxy
+import cg.exchange.machine as cg_exchange
 from cg.stream.streamcheck import check_anthropic_stream
 from cg.testing import (
     JSONReply,
@@ -593,7 +593,7 @@ def test_continuation_that_breaks_midway_aborts_the_client(make_cg, fake, end):
 
 @inlineCallbacks
 def test_client_disconnect_while_the_continuation_is_awaited_cancels_it(make_cg, fake, monkeypatch):
-    monkeypatch.setattr(cg_proxy, "PING_INTERVAL", 0.05)
+    monkeypatch.setattr(cg_exchange, "PING_INTERVAL", 0.05)
     cg = make_cg(anthropic_upstream=fake.url, expand=True)
     ident = ident_of(command_output())
     round1 = stream([anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=ident)])
@@ -628,7 +628,7 @@ def test_client_disconnect_during_a_streaming_continuation_cancels_it(make_cg, f
 @pytest.mark.parametrize("silence", ["after_headers", "after_message_start_and_ping"])
 @inlineCallbacks
 def test_pings_while_a_slow_continuation_is_awaited(make_cg, fake, monkeypatch, silence):
-    monkeypatch.setattr(cg_proxy, "PING_INTERVAL", 0.05)
+    monkeypatch.setattr(cg_exchange, "PING_INTERVAL", 0.05)
     cg = make_cg(anthropic_upstream=fake.url, expand=True)
     ident = ident_of(command_output())
     round1 = stream([anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=ident)])
