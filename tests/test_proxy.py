@@ -22,7 +22,7 @@ from cg.testing import (
     anthropic_stream_events,
     openai_stream_events,
 )
-from cg.web.proxy import ClientFlow
+from cg.web.driver import ClientFlow
 
 
 def sleep(seconds):

@@ -26,12 +26,14 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
 from cg.compaction.rewrite import Rewriter
+from cg.exchange.machine import PING_INTERVAL
 from cg.record.stats import Stats
 from cg.store.memory import MemoryStore
 from cg.stream.streamcheck import check_anthropic_stream
 from cg.testing import MemoryUpstream, anthropic_expand_block, anthropic_stream_events, anthropic_text_block
 from cg.web.config import Config
-from cg.web.proxy import FLUSH_TIMEOUT, PING_INTERVAL, ProxyResource
+from cg.web.driver import FLUSH_TIMEOUT
+from cg.web.proxy import ProxyResource
 from cg.web.service import rewrite_config
 from cg.web.site import ProxySite
 from cg.web.tenant import parse_tenant

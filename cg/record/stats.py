@@ -2,15 +2,14 @@
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable
-from typing import Protocol
 
 import attrs
 
 from cg.compaction.pipeline import result_sizes
 from cg.compaction.rewrite import Rewrite
 from cg.compaction.tokens import estimate_body_tokens, estimate_tokens
-from cg.stream.inspector import Inspector, ReleaseReason
+from cg.exchange.record import ExchangeRecord
+from cg.stream.inspector import ReleaseReason
 from cg.stream.usage import UsageTotals
 
 
@@ -71,10 +70,18 @@ class Stats:
     sse: "StreamStats" = attrs.field(factory=lambda: StreamStats())
     changelog: object = None  # the change log, for its error count
 
-    def record_response(self, exchange: "Exchange") -> None:
-        """Once per client request, from its single exit path."""
-        self.statuses[exchange.status or 499] += 1
-        self.sse.record(exchange)
+    def record_response(self, record: ExchangeRecord) -> None:
+        """Once per client request, from its record."""
+        self.statuses[record.status or 499] += 1
+        if record.t_headers is not None and record.t_sent is not None:
+            self.upstream_ttfb.add(record.t_headers - record.t_sent)
+        if record.added_ttfb is not None:
+            self.added_ttfb.add(record.added_ttfb)
+        self.streamed += record.stream
+        self.upstream_errors += record.outcome in ("upstream_error", "upstream_broke")
+        self.client_disconnects += record.outcome == "client_gone"
+        self.expand.continuations_failed += record.continuation_failed is not None
+        self.sse.record(record)
 
     def snapshot(self) -> dict[str, object]:
         return {
@@ -239,21 +246,21 @@ class StreamStats:
     _ttfb_streamed: float = 0.0
     _ttfb_buffered: float = 0.0
 
-    def record(self, exchange: "Exchange") -> None:
-        if exchange.t_headers is None or not exchange.streaming:
+    def record(self, record: ExchangeRecord) -> None:
+        if record.t_headers is None or not record.stream:
             return
-        ttfb = (exchange.t_client_first or exchange.clock()) - exchange.t_received
+        ttfb = (record.t_client_first or record.t_ended) - record.t_received
         self.streamed += 1
         self._ttfb_streamed += ttfb
-        inspector = exchange.inspector
-        if inspector is None:
+        inspected = record.inspected
+        if inspected is None:
             return
         self.inspected += 1
-        self.spliced += bool(inspector.spliced)
-        self.held_events += inspector.held_events
-        self.expand_rounds += inspector.rounds
-        if inspector.released:
-            self.released[inspector.released] += 1
+        self.spliced += inspected.spliced
+        self.held_events += inspected.held_events
+        self.expand_rounds += record.expand_rounds
+        if inspected.released:
+            self.released[inspected.released] += 1
 
     def snapshot(self) -> dict[str, object]:
         total = self.streamed + self.buffered
@@ -271,28 +278,3 @@ class StreamStats:
             "sse_held_events": self.held_events,
             "expand_rounds": self.expand_rounds,
         }
-
-
-class Exchange(Protocol):
-    """What the counters read of a request's exchange (cg.web's, which this layer does not import)."""
-
-    @property
-    def status(self) -> int | None: ...
-
-    @property
-    def streaming(self) -> bool: ...
-
-    @property
-    def t_received(self) -> float: ...
-
-    @property
-    def t_headers(self) -> float | None: ...
-
-    @property
-    def t_client_first(self) -> float | None: ...
-
-    @property
-    def inspector(self) -> Inspector | None: ...
-
-    @property
-    def clock(self) -> Callable[[], float]: ...

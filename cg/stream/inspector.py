@@ -100,7 +100,7 @@ class Action(enum.Enum):
     ABORT = "abort"  # abort the client's connection (the stream broke)
 
 
-# The names cg.web.proxy compares ``Step.action`` with.
+# The names cg.exchange.machine compares ``Step.action`` with.
 CONTINUE = Action.CONTINUE
 EXPAND = Action.EXPAND
 DONE = Action.DONE

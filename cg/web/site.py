@@ -119,7 +119,7 @@ class ProxySite(server.Site):
     def log(self, request):
         """One line for a request cg answered itself (/healthz, /stats, a 404, a 413).
 
-        The proxy logs the requests it forwards (cg.web.proxy `_Exchange._end`); no bodies,
+        The proxy logs the requests it forwards (cg.web.driver, at the exchange's end); no bodies,
         no credentials either way.
         """
         if request.proxied:

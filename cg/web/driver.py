@@ -1,0 +1,460 @@
+"""Runs a `cg.exchange.Exchange` on Twisted: events in from twisted.web, the upstream and the reactor;
+commands out onto them.
+
+One `ExchangeDriver` per client request. It feeds the exchange the request once `ProxyResource.prepare`
+is done, the upstream's heads, bodies (gzip decoded here) and failures, the client's disconnect, the
+store's answers to expand calls and the timers' firings, and carries out each command in order. An
+event that comes while commands are being carried out (a Deferred that fires at once, a body
+delivered synchronously) waits its turn, so the exchange never sees one inside another.
+
+The upstream body that feeds the client is paused by the client's `ClientFlow`, registered once per
+exchange as the client response's producer; a client that stops reading pauses the upstream read,
+and a client that leaves cancels the upstream request. Timers run on the proxy's reactor only.
+"""
+
+import zlib
+from collections import deque
+
+from twisted.internet import defer, task
+from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+from zope.interface import implementer
+
+from cg.exchange.machine import (
+    Abort,
+    BodyEnd,
+    CancelTimer,
+    Chunk,
+    ClientGone,
+    Cut,
+    DetachBody,
+    DiscardBody,
+    Exchange,
+    Finish,
+    Head,
+    Prepared,
+    ReadBody,
+    Record,
+    Resolve,
+    Resolved,
+    ResolveFailed,
+    Send,
+    SetHead,
+    StartTimer,
+    StopUpstream,
+    Timer,
+    TimerFired,
+    UpstreamFailed,
+    Write,
+)
+from cg.stream.continuation import answers, refs_to_resolve, resolve
+from cg.web import headers
+from cg.web.upstream import Response, is_timeout
+from cg.wire import dialect
+
+log = Logger(namespace="cg.web.driver")
+
+FLUSH_TIMEOUT = 10.0  # seconds a cut client connection may take to take its last bytes
+_UNDECODABLE = object()  # a response encoding cg did not ask for on a path it reads
+_BODYLESS = (b"GET", b"HEAD", b"DELETE", b"OPTIONS")
+_FIRED = {timer: TimerFired(timer) for timer in Timer}
+_CLIENT_GONE = ClientGone()
+_CUT = Cut()
+
+
+class ExchangeDriver:
+    """One client request: its `Exchange`, and the Twisted objects the exchange's commands act on.
+
+    `ProxyResource.prepare` writes `seq`, `session`, `tenant`, `rewrite` and `originals` (the
+    originals behind the markers it forwarded, kept here to answer expand calls).
+    """
+
+    def __init__(self, proxy, request, which: str):
+        self.proxy = proxy
+        self.request = request
+        request.proxied = True  # its line is written at the exchange's end, not by the site
+        self.which = which
+        self.stats = proxy.stats
+        self.seq = 0
+        self.session = "-"
+        self.tenant = ""
+        self.rewrite = None  # what cg did to the request body, when it did anything
+        self.originals: dict[str, bytes] = {}  # marker ID -> original
+        self.decode = dialect.reads_response(request.uri)
+        body = self._body = request.content.getvalue()
+        self.exchange = Exchange(
+            request.method.decode("latin-1"), request.uri.decode("latin-1"), which,
+            bytes_in=len(body), reads_response=self.decode, http11=request.clientproto == b"HTTP/1.1",
+            clock=proxy.clock, max_expand_rounds=proxy.max_expand_rounds, max_held=proxy.max_held,
+            continuation_timeout=proxy.continuation_timeout,
+        )
+        self.ended = False
+        self.round = 0  # of the request sent last
+        self.pending = None  # an upstream request, until its head arrives
+        self.response: Response | None = None  # a response whose head was fed, until its body is taken
+        self.decoder = None  # that response's
+        self.relay = None  # the upstream body feeding the exchange
+        self.flow = None  # the client response's producer, once a body flows
+        self.timers: dict[Timer, IDelayedCall | task.LoopingCall] = {}
+        self._busy = False
+        self._queue: deque[object] = deque()
+
+    def start(self):
+        request = self.request
+        body, self._body = self._body, None
+        self.proxy.started(self)
+        self.stats.requests[self.which] += 1
+        self.stats.bytes_from_client += len(body)
+        self.upstream_headers = headers.request_headers(
+            request.requestHeaders, accept_encoding=b"gzip" if self.decode else None
+        )
+        request.notifyFinish().addErrback(lambda _: self.feed(_CLIENT_GONE))
+        prepared = defer.maybeDeferred(self.proxy.prepare, self, body)
+        prepared.addErrback(self._unprepared, body)
+        prepared.addCallback(self._prepared)
+        prepared.addErrback(self._bug)
+
+    def cut(self):
+        """Cut the client off (a graceful stop ran out of time)."""
+        self.feed(_CUT)
+
+    def feed(self, event):
+        """Give the exchange an event and carry out its commands (after those under way)."""
+        if self._busy:
+            self._queue.append(event)
+            return
+        self._busy = True
+        try:
+            while True:
+                try:
+                    for command in self.exchange.feed(event):
+                        _DO[type(command)](self, command)
+                except Exception:
+                    log.failure("proxying {path} failed", path=self.request.uri)
+                    self._queue.appendleft(_CUT)
+                if not self._queue:
+                    return
+                event = self._queue.popleft()
+        finally:
+            self._busy = False
+
+    def _unprepared(self, failure, body: bytes) -> bytes:
+        """A bug on the request side costs its saving, never the request: forward what came."""
+        log.failure("rewriting {path} failed; forwarding it as received", failure, path=self.request.uri)
+        self.rewrite = None
+        return body
+
+    def _prepared(self, body: bytes | None):
+        if not body and self.request.method in _BODYLESS:
+            body = None
+        self.feed(Prepared(body, self.rewrite, self.session, self.seq))
+
+    def _bug(self, failure):
+        log.failure("proxying {path} failed", failure, path=self.request.uri)
+        self.feed(_CUT)
+
+    # -----------------------------------------------------------------------------------------
+    # The upstream
+
+    def _send(self, command: Send):
+        origin, base_path = self.proxy.upstreams[self.which]
+        body = command.body
+        self.round = command.round
+        self.stats.bytes_to_upstream += len(body or b"")
+        pending = self.pending = self.proxy.upstream.request(
+            self.request.method, origin, base_path + self.request.uri, self.upstream_headers, body
+        )
+        pending.addCallbacks(self._responded, self._failed).addErrback(self._bug)
+
+    def _responded(self, response):
+        self.pending = None
+        if self.ended:
+            response.deliverBody(_Discard())
+            return
+        decoder = self._decoder(response)
+        decodable = decoder is not _UNDECODABLE
+        self.decoder = decoder if decodable else None  # undecodable: passed through, encoded
+        self.response = response
+        if self.round:  # the client has its head
+            head = Head(response.code, response.phrase, None, False, _is_stream(response), decodable)
+        else:
+            drop = frozenset({b"content-encoding"}) if self.decoder is not None else frozenset()
+            relayed = headers.response_headers(response.headers, drop)
+            head = Head(response.code, response.phrase, relayed, relayed.hasHeader(b"content-length"),
+                        _is_stream(response), decodable)
+        self.feed(head)
+
+    def _failed(self, failure):
+        self.pending = None
+        if not self.ended:
+            self.feed(UpstreamFailed(is_timeout(failure), failure.getErrorMessage() or failure.type.__name__))
+
+    def _decoder(self, response):
+        """A gzip decoder for a body cg reads (None: it is not encoded); _UNDECODABLE for an encoding
+        it asked not to get."""
+        if not self.decode:
+            return None
+        encodings = [e.strip().lower() for v in response.headers.getRawHeaders(b"content-encoding", ())
+                     for e in v.split(b",") if e.strip()]
+        if not encodings or encodings == [b"identity"]:
+            return None
+        if encodings == [b"gzip"]:
+            return zlib.decompressobj(wbits=31)
+        return _UNDECODABLE
+
+    def _read_body(self, command: ReadBody):
+        response, self.response = self.response, None
+        assert response is not None  # the exchange reads the body of the head it was fed
+        response.deliverBody(_Relay(self, self.decoder))
+
+    def _discard_body(self, command: DiscardBody):
+        response, self.response = self.response, None
+        assert response is not None
+        response.deliverBody(_Discard())
+
+    def _detach_body(self, command: DetachBody):
+        if self.relay is not None:
+            self.relay = None
+            self.flow.detach()
+
+    def _stop_upstream(self, command: StopUpstream):
+        if self.pending is not None:
+            self.pending.cancel()
+        elif self.relay is not None:
+            self.relay.transport.stopProducing()
+
+    # -----------------------------------------------------------------------------------------
+    # Expand calls
+
+    def _resolve(self, command: Resolve):
+        """The originals the calls ask for: those behind this request's own markers, else from the
+        store under this request's tenant."""
+        self.stats.expand.bounces += 1
+        calls = command.calls
+        refs = refs_to_resolve(calls)
+        lookups = [defer.succeed(self.originals[ref]) if ref in self.originals
+                   else self.proxy.store.get(self.tenant, ref) for ref in refs]
+
+        def resolved(originals):
+            resolutions = {ref: resolve(ref, original) for ref, original in zip(refs, originals)}
+            for reply in answers(calls, resolutions):
+                self.stats.expand.count(reply.kind, reply.text)
+            self.feed(Resolved(resolutions))
+
+        def failed(failure):
+            log.failure("looking up the originals of expand calls failed", failure)
+            self.feed(ResolveFailed(failure.getErrorMessage()))
+
+        defer.gatherResults(lookups, consumeErrors=True).addCallbacks(resolved, failed).addErrback(self._bug)
+
+    # -----------------------------------------------------------------------------------------
+    # The client
+
+    def _set_head(self, command: SetHead):
+        request = self.request
+        request.setResponseCode(command.status, command.phrase)
+        if command.headers is not None:
+            request.responseHeaders = command.headers
+        for name, value in command.fields:
+            request.setHeader(name, value)
+
+    def _write(self, command: Write):
+        self.stats.bytes_to_client += len(command.data)
+        self.request.write(command.data)
+
+    def _finish(self, command: Finish):
+        if self.relay is not None:
+            relay, self.relay = self.relay, None
+            self.flow.detach()
+            relay.transport.stopProducing()
+        if self.flow is not None:
+            self.request.unregisterProducer()  # before finish(): after a disconnect it raises
+            self.flow = None
+        self.request.finish()
+
+    def _abort(self, command: Abort):
+        channel = self.request.channel
+        transport = channel.transport
+        if command.flush:
+            # Through the channel: it unregisters itself from the transport first, else a
+            # drained buffer resumes the channel instead of closing (until FLUSH_TIMEOUT).
+            channel.loseConnection()
+            # A client that stopped reading would keep the flush waiting: cut it after a while.
+            self.proxy.reactor.callLater(FLUSH_TIMEOUT, _abort_if_open, transport)
+        else:
+            transport.abortConnection()
+
+    # -----------------------------------------------------------------------------------------
+    # Timers and the end
+
+    def _start_timer(self, command: StartTimer):
+        fired = _FIRED[command.timer]
+        if command.repeat:
+            call = task.LoopingCall(self.feed, fired)
+            call.clock = self.proxy.reactor
+            call.start(command.delay, now=False)
+        else:
+            call = self.proxy.reactor.callLater(command.delay, self.feed, fired)
+        self.timers[command.timer] = call
+
+    def _cancel_timer(self, command: CancelTimer):
+        call = self.timers.pop(command.timer, None)
+        if isinstance(call, task.LoopingCall):
+            if call.running:
+                call.stop()
+        elif call is not None and call.active():
+            call.cancel()
+
+    def _record(self, command: Record):
+        self.ended = True
+        record = command.record
+        self.stats.record_response(record)
+        if record.continuation_failed is not None:
+            log.warn("expand continuation failed ({why}): the client gets the rounds so far",
+                     why=record.continuation_failed)
+        if record.usage is not None:
+            self.proxy.billed(record)
+        self.proxy.ended(self)
+        compacted = record.compacted
+        log.info(
+            "{method} {path} {status} {outcome} upstream_ms={upstream_ms} ttfb_ms={ttfb_ms} "
+            "in={bytes_in} out={bytes_out} tokens={tokens} markers={markers} expand_rounds={rounds}",
+            method=record.method,
+            path=record.target,
+            status=record.status or "-",
+            outcome=record.outcome,
+            upstream_ms=_ms(record.t_sent, record.t_headers),
+            ttfb_ms=_ms(record.t_received, record.t_client_first),
+            bytes_in=record.bytes_in,
+            bytes_out=record.bytes_out,
+            tokens="-" if compacted is None else f"{compacted.tokens_before}->{compacted.tokens_after}",
+            markers=0 if compacted is None else compacted.markers,
+            rounds=record.expand_rounds,
+        )
+
+
+_DO = {
+    SetHead: ExchangeDriver._set_head,
+    Write: ExchangeDriver._write,
+    Finish: ExchangeDriver._finish,
+    Abort: ExchangeDriver._abort,
+    Send: ExchangeDriver._send,
+    ReadBody: ExchangeDriver._read_body,
+    DiscardBody: ExchangeDriver._discard_body,
+    DetachBody: ExchangeDriver._detach_body,
+    StopUpstream: ExchangeDriver._stop_upstream,
+    Resolve: ExchangeDriver._resolve,
+    StartTimer: ExchangeDriver._start_timer,
+    CancelTimer: ExchangeDriver._cancel_timer,
+    Record: ExchangeDriver._record,
+}
+
+
+def _abort_if_open(transport):
+    if not transport.disconnected:
+        transport.abortConnection()
+
+
+def _is_stream(response) -> bool:
+    return response.headers.getRawHeaders(b"content-type", [b""])[0].startswith(b"text/event-stream")
+
+
+def _ms(start, end):
+    return "-" if start is None or end is None else f"{(end - start) * 1000:.1f}"
+
+
+class _Relay(Protocol):
+    """Feeds an upstream body to the exchange, decoded, chunk by chunk as it arrives.
+
+    The body attaches to the exchange's `ClientFlow`, the client response's producer,
+    so a client that stops reading pauses the upstream read.
+    """
+
+    def __init__(self, driver: ExchangeDriver, decoder):
+        self.driver = driver
+        self.decoder = decoder
+
+    def connectionMade(self):
+        driver = self.driver
+        if driver.ended:
+            self.transport.stopProducing()
+            return
+        driver.relay = self
+        if driver.flow is None:
+            driver.flow = ClientFlow()
+            driver.request.registerProducer(driver.flow, True)
+        driver.flow.attach(self.transport)
+
+    def dataReceived(self, data):
+        driver = self.driver
+        driver.stats.bytes_from_upstream += len(data)
+        if driver.ended or driver.relay is not self:
+            return
+        if self.decoder is not None:
+            try:
+                data = self.decoder.decompress(data)
+            except zlib.error:
+                self.transport.stopProducing()  # ends this body as failed: the client's is cut
+                return
+        driver.feed(Chunk(data))
+
+    def connectionLost(self, reason=None):
+        driver = self.driver
+        if driver.relay is not self:
+            return  # the exchange ended, or moved on to another round
+        driver.relay = None
+        driver.flow.detach()
+        if driver.ended:
+            return
+        complete = bool(reason.check(ResponseDone, PotentialDataLoss))
+        if self.decoder is not None:
+            complete = complete and self.decoder.eof
+        driver.feed(BodyEnd(complete))
+
+
+@implementer(IPushProducer)
+class ClientFlow:
+    """The client response's producer for an exchange's whole life; upstream bodies come and go.
+
+    The client's channel pauses and resumes whichever producer is registered. A
+    round's body unregistered while paused would never be resumed (so never drain),
+    and an expand round's body registered while the client is paused would read on
+    until cg's next write to the client. Registered once, this keeps the client's
+    state and hands it to each body.
+    """
+
+    def __init__(self):
+        self.paused = False
+        self._body = None  # the upstream body's producer now feeding the client
+
+    def attach(self, body):
+        self._body = body
+        if self.paused:
+            body.pauseProducing()
+
+    def detach(self):
+        """The body feeds the client no more: it must not stay paused on the client's account."""
+        body, self._body = self._body, None
+        if body is not None and self.paused:
+            body.resumeProducing()
+
+    def pauseProducing(self):
+        self.paused = True
+        if self._body is not None:
+            self._body.pauseProducing()
+
+    def resumeProducing(self):
+        self.paused = False
+        if self._body is not None:
+            self._body.resumeProducing()
+
+    def stopProducing(self):
+        if self._body is not None:
+            self._body.stopProducing()
+
+
+class _Discard(Protocol):
+    """Reads and drops a body cg will not use, so its connection goes back to the pool."""

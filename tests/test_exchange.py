@@ -1,0 +1,390 @@
+"""The Exchange on its own, without a reactor: events in, commands out."""
+
+import json
+
+from cg.compaction.pipeline import Change
+from cg.compaction.rewrite import Rewrite
+from cg.exchange.machine import (
+    PING_INTERVAL,
+    Abort,
+    BodyEnd,
+    CancelTimer,
+    Chunk,
+    ClientGone,
+    Cut,
+    DetachBody,
+    DiscardBody,
+    Exchange,
+    Finish,
+    Head,
+    Prepared,
+    ReadBody,
+    Record,
+    Resolve,
+    Resolved,
+    ResolveFailed,
+    Send,
+    SetHead,
+    StartTimer,
+    State,
+    StopUpstream,
+    Timer,
+    TimerFired,
+    UpstreamFailed,
+    Write,
+)
+from cg.stream.continuation import ExpandCall
+from cg.stream.inspector import PING
+from cg.stream.streamcheck import check_anthropic_stream
+from cg.stream.usage import Usage
+from cg.testing import (
+    anthropic_expand_block,
+    anthropic_message,
+    anthropic_stream_events,
+    anthropic_text_block,
+    openai_completion,
+    openai_stream_events,
+)
+from cg.wire.dialect import ANTHROPIC, OPENAI
+
+REF = "0123456789abcdef"
+ORIGINAL = b"the whole output, as the tool gave it"
+FORWARDED = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
+HEADERS = object()  # the driver's client headers: the exchange passes them on untouched
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def rewrite(dialect=ANTHROPIC, injected=True, changes=()):
+    return Rewrite(body=FORWARDED, originals={}, changes=list(changes), injected=injected, stash=True,
+                   parsed={}, dialect=dialect)
+
+
+def exchange(dialect=ANTHROPIC, http11=True, clock=None, **limits):
+    return Exchange("POST", "/v1/messages?beta=true", dialect, bytes_in=len(FORWARDED), reads_response=True,
+                    http11=http11, clock=clock or Clock(), **limits)
+
+
+def head(status=200, stream=False, decodable=True, headers=HEADERS):
+    return Head(status, b"OK", headers, False, stream, decodable)
+
+
+def started(ex, rewrite=None, **head_args):
+    """The exchange with its request sent and the upstream's head fed."""
+    assert ex.feed(Prepared(FORWARDED, rewrite)) == [Send(FORWARDED, 0)]
+    commands = ex.feed(head(**head_args))
+    assert commands == [SetHead(head_args.get("status", 200), b"OK", HEADERS), ReadBody()]
+    return ex
+
+
+def written(commands):
+    return b"".join(c.data for c in commands if isinstance(c, Write))
+
+
+def the_record(commands):
+    [record] = [c.record for c in commands if isinstance(c, Record)]
+    return record
+
+
+def without_writes(commands):
+    return [c for c in commands if not isinstance(c, Write)]
+
+
+def sse(events):
+    return b"".join(events)
+
+
+def round1():
+    """An Anthropic stream whose turn is text, then a lone expand call."""
+    return anthropic_stream_events(
+        blocks=[anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=REF)], stop_reason="tool_use"
+    )
+
+
+def continuation(texts=("Found it.",)):
+    return anthropic_stream_events(blocks=[anthropic_text_block(0, list(texts))], id="msg_cont", output_tokens=7)
+
+
+def text_of(data: bytes) -> str:
+    out = []
+    for block in data.split(b"\n\n"):
+        for line in block.split(b"\n"):
+            if line.startswith(b"data: "):
+                doc = json.loads(line[6:])
+                if doc.get("type") == "content_block_delta" and doc["delta"].get("type") == "text_delta":
+                    out.append(doc["delta"]["text"])
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pass-through
+
+
+def test_a_json_response_passes_through_as_it_comes():
+    clock = Clock()
+    ex = started(exchange(clock=clock))
+    body = json.dumps(anthropic_message("Hi")).encode()
+    clock.now = 100.5
+    first = ex.feed(Chunk(body[:10]))
+    assert first == [Write(body[:10])]
+    assert ex.feed(Chunk(body[10:])) == [Write(body[10:])]
+    clock.now = 101.0
+    end = ex.feed(BodyEnd(True))
+    assert end[0] == Finish()
+    record = the_record(end)
+    assert ex.state is State.ENDED
+    assert (record.status, record.outcome, record.bytes_out, record.stream) == (200, "ok", len(body), False)
+    assert record.usage == Usage(input_tokens=10, output_tokens=5)  # read on the way
+    assert (record.t_received, record.t_client_first, record.t_ended) == (100.0, 100.5, 101.0)
+    assert ex.feed(Chunk(b"late")) == []
+
+
+def test_an_upstream_error_status_is_relayed_and_recorded_as_such():
+    ex = started(exchange(), rewrite(), status=529)
+    assert ex.feed(Chunk(b'{"type":"error"}')) == [Write(b'{"type":"error"}')]  # not collected: no success
+    assert the_record(ex.feed(BodyEnd(True))).outcome == "upstream_error_status"
+
+
+def test_a_body_cut_short_is_cut_for_the_client_too():
+    ex = started(exchange(), stream=True)
+    ex.feed(Chunk(b"event: ping\n"))
+    commands = ex.feed(BodyEnd(False))
+    assert commands[:2] == [StopUpstream(), Abort(flush=True)]  # chunked: flushed, then closed
+    assert the_record(commands).outcome == "upstream_broke"
+
+    ex = started(exchange(http11=False), stream=True)
+    assert ex.feed(BodyEnd(False))[:2] == [StopUpstream(), Abort(flush=False)]  # ends by close: abort
+
+
+def test_an_upstream_failure_is_an_error_in_the_clients_dialect():
+    ex = exchange(OPENAI)
+    ex.feed(Prepared(FORWARDED, None))
+    commands = ex.feed(UpstreamFailed(True, "no head in 600 s"))
+    body = written(commands)
+    assert commands[0] == SetHead(504, None, None, ((b"content-type", b"application/json"),
+                                                    (b"content-length", b"%d" % len(body))))
+    assert json.loads(body)["error"]["type"] == "timeout"
+    assert "timed out waiting for the upstream: no head in 600 s" in json.loads(body)["error"]["message"]
+    assert without_writes(commands)[1:] == [Finish(), Record(the_record(commands))]
+    assert the_record(commands).outcome == "upstream_error"
+
+
+def test_a_client_gone_before_the_request_left_ends_it_without_sending():
+    ex = exchange()
+    commands = ex.feed(ClientGone())
+    assert commands[:1] == [StopUpstream()]
+    assert the_record(commands).outcome == "client_gone"
+    assert ex.feed(Prepared(FORWARDED, rewrite())) == []  # the store answered after the client left
+
+
+def test_what_compaction_did_is_in_the_record():
+    change = Change(message_index=1, block_index=0, part_index=None, tool_name="Bash", component="offload",
+                    step=0, lossy=True, marker_id=REF, tokens_before=900, tokens_after=40, content_id=REF)
+    ex = started(exchange(), rewrite(injected=False, changes=[change]))
+    compacted = the_record(ex.feed(BodyEnd(True))).compacted
+    assert (compacted.tokens_before, compacted.tokens_after, compacted.markers) == (900, 40, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The JSON expand loop
+
+
+def expand_message(ref=REF):
+    return anthropic_message(content=[
+        {"type": "text", "text": "Let me look."},
+        {"type": "tool_use", "id": "toolu_1", "name": "context_guru_expand", "input": {"id": ref}},
+    ], stop_reason="tool_use")
+
+
+def test_a_json_expand_round_trip_answers_the_client_once():
+    ex = started(exchange(), rewrite())
+    assert ex.feed(Chunk(json.dumps(expand_message()).encode())) == []  # collected
+    commands = ex.feed(BodyEnd(True))
+    assert commands == [Resolve([ExpandCall("toolu_1", {"id": REF}, REF)])]
+    [send] = ex.feed(Resolved({REF: ORIGINAL}))
+    assert send.round == 1
+    assert send.body.startswith(FORWARDED[:-len(b'],"stream":true}')])  # the forwarded bytes, kept
+    sent = json.loads(send.body)
+    assert sent["messages"][-1]["content"][0]["content"] == ORIGINAL.decode()
+    assert ex.feed(head(headers=None)) == [ReadBody()]  # the client has its head already
+    ex.feed(Chunk(json.dumps(anthropic_message("Found it.")).encode()))
+    commands = ex.feed(BodyEnd(True))
+    merged = json.loads(written(commands))
+    assert [block["type"] for block in merged["content"]] == ["text", "text"]  # the expand call is cg's
+    assert merged["content"][1]["text"] == "Found it."
+    assert commands[-2] == Finish()
+    record = the_record(commands)
+    assert (record.expand_rounds, record.continuation_failed) == (1, None)
+    assert record.usage == Usage(input_tokens=20, output_tokens=10)  # both rounds billed
+
+
+def test_each_continuation_extends_the_last_one_byte_for_byte():
+    ex = started(exchange(), rewrite())
+    ex.feed(Chunk(json.dumps(expand_message()).encode()))
+    ex.feed(BodyEnd(True))
+    [first] = ex.feed(Resolved({REF: ORIGINAL}))
+    ex.feed(head(headers=None))
+    ex.feed(Chunk(json.dumps(expand_message("fedcba9876543210")).encode()))
+    assert ex.feed(BodyEnd(True)) == [Resolve([ExpandCall("toolu_1", {"id": "fedcba9876543210"}, "fedcba9876543210")])]
+    [second] = ex.feed(Resolved({"fedcba9876543210": None}))
+    assert second.round == 2
+    assert second.body.startswith(first.body[:-len(b'],"stream":true}')])
+    assert len(json.loads(second.body)["messages"]) == len(json.loads(first.body)["messages"]) + 2
+
+
+def test_a_json_continuation_refused_gives_the_client_the_first_round_as_it_came():
+    ex = started(exchange(), rewrite())
+    first = json.dumps(expand_message()).encode()
+    ex.feed(Chunk(first))
+    ex.feed(BodyEnd(True))
+    ex.feed(Resolved({REF: ORIGINAL}))
+    commands = ex.feed(head(status=500, headers=None))
+    assert commands[0] == DiscardBody()
+    assert written(commands) == first
+    assert the_record(commands).continuation_failed == "HTTP 500"
+
+
+def test_a_lookup_that_fails_gives_the_rounds_so_far():
+    ex = started(exchange(), rewrite())
+    first = json.dumps(expand_message()).encode()
+    ex.feed(Chunk(first))
+    ex.feed(BodyEnd(True))
+    commands = ex.feed(ResolveFailed("the store is gone"))
+    assert written(commands) == first
+    assert the_record(commands).continuation_failed == "the store is gone"
+
+
+def test_the_round_cap_hands_the_expand_call_to_the_client():
+    ex = started(exchange(max_expand_rounds=0), rewrite())
+    first = json.dumps(expand_message()).encode()
+    ex.feed(Chunk(first))
+    assert written(ex.feed(BodyEnd(True))) == first
+
+
+def test_an_openai_json_response_goes_through_the_openai_adapter():
+    ex = started(exchange(OPENAI), rewrite(OPENAI))
+    doc = openai_completion()
+    doc["choices"][0]["message"]["tool_calls"] = [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "context_guru_expand", "arguments": json.dumps({"id": REF})},
+    }]
+    ex.feed(Chunk(json.dumps(doc).encode()))
+    assert ex.feed(BodyEnd(True)) == [Resolve([ExpandCall("call_1", json.dumps({"id": REF}), REF)])]
+    [send] = ex.feed(Resolved({REF: ORIGINAL}))
+    assert json.loads(send.body)["messages"][-1] == {"role": "tool", "tool_call_id": "call_1",
+                                                      "content": ORIGINAL.decode()}
+    assert send.body.endswith(b'],"stream":true}')  # a JSON round leaves `stream` as the client sent it
+
+
+def test_an_openai_stream_passes_through_even_with_the_tool_injected():
+    ex = started(exchange(OPENAI), rewrite(OPENAI), stream=True)
+    data = sse(openai_stream_events())
+    assert ex.feed(Chunk(data)) == [Write(data)]
+    assert the_record(ex.feed(BodyEnd(True))).inspected is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Anthropic streams: the inspector
+
+
+def held_expand(clock=None):
+    """A stream exchange that forwarded round 1's text and holds its expand call, resolved and sent."""
+    ex = started(exchange(clock=clock), rewrite(), stream=True)
+    events = round1()
+    commands = ex.feed(Chunk(sse(events)))
+    held = sse(events[5:])  # from the expand call's start on
+    assert written(commands) == sse(events[:5])  # every event before the expand call, at once
+    assert without_writes(commands) == [
+        DetachBody(), StartTimer(Timer.PING, PING_INTERVAL, repeat=True),
+        Resolve([ExpandCall("toolu_expand_1", {"id": REF}, REF)]),
+    ]
+    [send] = ex.feed(Resolved({REF: ORIGINAL}))
+    assert send.round == 1 and json.loads(send.body)["stream"] is True
+    return ex, sse(events), held
+
+
+def test_a_stream_with_a_held_expand_call_is_spliced():
+    ex, _, _ = held_expand()
+    assert ex.feed(head(stream=True, headers=None)) == [StartTimer(Timer.STALL, 600.0), ReadBody()]
+    data = sse(continuation())
+    commands = ex.feed(Chunk(data[:40]))
+    assert commands == []  # the continuation's message_start is swallowed; nothing committed yet
+    commands = ex.feed(Chunk(data[40:]))
+    assert commands[0] == Write(PING)  # the continuation's own ping: no commitment yet
+    assert commands[1:3] == [CancelTimer(Timer.PING), CancelTimer(Timer.STALL)]  # its first block commits
+    end = ex.feed(BodyEnd(True))
+    assert end[-2] == Finish()
+    client = sse(round1()[:5]) + written(commands) + written(end)
+    assert check_anthropic_stream(client) == []
+    assert text_of(client) == "Let me look.Found it."
+    record = the_record(end)
+    assert record.expand_rounds == 1 and record.inspected.spliced and record.inspected.held_events > 0
+    assert record.stream and record.outcome == "ok"
+
+
+def test_a_continuation_that_fails_before_committing_gets_the_verbatim_release():
+    ex, round_1, held = held_expand()
+    commands = ex.feed(UpstreamFailed(False, "connection refused"))
+    assert commands[0] == CancelTimer(Timer.PING)
+    assert written(commands) == held  # the client gets exactly what the upstream sent
+    assert sse(round1()[:5]) + written(commands) == round_1
+    assert without_writes(commands)[1] == Finish()
+    record = the_record(commands)
+    assert record.continuation_failed == "connection refused" and record.inspected.released == "continuation_failed"
+
+
+def test_a_continuation_answering_no_stream_is_refused():
+    ex, _, held = held_expand()
+    commands = ex.feed(head(stream=False, headers=None))
+    assert commands[0] == DiscardBody()
+    assert written(commands) == held
+
+
+def test_a_client_gone_mid_continuation_stops_it():
+    ex, _, _ = held_expand()
+    commands = ex.feed(ClientGone())
+    assert without_writes(commands)[:2] == [CancelTimer(Timer.PING), StopUpstream()]
+    assert written(commands) == b""
+    assert the_record(commands).outcome == "client_gone"
+    assert ex.feed(head(stream=True, headers=None)) == []
+    assert ex.feed(TimerFired(Timer.PING)) == []
+
+
+def test_pings_keep_the_client_alive_while_the_continuation_is_awaited():
+    ex, _, _ = held_expand()
+    assert ex.feed(TimerFired(Timer.PING)) == [Write(PING)]
+    assert ex.feed(TimerFired(Timer.PING)) == [Write(PING)]
+    ex.feed(head(stream=True, headers=None))
+    ex.feed(Chunk(sse(continuation())))
+    assert ex.feed(TimerFired(Timer.PING)) == []  # cancelled once the continuation committed
+
+
+def test_a_continuation_that_stalls_after_its_head_gets_the_release():
+    ex, _, held = held_expand()
+    ex.feed(head(stream=True, headers=None))
+    ex.feed(Chunk(sse(continuation())[:40]))  # message_start only: not committed
+    commands = ex.feed(TimerFired(Timer.STALL))
+    assert without_writes(commands)[:2] == [CancelTimer(Timer.PING), StopUpstream()]
+    assert written(commands) == held
+    assert the_record(commands).continuation_failed == "no content in time"
+
+
+def test_a_stall_timer_after_commit_changes_nothing():
+    ex, _, _ = held_expand()
+    ex.feed(head(stream=True, headers=None))
+    ex.feed(Chunk(sse(continuation())))
+    assert ex.feed(TimerFired(Timer.STALL)) == []
+
+
+def test_a_cut_mid_stream_aborts_the_client():
+    ex, _, _ = held_expand()
+    commands = ex.feed(Cut())
+    assert without_writes(commands)[:3] == [CancelTimer(Timer.PING), StopUpstream(), Abort(flush=True)]
+    assert the_record(commands).outcome == "aborted"
+    assert ex.feed(Cut()) == []
