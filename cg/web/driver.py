@@ -315,8 +315,7 @@ class ExchangeDriver:
         if record.continuation_failed is not None:
             log.warn("expand continuation failed ({why}): the client gets the rounds so far",
                      why=record.continuation_failed)
-        if record.usage is not None:
-            self.proxy.billed(record)
+        self.proxy.billed(record)
         self.proxy.ended(self)
         compacted = record.compacted
         log.info(

@@ -13,6 +13,7 @@ import attrs
 import ujson
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web import resource, server
 
 from cg.compaction.repair import repair_answer
@@ -105,7 +106,7 @@ class ProxyResource(resource.Resource):
             return _error(request, None, 404, "no such original")
         tenant = self.tenant_of(request.requestHeaders)
 
-        gone = []
+        gone: list[Failure] = []
         request.notifyFinish().addErrback(gone.append)
 
         def found(original):
@@ -243,6 +244,8 @@ class ProxyResource(resource.Resource):
     def billed(self, record: ExchangeRecord) -> None:
         """A response's billed usage (every round of it): into /stats and the change log."""
         usage = record.usage
+        if usage is None:  # nothing billed, or nothing cg could read
+            return
         self.stats.usage.add(usage, record.session)
         self.changelog.write(
             usage_record(
@@ -270,7 +273,7 @@ class ProxyResource(resource.Resource):
         """Fires once no request is in flight (for a graceful stop)."""
         if not self._in_flight:
             return defer.succeed(None)
-        d = defer.Deferred()
+        d: defer.Deferred[None] = defer.Deferred()
         self._drain_waiters.append(d)
         return d
 

@@ -107,7 +107,7 @@ class ProxySite(server.Site):
     """Serves the proxy resource; logs cg's own line per request, not an access log."""
 
     requestFactory = CappedRequest
-    protocol = HeadTimedChannel  # HTTP/1.1 only: cg's client leg never negotiates HTTP/2
+    protocol = HeadTimedChannel  # type: ignore[assignment]  # HTTP/1.1 only: cg's client leg never negotiates HTTP/2
 
     def __init__(self, resource, max_body: int, request_head_timeout: float = 30.0, **kwargs):
         # A proxy forwards bodies; parsing form submissions (Content-Type through the
@@ -158,7 +158,7 @@ class Connections(WrappingFactory):
         """Close every connection once its pending bytes are written; fires when all are gone."""
         if not self.protocols:
             return defer.succeed(None)
-        d = defer.Deferred()
+        d: defer.Deferred[None] = defer.Deferred()
         self._emptied.append(d)
         for protocol in list(self.protocols):
             protocol.transport.loseConnection()
