@@ -98,7 +98,7 @@ def parse_response_head(head: bytes) -> ResponseHead:
     if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(status) != 3 or not status.isdigit():
         raise ProtocolError(f"bad status line {lines[0][:100]!r}")
     headers = Headers()
-    lengths = set()
+    lengths: set[bytes] = set()
     codings: list[bytes] = []
     connection: list[bytes] = []
     for line in lines[1:]:

@@ -49,7 +49,9 @@ def rewrite_config(config: Config) -> RewriteConfig:
     return RewriteConfig(
         compact=CompactConfig(
             components=components,
-            keep_tools=frozenset(config.keep_tools),
+            # Its converter, frozenset, makes mypy's attrs plugin type this parameter Iterable[_T_co]
+            # with _T_co unbound, which nothing matches (python/mypy#8625).
+            keep_tools=frozenset(config.keep_tools),  # type: ignore[arg-type]
             offload_min_tokens=config.offload_min_tokens,
         ),
         expand=config.expand,
@@ -78,7 +80,9 @@ def _url(description: str, address) -> str:
 class CGService(service.Service):
     """Listens on every --listen endpoint; on stop, stops accepting and drains in-flight responses."""
 
-    name = "cg"
+    # Twisted's Service says `name = None`, unannotated, so mypy takes its type to be None
+    # (IService documents a str or None).
+    name = "cg"  # type: ignore[assignment]
 
     def __init__(self, config: Config, reactor=None):
         if reactor is None:
@@ -129,7 +133,7 @@ class CGService(service.Service):
         self.connections = Connections(self.site)
         self.connections.noisy = False
         self.ports: list = []
-        self._listening = None
+        self._listening: defer.Deferred | None = None  # binding the --listen endpoints, until stopService
 
     def bind(self):
         """Bind every --listen endpoint now; one that cannot be bound exits with one line.

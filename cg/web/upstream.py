@@ -15,11 +15,12 @@ body's push producer, and its `connectionLost` gets ResponseDone (a complete bod
 PotentialDataLoss (a body delimited by a clean close) or ResponseFailed.
 """
 
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from twisted.internet import defer, error, ssl
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, IStreamClientEndpoint, ITCPTransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import BrowserLikePolicyForHTTPS, ResponseDone, ResponseFailed
@@ -73,6 +74,20 @@ class ConnectionDied(Exception):
     """The connection ended before a response head arrived (the request may not have been read)."""
 
 
+if TYPE_CHECKING:
+
+    class _IConnectionTransport(ITCPTransport, IPushProducer):
+        """What an upstream connection's transport is, for the type checker.
+
+        A TCP connection (twisted.internet.tcp.Client), or for HTTPS a TLSMemoryBIOProtocol
+        over one: it has its own write, loseConnection and abortConnection, and relays what
+        else is asked of it (setTcpNoDelay, pauseProducing) to that connection. Both have
+        `disconnecting` (0, 1 or a bool), which no Twisted interface declares.
+        """
+
+        disconnecting: int
+
+
 def load_trust_root(ca_file: str):
     """A trust root holding every certificate of a PEM bundle (a private CA)."""
     with open(ca_file, "rb") as f:
@@ -103,7 +118,7 @@ class Response:
         self.code = head.code
         self.phrase = head.phrase
         self.headers = head.headers
-        self._connection = connection  # until the body ends
+        self._connection: _Connection | None = connection  # until the body ends
         self._protocol = None
         self._early: list[bytes] = []  # body bytes that came before deliverBody
         self._end: Failure | None = None  # the body's end, when it came before deliverBody
@@ -143,6 +158,7 @@ class Response:
         else:
             self._early.append(data)
             self._held = True
+            assert self._connection is not None  # bytes come only before the body's end
             self._connection.pause()  # holds at most a read until someone takes the body
 
     def _ended(self, reason: Failure):
@@ -156,9 +172,12 @@ class Response:
 class _Connection(Protocol):
     """One upstream connection: one request at a time, back to the pool after a whole response."""
 
+    # Set by makeConnection before any method here runs, and never unset.
+    transport: "_IConnectionTransport"
+
     def __init__(self, pool: "_Pool"):
         self._pool = pool
-        self.key = None
+        self.key: tuple | None = None  # its target's, set once connected (before any request)
         self.served = 0  # requests sent on this connection
         self._state = "idle"  # idle | head | body | abandoned | closed
         self._waiting: defer.Deferred | None = None  # fires with the Response
@@ -251,6 +270,7 @@ class _Connection(Protocol):
         self._state = "body"
         self._response = Response(head, self)
         waiting, self._waiting = self._waiting, None
+        assert waiting is not None  # a head is read only while its request waits (state "head")
         waiting.callback(self._response)
         if self._state != "body":
             return  # the body was abandoned in the callback
@@ -261,6 +281,7 @@ class _Connection(Protocol):
 
     def _body(self, data: bytes):
         head = self._head
+        assert head is not None and self._response is not None  # both set while a body is read
         try:
             if self._chunks is not None:
                 payload = self._chunks.feed(data)
@@ -284,6 +305,7 @@ class _Connection(Protocol):
     def _complete(self, extra: bytes):
         """The whole response is in: pool the connection (when it can serve another), then say so."""
         response, self._response = self._response, None
+        assert response is not None and self._head is not None  # both set while a response is read
         reusable = self._head.keep_alive and not extra
         self._head = self._chunks = None
         self._state = "idle"
@@ -356,6 +378,7 @@ class _Pool:
             connection.transport.loseConnection()
             return
         connection.idle_since = self._reactor.seconds()
+        assert connection.key is not None  # it served a request, so it was keyed
         idle = self._idle.setdefault(connection.key, [])
         idle.append(connection)
         if len(idle) > self._max_idle:
@@ -374,7 +397,8 @@ class _Pool:
             self._sweep = self._reactor.callLater(self._idle_timeout / 2, self._close_stale)
 
     def discard(self, connection: _Connection):
-        idle = self._idle.get(connection.key)
+        key = connection.key  # None for one that never reached _Call._connected: never pooled
+        idle = self._idle.get(key) if key is not None else None
         if idle and connection in idle:
             idle.remove(connection)
         for waiter in self._closing.pop(connection, ()):
@@ -434,7 +458,7 @@ class _Call:
         self._request = (head, body, head_request)
         self._attempt: defer.Deferred | None = None
         self._timed_out = False
-        self.result = defer.Deferred(self._cancel)
+        self.result: defer.Deferred[Response] = defer.Deferred(self._cancel)
         self._timer = upstream.reactor.callLater(upstream.header_timeout, self._expire)
         connection = upstream.pool.take(target.key)
         if connection is not None:
@@ -536,6 +560,7 @@ class Upstream:
             if port == default:
                 host = name  # Host without the default port, as browsers and Agent send it
         name_text = name.strip(b"[]").decode("idna")
+        endpoint: IStreamClientEndpoint
         endpoint = HostnameEndpoint(self.reactor, name_text, port, timeout=self._connect_timeout)
         if scheme == b"https":
             endpoint = wrapClientTLS(self._tls.creatorForNetloc(name.strip(b"[]"), port), endpoint)
