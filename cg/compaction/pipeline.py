@@ -7,7 +7,7 @@ cache stays valid. Anything unexpected means "no change": compaction never fails
 """
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 import attrs
@@ -29,6 +29,11 @@ _MESSAGE_SPINE: jsonbytes.Spine = {"content": {EACH: {"content": {EACH: {"text":
 _OFFLOAD, _DEDUP = Offload(), Dedup()
 
 
+def _names(names: Iterable[str]) -> frozenset[str]:
+    """A converter mypy's attrs plugin can type (it cannot type the generic ``frozenset``)."""
+    return frozenset(names)
+
+
 @attrs.frozen(cache_hash=True)
 class CompactConfig:
     """What the pipeline runs, and its thresholds. Frozen and hashable: it is part of every memo key.
@@ -39,7 +44,7 @@ class CompactConfig:
     """
 
     components: tuple[Component, ...] = DEFAULT_COMPONENTS
-    keep_tools: frozenset[str] = attrs.field(default=_OFFLOAD.keep_tools, converter=frozenset)
+    keep_tools: frozenset[str] = attrs.field(default=_OFFLOAD.keep_tools, converter=_names)
     offload_min_tokens: int = _OFFLOAD.min_tokens
     offload_head_lines: int = _OFFLOAD.head_lines
     offload_tail_lines: int = _OFFLOAD.tail_lines

@@ -51,7 +51,7 @@ def rewrite_config(config: Config) -> RewriteConfig:
             components=components,
             # Its converter, frozenset, makes mypy's attrs plugin type this parameter Iterable[_T_co]
             # with _T_co unbound, which nothing matches (python/mypy#8625).
-            keep_tools=frozenset(config.keep_tools),  # type: ignore[arg-type]
+            keep_tools=frozenset(config.keep_tools),
             offload_min_tokens=config.offload_min_tokens,
         ),
         expand=config.expand,
