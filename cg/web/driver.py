@@ -15,6 +15,7 @@ and a client that leaves cancels the upstream request. Timers run on the proxy's
 import zlib
 from collections import deque
 
+import attrs
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.protocol import Protocol
@@ -23,6 +24,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from zope.interface import implementer
 
+from cg.compaction.rewrite import Rewrite
 from cg.exchange.machine import (
     Abort,
     BodyEnd,
@@ -65,12 +67,24 @@ _CLIENT_GONE = ClientGone()
 _CUT = Cut()
 
 
-class ExchangeDriver:
-    """One client request: its `Exchange`, and the Twisted objects the exchange's commands act on.
+@attrs.frozen
+class Forward:
+    """What the request side decided: the body to send upstream, and what the response side needs.
 
-    `ProxyResource.prepare` writes `seq`, `session`, `tenant`, `rewrite` and `originals` (the
-    originals behind the markers it forwarded, kept here to answer expand calls).
+    `rewrite` is what cg did to the body (None: nothing it must answer for); `originals` are the
+    originals behind the markers in `body`, which answer expand calls before the store is asked.
     """
+
+    body: bytes
+    seq: int  # the request's number in the change log
+    session: str = "-"
+    tenant: str = ""
+    rewrite: Rewrite | None = None
+    originals: dict[str, bytes] = attrs.Factory(dict)
+
+
+class ExchangeDriver:
+    """One client request: its `Exchange`, and the Twisted objects the exchange's commands act on."""
 
     def __init__(self, proxy, request, which: str):
         self.proxy = proxy
@@ -78,11 +92,9 @@ class ExchangeDriver:
         request.proxied = True  # its line is written at the exchange's end, not by the site
         self.which = which
         self.stats = proxy.stats
-        self.seq = 0
-        self.session = "-"
-        self.tenant = ""
-        self.rewrite = None  # what cg did to the request body, when it did anything
-        self.originals: dict[str, bytes] = {}  # marker ID -> original
+        self.seq = next(proxy.seqs)
+        self.tenant = ""  # whose originals expand calls may read
+        self.originals: dict[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
         self.decode = dialect.reads_response(request.uri)
         body = self._body = request.content.getvalue()
         self.exchange = Exchange(
@@ -112,7 +124,7 @@ class ExchangeDriver:
             request.requestHeaders, accept_encoding=b"gzip" if self.decode else None
         )
         request.notifyFinish().addErrback(lambda _: self.feed(_CLIENT_GONE))
-        prepared = defer.maybeDeferred(self.proxy.prepare, self, body)
+        prepared = defer.maybeDeferred(self.proxy.prepare, request, body, self.seq)
         prepared.addErrback(self._unprepared, body)
         prepared.addCallback(self._prepared)
         prepared.addErrback(self._bug)
@@ -141,16 +153,15 @@ class ExchangeDriver:
         finally:
             self._busy = False
 
-    def _unprepared(self, failure, body: bytes) -> bytes:
+    def _unprepared(self, failure, body: bytes) -> Forward:
         """A bug on the request side costs its saving, never the request: forward what came."""
         log.failure("rewriting {path} failed; forwarding it as received", failure, path=self.request.uri)
-        self.rewrite = None
-        return body
+        return Forward(body, self.seq)
 
-    def _prepared(self, body: bytes | None):
-        if not body and self.request.method in _BODYLESS:
-            body = None
-        self.feed(Prepared(body, self.rewrite, self.session, self.seq))
+    def _prepared(self, forward: Forward):
+        self.tenant, self.originals = forward.tenant, forward.originals
+        body = None if not forward.body and self.request.method in _BODYLESS else forward.body
+        self.feed(Prepared(body, forward.rewrite, forward.session, forward.seq))
 
     def _bug(self, failure):
         log.failure("proxying {path} failed", failure, path=self.request.uri)

@@ -21,7 +21,7 @@ from cg.exchange.record import ExchangeRecord
 from cg.record.changelog import NullChangeLog, compaction_record, usage_record
 from cg.stream.usage import session_key
 from cg.web import http1
-from cg.web.driver import ExchangeDriver
+from cg.web.driver import ExchangeDriver, Forward
 from cg.wire import dialect
 from cg.wire.markers import parse_marker_ref
 
@@ -67,7 +67,7 @@ class ProxyResource(resource.Resource):
         self.reactor = reactor
         self.clock = clock
         # Request numbers for the change log, unique across restarts of this process.
-        self._seq = itertools.count(int(time.time()) * 1_000_000)
+        self.seqs = itertools.count(int(time.time()) * 1_000_000)
         self._in_flight: set = set()
         self._drain_waiters: list[defer.Deferred] = []
 
@@ -125,26 +125,24 @@ class ProxyResource(resource.Resource):
         )
         return server.NOT_DONE_YET
 
-    def prepare(self, exchange, body: bytes) -> defer.Deferred:
-        """The body to forward: repaired, compacted and injected, with new originals stored first.
+    def prepare(self, request, body: bytes, seq: int) -> defer.Deferred[Forward]:
+        """What to forward: the body repaired, compacted and injected, with new originals stored first.
 
         Fails open: a body cg cannot parse goes as it came (as does any body when
         the rewrite raises: `ExchangeDriver._unprepared`), and when the store cannot
         keep a new original, that original goes unreplaced.
         """
-        request = exchange.request
-        exchange.seq = next(self._seq)
         if request.requestHeaders.getRawHeaders(b"x-cg-bypass") == [b"1"]:
             self.stats.bypassed += 1
-            return defer.succeed(body)
+            return defer.succeed(Forward(body, seq))
         conversation = (request.requestHeaders.getRawHeaders(b"x-claude-code-session-id") or [b""])[0]
         incoming = self.rewriter.parse(body, request.uri, conversation.decode("latin-1")) if self.rewriter else None
-        exchange.session = session_key(_header_getter(request), incoming.body.value if incoming else None)
+        session = session_key(_header_getter(request), incoming.body.value if incoming else None)
         if incoming is None:
-            return defer.succeed(body)
-        exchange.tenant = self.tenant_of(request.requestHeaders)
-        texts = self._repair_texts(incoming, exchange.tenant) if incoming.repairs else defer.succeed({})
-        return texts.addCallback(lambda texts: self._finish(exchange, body, incoming, texts))
+            return defer.succeed(Forward(body, seq, session))
+        unchanged = Forward(body, seq, session, self.tenant_of(request.requestHeaders))
+        texts = self._repair_texts(incoming, unchanged.tenant) if incoming.repairs else defer.succeed({})
+        return texts.addCallback(lambda texts: self._finish(unchanged, incoming, texts))
 
     def _repair_texts(self, incoming, tenant: str) -> defer.Deferred:
         """The answer for each expand call the client answered with an error, frozen per tool_use_id.
@@ -181,13 +179,13 @@ class ProxyResource(resource.Resource):
         pairs = defer.gatherResults([one(r) for r in incoming.repairs], consumeErrors=True)
         return pairs.addCallback(lambda pairs: {key: text for key, text in pairs if text is not None})
 
-    def _finish(self, exchange, body: bytes, incoming, texts: dict) -> defer.Deferred | bytes:
+    def _finish(self, unchanged: Forward, incoming, texts: dict) -> defer.Deferred[Forward] | Forward:
         rewrite = self.rewriter.finish(incoming, texts)
         if self.observe or not rewrite.originals:
-            return self._chosen(exchange, body, rewrite)
-        return self._vouched(exchange, body, incoming, texts, rewrite, again=True)
+            return self._chosen(unchanged, rewrite, {})
+        return self._vouched(unchanged, incoming, texts, rewrite, again=True)
 
-    def _vouched(self, exchange, body: bytes, incoming, texts: dict, rewrite, again: bool) -> defer.Deferred | bytes:
+    def _vouched(self, unchanged: Forward, incoming, texts: dict, rewrite, again: bool) -> defer.Deferred[Forward] | Forward:
         """Markers only for originals the store vouches for: it first stores those it does not know.
 
         A store that forgot some while storing the others (it broke and came back, or another
@@ -195,51 +193,48 @@ class ProxyResource(resource.Resource):
         it still knows (nothing, once it is unhealthy): the rest go whole, and reformat still
         runs. The exchange keeps the originals behind the markers it sends, for expand calls.
         """
-        tenant = exchange.tenant
+        tenant = unchanged.tenant
         known = self.store.known(tenant, rewrite.originals)
         if known:
             self.store.touch(tenant, known)
         new = {i: original for i, original in rewrite.originals.items() if i not in known}
-
-        def chosen(rewrite):
-            exchange.originals = rewrite.originals
-            return self._chosen(exchange, body, rewrite)
-
         if not new:
-            return chosen(rewrite)
+            return self._chosen(unchanged, rewrite, rewrite.originals)
 
         def stored(_):
             if again and len(self.store.known(tenant, rewrite.originals)) < len(rewrite.originals):
-                return self._vouched(exchange, body, incoming, texts, rewrite, again=False)
-            return chosen(rewrite)
+                return self._vouched(unchanged, incoming, texts, rewrite, again=False)
+            return self._chosen(unchanged, rewrite, rewrite.originals)
 
         def unstored(failure):
             # Offloads sent on earlier turns stay while the store still vouches for them, so the
             # bytes the provider has cached do not change. The store logs the failure, once.
             self.stats.compaction.store_fail_open += 1
-            vouched = self.store.known(tenant, known)
-            return chosen(self.rewriter.finish(incoming, texts, lossy=frozenset(vouched)))
+            vouched = self.rewriter.finish(incoming, texts, lossy=frozenset(self.store.known(tenant, known)))
+            return self._chosen(unchanged, vouched, vouched.originals)
 
         return self.store.put(tenant, new).addCallbacks(stored, unstored)
 
-    def _chosen(self, exchange, body: bytes, rewrite) -> bytes:
-        self.stats.compaction.record(rewrite, len(body))
+    def _chosen(self, unchanged: Forward, rewrite, originals: dict[str, bytes]) -> Forward:
+        """Counts and logs what the rewrite did; forwards it (in observe mode, the body as it came)."""
+        self.stats.compaction.record(rewrite, len(unchanged.body))
         self.stats.expand.repairs += rewrite.repaired
-        if not self.observe:
-            # Kept for the response's life: what it decides by, not the originals (stored) or the parse.
-            exchange.rewrite = attrs.evolve(rewrite, originals={}, parsed={})
         now = time.time()
         for change in rewrite.changes:
             self.changelog.write(
                 compaction_record(
-                    time=now, session=exchange.session, seq=exchange.seq,
+                    time=now, session=unchanged.session, seq=unchanged.seq,
                     message=change.message_index, block=change.block_index, tool=change.tool_name,
                     component=change.component, lossy=change.lossy, marker=change.marker_id,
                     tokens_before=change.tokens_before, tokens_after=change.tokens_after,
                     content_hash=change.content_id, part=change.part_index, step=change.step,
                 )
             )
-        return body if self.observe else rewrite.body
+        if self.observe:
+            return unchanged
+        # Kept for the response's life: what it decides by, not the originals (stored) or the parse.
+        return attrs.evolve(unchanged, body=rewrite.body, rewrite=attrs.evolve(rewrite, originals={}, parsed={}),
+                            originals=originals)
 
     def billed(self, record: ExchangeRecord) -> None:
         """A response's billed usage (every round of it): into /stats and the change log."""
