@@ -230,3 +230,36 @@ def test_an_upstream_that_fails_before_its_head_gets_a_provider_shaped_error(pro
     got, _, body = split_response(client.transport.value())
     assert (got, json.loads(body)["error"]["type"]) == (status, kind)
     assert proxy.stats_json()["upstream_errors"] == 1
+
+
+def test_a_round_body_left_open_past_its_end_is_stopped_when_the_exchange_ends(proxy):
+    """A gateway may keep round one's body open after message_stop: it drains unseen, then is stopped."""
+    client = proxy.send(claude_code_request())
+    (request,) = proxy.upstream.requests
+    first = request.respond(200, SSE)
+    first.write(b"".join(round_one()))  # message_stop, but the body stays open
+    assert len(proxy.upstream.requests) == 2, "cg sent no continuation"
+    second = proxy.upstream.requests[1].respond(200, SSE)
+    second.write(b"".join(continuation(["Found it."])))
+    assert "stop" not in first.producer_calls
+    second.finish()
+    assert client.body()[1]
+    assert "stop" in first.producer_calls  # its connection does not outlive the exchange
+
+
+def test_a_bug_after_the_exchange_ended_still_closes_the_client_and_the_exchange(proxy, monkeypatch):
+    """Commands lost to a bug in the exchange's last step: the driver closes what they would have."""
+    import cg.exchange.machine
+
+    def broken(rewrite):
+        raise RuntimeError("a bug while building the record")
+
+    monkeypatch.setattr(cg.exchange.machine, "_compacted", broken)
+    client = proxy.send(http_request("POST", "/v1/messages", b'{"model":"m","messages":[]}', HEADERS))
+    (request,) = proxy.upstream.requests
+    response = request.respond(200, [("content-type", "application/json")])
+    response.write(b'{"type":"message","content":[]}')
+    response.finish()
+    assert client.transport.disconnected  # cut: what it got cannot look complete
+    monkeypatch.undo()
+    assert proxy.stats_json()["in_flight"] == 0

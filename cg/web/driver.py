@@ -46,6 +46,7 @@ from cg.exchange.machine import (
     Send,
     SetHead,
     StartTimer,
+    State,
     StopUpstream,
     Timer,
     TimerFired,
@@ -65,6 +66,7 @@ _BODYLESS = (b"GET", b"HEAD", b"DELETE", b"OPTIONS")
 _FIRED = {timer: TimerFired(timer) for timer in Timer}
 _CLIENT_GONE = ClientGone()
 _CUT = Cut()
+_STOP = StopUpstream()
 
 
 @attrs.frozen
@@ -111,6 +113,7 @@ class ExchangeDriver:
         self.relay = None  # the upstream body feeding the exchange
         self.flow = None  # the client response's producer, once a body flows
         self.timers: dict[Timer, IDelayedCall | task.LoopingCall] = {}
+        self.detached: set[_Relay] = set()  # earlier rounds' bodies, draining unseen
         self._busy = False
         self._queue: deque[object] = deque()
 
@@ -146,7 +149,10 @@ class ExchangeDriver:
                         _DO[type(command)](self, command)
                 except Exception:
                     log.failure("proxying {path} failed", path=self.request.uri)
-                    self._queue.appendleft(_CUT)
+                    if self.exchange.state is State.ENDED:
+                        self._closed_by_a_bug()  # its commands are lost, and it takes no more
+                    else:
+                        self._queue.appendleft(_CUT)
                 if not self._queue:
                     return
                 event = self._queue.popleft()
@@ -228,6 +234,7 @@ class ExchangeDriver:
 
     def _detach_body(self, command: DetachBody):
         if self.relay is not None:
+            self.detached.add(self.relay)  # it drains unseen, or is stopped at the end
             self.relay = None
             self.flow.detach()
 
@@ -321,6 +328,7 @@ class ExchangeDriver:
 
     def _record(self, command: Record):
         self.ended = True
+        self._stop_detached()
         record = command.record
         self.stats.record_response(record)
         if record.continuation_failed is not None:
@@ -344,6 +352,31 @@ class ExchangeDriver:
             markers=0 if compacted is None else compacted.markers,
             rounds=record.expand_rounds,
         )
+
+    def _stop_detached(self):
+        """Bodies of earlier rounds still open (a gateway may keep one open past its end): stop them."""
+        for relay in list(self.detached):
+            relay.transport.stopProducing()
+        self.detached.clear()
+
+    def _closed_by_a_bug(self):
+        """The exchange ended, but a bug lost the commands that close it: close everything here.
+
+        The client's connection is aborted (what it got, if anything, cannot look complete), the
+        upstream stopped, the timers cancelled, and the request leaves the in-flight set, so a
+        graceful stop does not wait for it.
+        """
+        if self.ended:
+            return
+        self.ended = True
+        for timer in list(self.timers):
+            self._cancel_timer(CancelTimer(timer))
+        self._stop_upstream(_STOP)
+        self._stop_detached()
+        transport = self.request.channel.transport
+        if transport is not None and not transport.disconnected:
+            transport.abortConnection()
+        self.proxy.ended(self)
 
 
 _DO = {
@@ -413,6 +446,7 @@ class _Relay(Protocol):
 
     def connectionLost(self, reason=None):
         driver = self.driver
+        driver.detached.discard(self)
         if driver.relay is not self:
             return  # the exchange ended, or moved on to another round
         driver.relay = None
