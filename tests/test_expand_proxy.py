@@ -17,6 +17,7 @@ import ujson
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from test_rewrite_proxy import command_output
+from twisted.internet.defer import succeed
 from twisted.internet.threads import deferToThread
 
 from cg.compaction.expand import ANTHROPIC_TOOL
@@ -300,3 +301,29 @@ def test_tool_bytes_are_the_same_in_every_process():
     }
     assert len(outputs) == 1
     assert hashlib.sha256(ANTHROPIC_TOOL.encode()).hexdigest()[:12] == "47c7d3620d32"
+
+
+@inlineCallbacks
+def test_a_store_that_cannot_read_the_original_freezes_no_repair(strict_cg, fake, monkeypatch):
+    """A read failure of seconds must not become a "no longer stored" frozen for every later turn."""
+    output = command_output()
+    ref = marker_id(output.encode())
+    store = strict_cg.service.store
+    yield store.put("", {ref: output.encode()})
+    raw = json.dumps(repair_request(ref), separators=(",", ":")).encode()
+
+    def failing_get(self, tenant, ident):
+        self.stats.healthy = False  # as SQLiteStore marks itself on a failed read
+        return succeed(None)
+
+    monkeypatch.setattr(type(store), "get", failing_get)
+    client = yield connect(strict_cg.port, http_request("POST", "/v1/messages", raw, [("content-type", "application/json")]))
+    yield client.closed
+    block = sent(fake.received[0])["messages"][2]["content"][0]
+    assert block["content"] == NO_SUCH_TOOL  # the client's answer, as it sent it
+    assert (yield store.frozen("", "toolu_leak")) is None
+    monkeypatch.undo()
+    store.stats.healthy = True
+    client = yield connect(strict_cg.port, http_request("POST", "/v1/messages", raw, [("content-type", "application/json")]))
+    yield client.closed
+    assert sent(fake.received[1])["messages"][2]["content"][0]["content"] == output

@@ -150,12 +150,16 @@ class ProxyResource(resource.Resource):
         The first repair of a call stores its text; every later turn replays exactly those bytes,
         even after the original was evicted, so a repair never changes what the provider cached.
         The original comes from this very body when it still holds it, else from the store. A
-        store that cannot say whether a text is frozen leaves that answer as the client sent it.
+        store that cannot say whether a text is frozen, or cannot read the original (it is
+        unhealthy), leaves that answer as the client sent it: freezing "no longer stored" then
+        would replay a loss that lasted seconds on every later turn.
         """
         in_body = self.rewriter.originals(incoming)
 
         def one(repair):
             def answered(original):
+                if original is None and not self.store.stats.healthy:
+                    return None  # the store could not say: the client's answer stays, nothing frozen
                 text = repair_answer(repair, original).text
                 if not incoming.stash:  # count_tokens reads, never writes
                     return text
@@ -232,7 +236,8 @@ class ProxyResource(resource.Resource):
             )
         if self.observe:
             return unchanged
-        # Kept for the response's life: what it decides by, not the originals (stored) or the parse.
+        # Kept for the response's life: what it decides by (not the parse), and the originals
+        # behind its markers, which answer expand calls even if the store breaks meanwhile.
         return attrs.evolve(unchanged, body=rewrite.body, rewrite=attrs.evolve(rewrite, originals={}, parsed={}),
                             originals=originals)
 
