@@ -20,7 +20,7 @@ class ProtocolError(ValueError):
 
 # RFC 3986: a path of segments of pchar (unreserved, %-escapes, sub-delims, ":" and "@").
 _PATH = re.compile(rb"(?:/(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})*)+")
-_DOT_SEGMENT = re.compile(rb"/(?:\.|%2e){1,2}(?=/|$)", re.IGNORECASE)
+_DOT_SEGMENT = re.compile(rb"/(?:\.|%2e){1,2}(?=[/;]|%3b|$)", re.IGNORECASE)  # "..;" climbs too, on some gateways
 _ENCODED_UNSAFE = re.compile(rb"%(?:2f|5c|[01][0-9a-f]|7f)", re.IGNORECASE)  # / \ and controls
 _QUERY = re.compile(rb"[!\"$-~]*")  # visible ASCII but "#"
 
