@@ -5,13 +5,28 @@ from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CLAUDE_CODE = FIXTURES / "claude-code"
+CODEX = FIXTURES / "codex"
+
+
+def _request(directory: Path, name: str) -> dict:
+    return json.loads((directory / f"{name}.json").read_text())
 
 
 def claude_code_request(name: str) -> dict:
     """A recorded Claude Code request ({"method", "path", "headers", "body"}) by file stem."""
-    return json.loads((CLAUDE_CODE / f"{name}.json").read_text())
+    return _request(CLAUDE_CODE, name)
 
 
 def claude_code_body(name: str) -> dict:
     """The body of a recorded Claude Code request, by file stem."""
     return claude_code_request(name)["body"]
+
+
+def codex_request(name: str) -> dict:
+    """A recorded Codex CLI request ({"method", "path", "headers", "body"}) by file stem."""
+    return _request(CODEX, name)
+
+
+def codex_body(name: str) -> dict:
+    """The body of a recorded Codex CLI request, by file stem (None for the WebSocket GET)."""
+    return codex_request(name)["body"]
