@@ -38,6 +38,11 @@ from cg.testing import (
     anthropic_stream_events,
     anthropic_text_block,
     openai_stream_events,
+    responses_function_call,
+    responses_message,
+    responses_reasoning,
+    responses_response,
+    responses_stream_events,
     sse_event,
 )
 
@@ -643,6 +648,102 @@ async def test_sdks_accept_scripted_gzip_replies_and_blocks(up):
     assert chunks[-1].usage.total_tokens == 15
 
 
+def without_completed_output(events: list[bytes]) -> list[bytes]:
+    """The stream with ``output`` dropped from ``response.completed``: the SDK must then rebuild it
+    from the ``output_item.done`` items (it returns a completed's ``output`` as sent otherwise)."""
+    completed = ujson.loads(parse_sse(events[-1])[0][1])
+    del completed["response"]["output"]
+    return [*events[:-1], sse_event("response.completed", completed)]
+
+
+def sdk_dump(items) -> list[dict]:
+    """SDK output items as wire dicts; ``exclude_none`` drops the stream helper's own ``parsed: None``."""
+    return [item.model_dump(exclude_unset=True, exclude_none=True) for item in items]
+
+
+@pytest_twisted.ensureDeferred
+async def test_openai_sdk_rebuilds_the_responses_json_output_from_the_stream(up):
+    """The SDK's stream accumulator checks order, ids and indexes; what it rebuilds from the
+    item events must be exactly the output the JSON reply carries."""
+    output = [responses_reasoning(), responses_message("Hé/llo <wörld>")]
+    up.enqueue(
+        JSONReply(responses_response(output)),
+        SSEReply(without_completed_output(responses_stream_events(output, deltas=3))),
+    )
+
+    def call():
+        client = openai.OpenAI(base_url=up.url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT)
+        try:
+            response = client.responses.create(model="gpt-x", input="hi")
+            with client.responses.stream(model="gpt-x", input="hi") as stream:
+                texts = [e.snapshot for e in stream if e.type == "response.output_text.delta"]
+                final = stream.get_final_response()
+            default = list(client.responses.create(model="gpt-x", input="hi", stream=True))
+            return response, texts, final, default
+        finally:
+            client.close()
+
+    response, texts, final, default = await within(deferToThread(call))
+    assert sdk_dump(response.output) == output
+    assert sdk_dump(final.output) == output
+    assert texts == ["Hé/l", "Hé/llo <w", "Hé/llo <wörld>"]
+    assert (final.id, final.status, final.output_text) == ("resp_fake", "completed", "Hé/llo <wörld>")
+    assert (final.usage.input_tokens, final.usage.output_tokens, final.usage.total_tokens) == (10, 5, 15)
+
+    # The default streamed reply: every event numbered in order; the last carries the whole response.
+    assert [e.sequence_number for e in default] == list(range(len(default)))
+    assert [e.type for e in default][:2] == ["response.created", "response.in_progress"]
+    assert "".join(e.delta for e in default if e.type == "response.output_text.delta") == HELLO
+    assert default[-1].type == "response.completed" and default[-1].response.output_text == HELLO
+    assert default[-1].response.model == "gpt-x"
+    assert [r.path for r in up.received] == [b"/v1/responses"] * 3
+
+
+@pytest_twisted.ensureDeferred
+async def test_openai_sdk_parses_the_fake_expand_call_on_the_responses_api(up):
+    """x-fake-expand plays a model calling context_guru_expand; its arguments stream as
+    function_call_arguments deltas, and answering the call ends it."""
+    ref = "0123456789abcdef"
+    asked = [{"role": "user", "content": "hi"}]
+    answered = [
+        *asked,
+        responses_function_call("context_guru_expand", '{"id":"x"}', cg.testing.FAKE_EXPAND_CALL_ID),
+        {"type": "function_call_output", "call_id": cg.testing.FAKE_EXPAND_CALL_ID, "output": "original"},
+    ]
+
+    def call():
+        client = openai.OpenAI(
+            base_url=up.url + "/v1",
+            api_key="x",
+            max_retries=0,
+            timeout=TIMEOUT,
+            default_headers={"x-fake-expand": ref, "x-fake-events": "4"},
+        )
+        try:
+            with client.responses.stream(model="gpt-x", input=asked) as stream:
+                events = list(stream)
+                final = stream.get_final_response()
+            response = client.responses.create(model="gpt-x", input=asked)
+            done = client.responses.create(model="gpt-x", input=answered)
+            return events, final, response, done
+        finally:
+            client.close()
+
+    events, final, response, done = await within(deferToThread(call))
+    arguments = '{"id":"' + ref + '"}'  # compact, as the API sends arguments
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) == 4 and {e.output_index for e in deltas} == {1}
+    assert "".join(e.delta for e in deltas) == arguments
+    [args_done] = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert (args_done.item_id, args_done.arguments) == ("fc_fake_expand", arguments)
+    for r in (final, response):
+        assert [item.type for item in r.output] == ["message", "function_call"]
+        call_item = r.output[1]
+        assert (call_item.name, call_item.call_id) == ("context_guru_expand", cg.testing.FAKE_EXPAND_CALL_ID)
+        assert ujson.loads(call_item.arguments) == {"id": ref}
+    assert [item.type for item in done.output] == ["message"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Builders
 
@@ -681,6 +782,36 @@ def test_stream_builders_follow_the_wire_grammar():
     assert bodies[4]["choices"] == [] and bodies[4]["usage"]["total_tokens"] == 15
     assert all(b["usage"] is None for b in bodies[:4])
     assert len(openai_stream_events(("a",), include_usage=False)) == 4
+
+
+def test_responses_stream_follows_the_wire_grammar():
+    """Codex reads items only from output_item.done and stops at response.completed; the SDK wants
+    the events' order, per-item output_index and sequence numbers as the real API sends them."""
+    output = [responses_function_call("f", '{"a":1}'), responses_message("ab")]
+    events = [(n, ujson.loads(d)) for n, d in parse_sse(b"".join(responses_stream_events(output)))]
+    assert [n for n, _ in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert all(d["type"] == n for n, d in events)
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    assert [d.get("output_index") for _, d in events[2:-1]] == [0] * 5 + [1] * 7
+    assert [d["item"] for n, d in events if n == "response.output_item.done"] == output
+    assert events[0][1]["response"]["output"] == [] and events[0][1]["response"]["status"] == "in_progress"
+    assert events[-1][1]["response"] == responses_response(output)
 
 
 # ---------------------------------------------------------------------------------------------

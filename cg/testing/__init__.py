@@ -41,6 +41,7 @@ from zope.interface import implementer
 from cg.testing.memory import MemoryRequest, MemoryResponse, MemoryUpstream
 
 __all__ = [
+    "FAKE_EXPAND_CALL_ID",
     "FAKE_EXPAND_ID",
     "HELLO",
     "FakeUpstream",
@@ -61,6 +62,11 @@ __all__ = [
     "openai_completion",
     "openai_request_problems",
     "openai_stream_events",
+    "responses_function_call",
+    "responses_message",
+    "responses_reasoning",
+    "responses_response",
+    "responses_stream_events",
     "sse_event",
 ]
 
@@ -305,6 +311,122 @@ def openai_stream_events(
     return events
 
 
+def responses_message(text: str = HELLO, id: str = "msg_fake") -> dict:
+    """A finished Responses ``message`` output item holding one ``output_text`` part."""
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"id": id, "type": "message", "status": "completed", "role": "assistant", "content": [part]}
+
+
+def responses_function_call(
+    name: str, arguments: str, call_id: str = "call_fake", id: str = "fc_fake"
+) -> dict:
+    """A finished Responses ``function_call`` output item; ``arguments`` is the JSON text, as sent."""
+    return {
+        "id": id,
+        "type": "function_call",
+        "status": "completed",
+        "arguments": arguments,
+        "call_id": call_id,
+        "name": name,
+    }
+
+
+def responses_reasoning(encrypted_content: str = "gAAAAfake==", id: str = "rs_fake") -> dict:
+    """A Responses ``reasoning`` output item with no summary, as sent when encrypted content is included."""
+    return {"id": id, "type": "reasoning", "summary": [], "encrypted_content": encrypted_content}
+
+
+def responses_response(
+    output: Sequence[dict] | None = None,
+    id: str = "resp_fake",
+    model: str = "gpt-5.5",
+    status: str = "completed",
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+) -> dict:
+    """A Responses API ``response`` object; ``output`` (finished items) defaults to one message."""
+    return {
+        "id": id,
+        "object": "response",
+        "created_at": _CREATED,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "model": model,
+        "output": [responses_message()] if output is None else list(output),
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens,
+        },
+    }
+
+
+def _cut(text: str, n: int) -> list[str]:
+    """``text`` in ``n`` consecutive pieces of near-equal length, the empty ones dropped."""
+    return [p for p in (text[len(text) * i // n : len(text) * (i + 1) // n] for i in range(n)) if p]
+
+
+def _item_events(index: int, item: dict, deltas: int) -> list[dict]:
+    """The events of one output item at ``index``, without ``sequence_number``: added, the
+    message's parts or the call's argument deltas, done."""
+    at = {"item_id": item["id"], "output_index": index}
+    if item["type"] == "message":
+        started = dict(item, status="in_progress", content=[])
+    elif item["type"] == "function_call":
+        started = dict(item, status="in_progress", arguments="")
+    else:
+        started = dict(item, summary=[]) if item["type"] == "reasoning" else item
+    events = [{"type": "response.output_item.added", "output_index": index, "item": started}]
+    if item["type"] == "message":
+        for c, part in enumerate(item["content"]):  # output_text parts
+            text = {**at, "content_index": c}
+            events.append({"type": "response.content_part.added", **text, "part": dict(part, text="")})
+            events += [
+                {"type": "response.output_text.delta", **text, "delta": d, "logprobs": []}
+                for d in _cut(part["text"], deltas)
+            ]
+            events.append({"type": "response.output_text.done", **text, "text": part["text"], "logprobs": []})
+            events.append({"type": "response.content_part.done", **text, "part": part})
+    elif item["type"] == "function_call":
+        events += [
+            {"type": "response.function_call_arguments.delta", **at, "delta": d}
+            for d in _cut(item["arguments"], deltas)
+        ]
+        events.append({"type": "response.function_call_arguments.done", **at, "arguments": item["arguments"]})
+    events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    return events
+
+
+def responses_stream_events(
+    output: Sequence[dict] | None = None,
+    deltas: int = 2,
+    id: str = "resp_fake",
+    model: str = "gpt-5.5",
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+) -> list[bytes]:
+    """A streamed Responses API reply, as the real API frames it (``event:`` lines, a
+    ``sequence_number`` on each event): created, in_progress, each item of ``output`` (default one
+    message) with its text or arguments in ``deltas`` fragments, then ``response.completed``
+    carrying the whole response."""
+    final = responses_response(output, id, model, "completed", input_tokens, output_tokens)
+    pending = dict(final, status="in_progress", output=[], usage=None)
+    events = [
+        {"type": "response.created", "response": pending},
+        {"type": "response.in_progress", "response": pending},
+        *itertools.chain.from_iterable(_item_events(i, item, deltas) for i, item in enumerate(final["output"])),
+        {"type": "response.completed", "response": final},
+    ]
+    return [sse_event(e["type"], {**e, "sequence_number": n}) for n, e in enumerate(events)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Requests as received
 
@@ -544,8 +666,7 @@ Reply = JSONReply | SSEReply | Reset | Stall | Flood
 
 def _fake_texts(n: int) -> list[str]:
     """``n`` non-empty fragments of HELLO (repeated when ``n`` exceeds its length)."""
-    text = " ".join([HELLO] * max(1, math.ceil(n / len(HELLO))))
-    return [text[len(text) * i // n : len(text) * (i + 1) // n] for i in range(n)]
+    return _cut(" ".join([HELLO] * max(1, math.ceil(n / len(HELLO)))), n)
 
 
 FAKE_EXPAND_ID = "toolu_fake_expand"  # the tool_use id of the expand call ``x-fake-expand`` plays
@@ -562,14 +683,46 @@ def _answers_fake_expand(body: dict) -> bool:
     )
 
 
+FAKE_EXPAND_CALL_ID = "call_fake_expand"  # the Responses call_id of the expand call ``x-fake-expand`` plays
+
+
+def _answers_fake_expand_call(body: dict) -> bool:
+    """Whether the Responses ``input`` of ``body`` holds a function_call_output for the ``x-fake-expand`` call."""
+    items = body.get("input")
+    return isinstance(items, list) and any(
+        isinstance(item, dict) and item.get("type") == "function_call_output" and item.get("call_id") == FAKE_EXPAND_CALL_ID
+        for item in items
+    )
+
+
+def _responses_reply(received: Received, body: dict, model_kw: dict[str, Any]) -> Reply:
+    """The default /v1/responses reply: a message, then (for ``x-fake-expand: REF``, until the input
+    answers it) a ``context_guru_expand`` function_call asking for REF; streamed if the body asks."""
+    n = int(received.header(b"x-fake-events") or 3)
+    output = [responses_message("".join(_fake_texts(n)))]
+    asked = received.header(b"x-fake-expand")
+    if asked and not _answers_fake_expand_call(body):
+        arguments = _dumps({"id": asked.decode("utf-8", "replace")}).decode()
+        output.append(responses_function_call("context_guru_expand", arguments, FAKE_EXPAND_CALL_ID, "fc_fake_expand"))
+    if body.get("stream") is not True:
+        return JSONReply(responses_response(output, **model_kw))
+    return SSEReply(
+        responses_stream_events(output, deltas=n, **model_kw),
+        delay=float(received.header(b"x-fake-delay-ms") or 0) / 1000,
+        first_delay=float(received.header(b"x-fake-first-delay-ms") or 0) / 1000,
+    )
+
+
 def default_reply(received: Received) -> Reply:
     """What the fake answers when nothing is queued: a plausible reply for the path and body.
 
     Streams can be shaped per request (for benchmarks) with ``x-fake-events``,
-    ``x-fake-delay-ms`` and ``x-fake-first-delay-ms``. ``x-fake-expand: REF`` (Anthropic
-    /v1/messages only) plays a model that asks for an original: the reply is a text block, then a
-    ``context_guru_expand`` call (id ``FAKE_EXPAND_ID``) asking for REF, ``stop_reason: "tool_use"``;
-    a request whose last user message holds a ``tool_result`` for that call gets the normal reply.
+    ``x-fake-delay-ms`` and ``x-fake-first-delay-ms``. ``x-fake-expand: REF`` plays a model that
+    asks for an original. On /v1/messages the reply is a text block, then a ``context_guru_expand``
+    call (id ``FAKE_EXPAND_ID``) asking for REF, ``stop_reason: "tool_use"``; a request whose last
+    user message holds a ``tool_result`` for that call gets the normal reply. On /v1/responses the
+    message is followed by a ``context_guru_expand`` function_call (call_id ``FAKE_EXPAND_CALL_ID``),
+    until the request's ``input`` holds a ``function_call_output`` for it.
     """
     try:
         body = ujson.loads(received.body)
@@ -582,6 +735,8 @@ def default_reply(received: Received) -> Reply:
     path = received.path.split(b"?", 1)[0]
     if path == b"/v1/messages/count_tokens":
         return JSONReply({"input_tokens": 10})
+    if path == b"/v1/responses":
+        return _responses_reply(received, body, model_kw)
     anthropic = path == b"/v1/messages" or path.startswith(b"/v1/messages/")
     openai = path == b"/v1/chat/completions"
     asked = received.header(b"x-fake-expand") if path == b"/v1/messages" else None
