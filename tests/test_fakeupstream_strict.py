@@ -7,7 +7,7 @@ import anthropic
 import pytest
 import pytest_twisted
 import treq
-from fixturedata import CLAUDE_CODE, claude_code_body
+from fixturedata import CLAUDE_CODE, CODEX, claude_code_body, codex_body
 from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
@@ -22,6 +22,8 @@ from cg.testing import (
     anthropic_stream_events,
     anthropic_text_block,
     openai_request_problems,
+    responses_function_call,
+    responses_request_problems,
     sse_event,
 )
 
@@ -124,6 +126,39 @@ def test_openai_tool_calls_must_be_answered_before_the_next_message():
     assert openai_request_problems({"messages": [user, call, *tool, tool[0]]})[0].startswith("messages.4:")
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in CODEX.glob("*.json") if codex_body(p.stem) is not None))
+def test_every_codex_fixture_passes(name):
+    """What Codex really sent is what the API accepts: strict mode must not reject it."""
+    assert responses_request_problems(codex_body(name)) == []
+
+
+def test_responses_calls_and_outputs_must_pair_up():
+    """An output without its call, or a call without its output, is a 400 (cg may drop either)."""
+    call = responses_function_call("f", "{}", "call_1")
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "ok"}
+    user = {"role": "user", "content": "hi"}
+    assert responses_request_problems({"input": [user, call, output, user]}) == []
+    assert responses_request_problems({"input": "hi"}) == []
+    assert responses_request_problems({"input": [user, output, call]}) == [
+        "input[1]: No tool call found for function call output with call_id call_1.",
+        "No tool output found for function call call_1.",
+    ]
+    custom = {"type": "custom_tool_call_output", "call_id": "call_1", "output": []}
+    assert responses_request_problems({"input": [call, custom]})[0].startswith("input[1]: No tool call found")
+    assert responses_request_problems({"input": {"role": "user"}}) != []
+    assert responses_request_problems({"input": ["hi"]}) == ["input[0]: an item must be an object"]
+
+
+def test_responses_tools_must_be_well_formed():
+    """Injecting the expand tool must give a declaration the API accepts."""
+    assert responses_request_problems({"input": [], "tools": [{"type": "web_search"}]}) == []
+    assert responses_request_problems({"input": [], "tools": [{"type": "function"}]}) == [
+        "Missing required parameter: 'tools[0].name'."
+    ]
+    assert responses_request_problems({"input": [], "tools": [{"name": "f"}]}) != []
+    assert responses_request_problems({"input": [], "tools": {}}) == ["tools: must be a list"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Over HTTP
 
@@ -176,6 +211,17 @@ async def test_openai_rejections_have_openai_shape(http, up):
                                                  "function": {"name": "f", "arguments": "{}"}}]}
     code, error = await post(http, up, {"model": "gpt", "messages": [call]}, "/v1/chat/completions")
     assert code == 400 and error["error"]["type"] == "invalid_request_error" and up.rejections
+
+
+@pytest_twisted.ensureDeferred
+async def test_responses_rejections_have_openai_shape(http, up):
+    """Clients (Codex prints the body of a 400) see the OpenAI error shape; a real Codex body passes."""
+    answer = {"type": "function_call_output", "call_id": "call_gone", "output": "ok"}
+    code, error = await post(http, up, {"model": "gpt", "input": [answer]}, "/v1/responses")
+    assert code == 400 and error["error"]["type"] == "invalid_request_error"
+    assert "call_gone" in error["error"]["message"] and up.rejections
+    code, reply = await post(http, up, dict(codex_body("unknown_tool_followup"), stream=False), "/v1/responses")
+    assert code == 200 and reply["object"] == "response" and len(up.rejections) == 1
 
 
 @pytest_twisted.ensureDeferred

@@ -65,6 +65,7 @@ __all__ = [
     "responses_function_call",
     "responses_message",
     "responses_reasoning",
+    "responses_request_problems",
     "responses_response",
     "responses_stream_events",
     "sse_event",
@@ -877,6 +878,37 @@ def openai_request_problems(body: object) -> list[str]:
     return problems
 
 
+_CALLS = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
+
+
+def responses_request_problems(body: object) -> list[str]:
+    """Why the Responses API would reject ``body`` (empty if it would not), for what cg can break:
+    ``input`` a string or a list of objects; each call output answering a call earlier in ``input``
+    and each call answered (the API's own messages for function calls); ``tools`` a list of objects
+    with a ``type``, function tools named."""
+    if not isinstance(body, dict) or not isinstance(body.get("input"), (str, list)):
+        return ["input: a string or a list of items is required"]
+    problems = []
+    calls: dict[object, str] = {}  # call_id -> the call's type, for those not answered yet
+    for i, item in enumerate(body["input"] if isinstance(body["input"], list) else ()):
+        if not isinstance(item, dict):
+            problems.append(f"input[{i}]: an item must be an object")
+        elif item.get("type") in _CALLS.values():
+            calls[item.get("call_id")] = item["type"]
+        elif item.get("type") in _CALLS and calls.pop(item.get("call_id"), None) != _CALLS[item["type"]]:
+            kind = item["type"].replace("_", " ")
+            problems.append(f"input[{i}]: No tool call found for {kind} with call_id {item.get('call_id')}.")
+    problems += [f"No tool output found for {kind.replace('_', ' ')} {call_id}." for call_id, kind in calls.items()]
+    tools = body.get("tools", [])
+    if not isinstance(tools, list):
+        return [*problems, "tools: must be a list"]
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+            problems.append(f"Missing required parameter: 'tools[{i}].type'.")
+        elif tool["type"] == "function" and not isinstance(tool.get("name"), str):
+            problems.append(f"Missing required parameter: 'tools[{i}].name'.")
+    return problems
+
 def _sse_data(event: bytes) -> object:
     """The JSON of one framed event's data lines, or None."""
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
@@ -974,11 +1006,11 @@ class FakeUpstream:
     its connection gets the connection aborted (as a server closing an idle keep-alive
     connection would) and the budget drops by one. Such requests are recorded but use no reply.
 
-    ``strict`` (off by default) checks each /v1/messages and /v1/chat/completions request as the
-    real API does (``anthropic_request_problems``, ``openai_request_problems``; thinking blocks are
-    checked against every one the fake has sent, JSON or SSE). A request that fails is recorded, its
-    reasons appended to ``rejections``, and answered 400 in the provider's error shape without
-    using a queued reply.
+    ``strict`` (off by default) checks each /v1/messages, /v1/chat/completions and /v1/responses
+    request as the real API does (``anthropic_request_problems``, ``openai_request_problems``,
+    ``responses_request_problems``; thinking blocks are checked against every one the fake has
+    sent, JSON or SSE). A request that fails is recorded, its reasons appended to ``rejections``,
+    and answered 400 in the provider's error shape without using a queued reply.
     """
 
     default_reply: Callable[[Received], Reply] = default_reply
@@ -1064,7 +1096,7 @@ class FakeUpstream:
     def _reject(self, received: Received, request: Request) -> bool:
         """In strict mode: answer 400 if the API would reject the request."""
         path = received.path.split(b"?", 1)[0]
-        if path not in (b"/v1/messages", b"/v1/chat/completions"):
+        if path not in (b"/v1/messages", b"/v1/chat/completions", b"/v1/responses"):
             return False
         try:
             body = ujson.loads(received.body)
@@ -1072,6 +1104,8 @@ class FakeUpstream:
             body = None
         if path == b"/v1/messages":
             problems = anthropic_request_problems(body, self._thinking, self._redacted)
+        elif path == b"/v1/responses":
+            problems = responses_request_problems(body)
         else:
             problems = openai_request_problems(body)
         if not problems:
