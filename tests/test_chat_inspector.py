@@ -147,6 +147,29 @@ def test_a_lone_expand_call_is_held_and_decided_at_done():
         {"id": "call_x", "type": "function", "function": {"name": EXPAND_TOOL, "arguments": ARGS}}]}
 
 
+def opening_call(call_id: str = "call_x", ref: str = REF) -> list[bytes]:
+    """A turn that starts with the call: role, content null and its first fragment in one chunk, as OpenAI."""
+    first = chunk({"role": "assistant", "content": None, **start(0, call_id)})
+    args = '{"id":"' + ref + '"}'
+    return [first, chunk(frag(0, args)), chunk({}, "tool_calls"), usage_chunk(100, 7), DONE_EVENT]
+
+
+def test_an_expand_call_opening_the_turn_is_held_and_the_client_gets_one_role():
+    data, action, insp = run([opening_call(), ROUND2])
+    assert action == DONE and insp.calls == [ExpandCall("call_x", ARGS, REF)]
+    assert sum("role" in c["choices"][0]["delta"] for c in docs(data) if c["choices"]) == 1
+    completion = sdk_completion(data)
+    assert completion.choices[0].message.role == "assistant"
+    assert completion.choices[0].message.content == "Line 450." and completion.id == HEAD["id"]
+
+
+def test_an_opening_expand_call_released_keeps_its_role():
+    events = opening_call()
+    events[2] = chunk({}, "stop")
+    data, action, insp = run([events])
+    assert data == b"".join(events) and insp.released == "stop_reason"
+
+
 def test_the_splice_reads_as_one_completion():
     data, action, insp = run([ROUND1, ROUND2])
     assert action == DONE and insp.spliced and insp.rounds == 1
@@ -258,6 +281,7 @@ def test_a_continuations_usage_stands_alone_when_round_one_had_none():
 
 SCENARIOS = {
     "spliced": [ROUND1, ROUND2],
+    "opening call": [opening_call(), turn({"content": "Let me look.Line 450."}, finish="stop", head=LATER)],
     "spliced twice": [ROUND1, turn(*expanding(0, "call_z"), finish="tool_calls", head=LATER), ROUND2],
     "released": [turn(*expanding(), start(1, "call_c", "shell", "{}"), finish="tool_calls")],
     "bad input": [turn(start(0, "call_x"), frag(0, '{"id": "a'), finish="tool_calls")],
@@ -277,7 +301,7 @@ def test_rechunking_gives_the_same_client_bytes(data, name, crlf):
 
     got, got_action, _ = run(rounds, chunker=chunker)
     assert got == expected and got_action == action == DONE
-    if name.startswith("spliced"):
+    if name.startswith("spliced") or name == "opening call":
         assert sdk_completion(got).choices[0].message.content == "Let me look.Line 450."
     else:
         assert got == b"".join(rounds[0])

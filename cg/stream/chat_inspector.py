@@ -34,16 +34,19 @@ AWAIT       ``begin_continuation()`` / ``release()``                as ``Inspect
 ==========  ======================================================  ===================================
 
 A *pure* chunk carries nothing but held-call material: one choice, index 0, whose ``delta`` has
-``tool_calls`` (every entry an expand start or a fragment of a held call) and otherwise only null
-or empty values, ``logprobs`` null. A chunk that mixes a held call's fragment with anything else is
+``tool_calls`` (every entry an expand start or a fragment of a held call), perhaps ``role:
+"assistant"`` (OpenAI opens a turn that starts with a call with role, ``content: null`` and the
+call's first fragment in one chunk), and otherwise only null or empty values, ``logprobs`` null. A chunk that mixes a held call's fragment with anything else is
 never split nor re-serialized: round 1's bytes reach the client as the upstream wrote them or not at
 all, and splitting would hand the client a chunk the provider never sent. So a mixed chunk is not
 holdable: in WATCH the call it starts goes to the client (repaired next turn, as an expand call
-batched with a client tool), in HOLD it releases. OpenAI writes one fragment per chunk (role in the
-first chunk, ``finish_reason`` in an empty-delta chunk), so this costs nothing on its streams.
+batched with a client tool), in HOLD it releases. OpenAI writes one call fragment per chunk, text
+in its own chunks and ``finish_reason`` in an empty-delta chunk, so this costs nothing on its
+streams.
 
 Continuation rounds are re-serialized (``data: <json>``): ``id``, ``created`` and ``model`` are
-round 1's, the ``role`` delta is dropped (the client had it), the usage chunk carries the sum (the
+round 1's, the ``role`` delta is dropped when the client had one (kept when round 1's came with
+a held call, so the client gets exactly one), the usage chunk carries the sum (the
 first round's prompt side, completion tokens summed: ``merge_openai_usage``). Tool-call indices are
 dense by construction: a round only expands when all its calls were held, so the client has seen no
 call before the continuation's first, and the continuation's indices start at 0 as the provider's.
@@ -138,10 +141,16 @@ def _arguments(call: dict[str, object]) -> str:
 
 
 def _pure(choice: dict[str, object]) -> bool:
-    """Only tool-call material: no other delta value, no logprobs (see the module docstring)."""
+    """Only tool-call material and the role: no other delta value, no logprobs (see the module docstring)."""
     if choice.get("logprobs") is not None:
         return False
-    return all(key == "tool_calls" or value is None or value == "" for key, value in _delta(choice).items())
+    return all(key == "tool_calls" or value is None or value == "" or (key, value) == ("role", "assistant")
+               for key, value in _delta(choice).items())
+
+
+def _has_role(doc: dict[str, object] | None) -> bool:
+    choice = _choice(doc) if doc is not None else None
+    return isinstance(choice, dict) and "role" in _delta(choice)
 
 
 def _data(doc: dict[str, object]) -> bytes:
@@ -171,6 +180,7 @@ class ChatInspector:
         self._billed: list[Usage] = []
         self._usages: list[object] = []  # the usage objects of finished rounds
         self._fallback: bytes | None = None
+        self._role_shown = False  # the client got a role delta
         self._new_round(_WATCH if max_rounds > 0 else _THROUGH)
 
     def _new_round(self, state: State) -> None:
@@ -275,7 +285,9 @@ class ChatInspector:
     def begin_continuation(self) -> None:
         if self._state is not _AWAIT:
             raise RuntimeError("begin_continuation() without an EXPAND")
-        self._fallback = self._render(self._held)
+        shown = self._role_shown
+        self._fallback = self._render(self._held)  # the release this round would give, not sent yet
+        self._role_shown = shown
         self._billed.append(self._usage.usage)
         self._usages.append(self._usage_doc)
         self._round += 1
@@ -389,7 +401,9 @@ class ChatInspector:
         """The bytes the client gets for ``event``, now."""
         if doc is not None and self.hide_usage and doc.get("choices") == [] and isinstance(doc.get("usage"), dict):
             return b""  # the usage chunk only cg asked for
+        role = _has_role(doc)
         if self._round == 0:
+            self._role_shown = self._role_shown or role
             return event.raw
         if not event.data:
             return event.raw  # a comment
@@ -400,11 +414,12 @@ class ChatInspector:
             return event.raw  # [DONE], an error, what cg cannot read: as it came
         out = dict(doc)
         out.update((key, value) for key, value in self._head.items() if key in doc)
-        choice = _choice(doc)
-        if isinstance(choice, dict) and "role" in _delta(choice):
+        if role and self._role_shown:
+            choice = cast(dict[str, object], _choice(doc))
             delta = dict(_delta(choice))
             del delta["role"]
             out["choices"] = [{**choice, "delta": delta}]
+        self._role_shown = self._role_shown or role
         if isinstance(doc.get("usage"), dict):
             out["usage"] = merge_openai_usage([*self._usages, doc["usage"]]) or doc["usage"]
         return _data(out)
