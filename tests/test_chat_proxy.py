@@ -8,8 +8,9 @@ cg's tool, and the continuation must carry the original.
 import json
 
 import openai
+import pytest
 from pytest_twisted import inlineCallbacks
-from test_chat_inspector import LATER, expanding, turn
+from test_chat_inspector import LATER, expanding, opening_call, turn
 from test_inspect_proxy import is_insertion
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
@@ -41,18 +42,23 @@ def sdk_stream(cg, output: str, **kw):
     return deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
 
 
+@pytest.mark.parametrize("opening", [False, True], ids=["after_text", "opening_the_turn"])
 @inlineCallbacks
-def test_the_sdk_streams_one_completion_while_cg_expands(make_cg, fake_openai):
+def test_the_sdk_streams_one_completion_while_cg_expands(make_cg, fake_openai, opening):
     cg = make_cg(openai_upstream=fake_openai.url, expand=True)
     output = command_output()
     ident = marker_id(output.encode())
-    round1 = turn({"content": "Let me look."}, *expanding(ref=ident), finish="tool_calls")
+    if opening:
+        round1, said = opening_call(ref=ident), ""
+    else:
+        round1, said = turn({"content": "Let me look."}, *expanding(ref=ident), finish="tool_calls"), "Let me look."
     round2 = turn({"content": "Line 450."}, finish="stop", head=LATER, completion=5)
     fake_openai.enqueue(SSEReply(round1, delay=0.01), SSEReply(round2))
     chunks = yield sdk_stream(cg, output)
 
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == "Let me look.Line 450."
+    assert text == said + "Line 450."
+    assert [c.choices[0].delta.role for c in chunks if c.choices and c.choices[0].delta.role] == ["assistant"]
     assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
     assert {c.id for c in chunks} == {"chatcmpl-a"}
