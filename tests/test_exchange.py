@@ -282,11 +282,14 @@ def test_an_openai_json_response_goes_through_the_openai_adapter():
     assert send.body.endswith(b'],"stream":true}')  # a JSON round leaves `stream` as the client sent it
 
 
-def test_an_openai_stream_passes_through_even_with_the_tool_injected():
+def test_an_openai_stream_with_the_tool_injected_goes_through_the_chat_inspector():
+    """No expand call: every chunk reaches the client as it came, and the record says it was inspected."""
     ex = started(exchange(OPENAI), rewrite(OPENAI), stream=True)
     data = sse(openai_stream_events())
-    assert ex.feed(Chunk(data)) == [Write(data)]
-    assert the_record(ex.feed(BodyEnd(True))).inspected is None
+    assert written(ex.feed(Chunk(data))) == data
+    record = the_record(ex.feed(BodyEnd(True)))
+    assert record.inspected is not None and record.inspected.released is None
+    assert record.outcome == "ok"
 
 
 # ---------------------------------------------------------------------------------------------

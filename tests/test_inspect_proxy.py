@@ -376,7 +376,8 @@ def test_forever_expanding_upstream_is_cut_at_the_cap(make_cg, fake):
 
 
 @inlineCallbacks
-def test_openai_sse_passes_through_raw(make_cg, fake_openai):
+def test_an_expand_call_followed_by_text_reaches_the_openai_client_raw(make_cg, fake_openai):
+    """The held expand call is released byte for byte when text follows it (CRLF comment, escapes kept)."""
     cg = make_cg(openai_upstream=fake_openai.url, expand=True)
     call = {"index": 0, "id": "call_1", "type": "function",
             "function": {"name": EXPAND_TOOL, "arguments": '{"id":"0123456789abcdef"}'}}
@@ -402,7 +403,8 @@ def test_openai_sse_passes_through_raw(make_cg, fake_openai):
     status, _, data = split_response((yield client.closed.addTimeout(TIMEOUT, reactor)))
     assert status == 200
     assert data == b"".join(upstream)
-    assert cg.stats.sse.snapshot()["sse_inspected"] == 0
+    stats = cg.stats.sse.snapshot()
+    assert stats["sse_inspected"] == 1 and stats["sse_released"] == {"other_block": 1}
 
 
 @inlineCallbacks

@@ -10,7 +10,7 @@ from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from twisted.web.http_headers import Headers
 
-from cg.compaction.expand import ANTHROPIC_TOOL
+from cg.compaction.expand import ANTHROPIC_TOOL, OPENAI_TOOL
 from cg.testing import claude_code_bytes, command_output
 from cg.web.tenant import parse_tenant
 from cg.wire.markers import EXPAND_TOOL, marker_id
@@ -158,13 +158,9 @@ def test_tenants_keep_originals_apart(make_cg, fake):
     assert "sk-one" not in tenant
 
 
-@pytest.mark.parametrize("stream", [True, False])
-@inlineCallbacks
-def test_openai_injection_skips_streams(make_cg, fake_openai, stream):
-    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+def openai_history(**extra) -> bytes:
     body = {
         "model": "gpt-5",
-        "stream": stream,
         "messages": [
             {"role": "user", "content": "run it"},
             {"role": "assistant", "content": None, "tool_calls": [
@@ -172,16 +168,61 @@ def test_openai_injection_skips_streams(make_cg, fake_openai, stream):
             {"role": "tool", "tool_call_id": "call_1", "content": command_output()},
         ],
         "tools": [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}],
+        **extra,
     }
-    raw = ujson.dumps(body, ensure_ascii=False).encode()
-    client = yield connect(cg.port, http_request("POST", "/v1/chat/completions", raw, [("content-type", "application/json")]))
+    return ujson.dumps(body, ensure_ascii=False).encode()
+
+
+@inlineCallbacks
+def post_openai(cg, raw: bytes):
+    client = yield connect(cg.port, http_request("POST", "/v1/chat/completions", raw,
+                                                 [("content-type", "application/json")]))
     yield client.closed
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@inlineCallbacks
+def test_openai_injection_and_offload_cover_streams(make_cg, fake_openai, stream):
+    """Streamed or not, the same tool bytes go upstream and the old output is offloaded."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    yield post_openai(cg, openai_history(stream=stream))
+    received = fake_openai.received[0]
+    sent = received.json()
+    assert [t["function"]["name"] for t in sent["tools"]] == ["shell", EXPAND_TOOL]
+    assert MARKER in sent["messages"][2]["content"]
+    assert b"," + OPENAI_TOOL.encode() + b"]" in received.body
+
+
+@inlineCallbacks
+def test_a_streamed_chat_request_asks_for_usage_with_the_same_bytes_every_turn(make_cg, fake_openai):
+    """cg needs the usage to sum the rounds: it appends include_usage, at the end, identically each turn."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    raw = openai_history(stream=True)
+    yield post_openai(cg, raw)
+    yield post_openai(cg, raw)
+    first, second = fake_openai.received
+    assert first.body.endswith(b'}],"stream":true,"stream_options":{"include_usage":true}}')
+    assert first.body == second.body
+
+
+@pytest.mark.parametrize("options", [{"include_usage": False}, {"include_usage": True}])
+@inlineCallbacks
+def test_the_clients_stream_options_are_left_as_they_are(make_cg, fake_openai, options):
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    yield post_openai(cg, openai_history(stream=True, stream_options=options))
+    received = fake_openai.received[0]
+    assert received.json()["stream_options"] == options
+    assert received.body.count(b"stream_options") == 1
+
+
+@inlineCallbacks
+def test_a_streamed_request_for_several_choices_is_left_alone(make_cg, fake_openai):
+    """n > 1: the inspector reads one choice, so cg injects nothing and offloads nothing."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    yield post_openai(cg, openai_history(stream=True, n=2))
     sent = fake_openai.received[0].json()
-    names = [t["function"]["name"] for t in sent["tools"]]
-    if stream:
-        assert names == ["shell"] and MARKER not in sent["messages"][2]["content"]
-    else:
-        assert names == ["shell", EXPAND_TOOL] and MARKER in sent["messages"][2]["content"]
+    assert [t["function"]["name"] for t in sent["tools"]] == ["shell"]
+    assert MARKER not in sent["messages"][2]["content"] and "stream_options" not in sent
 
 
 @inlineCallbacks

@@ -25,6 +25,11 @@ _PATHS = {
 }
 
 
+# What a streamed chat request without stream_options gets, so the inspector can sum the rounds'
+# usage: the same bytes at the same place (the body's end) on every turn.
+_USAGE_OPTION = ',"stream_options":{"include_usage":true}'
+
+
 @attrs.frozen
 class RewriteConfig:
     compact: CompactConfig = attrs.Factory(CompactConfig)
@@ -45,6 +50,7 @@ class Rewrite:
     reverted: dict[str, int] = attrs.Factory(dict)  # component -> rewrites the contract undid
     repaired: int = 0  # client answers to expand calls replaced by what cg would have answered
     dialect: str = ANTHROPIC  # the body's shape (the path's), which the response shares
+    usage_added: bool = False  # cg set stream_options.include_usage: the client did not ask for usage
 
 
 @attrs.frozen
@@ -60,6 +66,7 @@ class Incoming:
     stash: bool
     injection: list[tuple[jsonbytes.Span, str]] | None
     repairs: list[Repair]
+    usage_added: bool = False  # the injection also sets stream_options.include_usage
 
 
 class Rewriter:
@@ -92,7 +99,8 @@ class Rewriter:
         injection = self._injection(body, dialect)
         # Exactly where cg manages expand does it repair the client's answers to expand calls.
         repairs = find_repairs(body, dialect) if injection is not None else []
-        return Incoming(body, dialect, stash, injection, repairs)
+        usage_added = injection is not None and any(text == _USAGE_OPTION for _, text in injection)
+        return Incoming(body, dialect, stash, injection, repairs, usage_added)
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
                lossy: bool | frozenset[str] = True) -> Rewrite:
@@ -117,6 +125,7 @@ class Rewriter:
             reverted=compaction.reverted,
             repaired=len(repairs),
             dialect=dialect,
+            usage_added=incoming.usage_added,
         )
 
     def originals(self, incoming: Incoming) -> dict[str, bytes]:
@@ -131,6 +140,14 @@ class Rewriter:
     def _injection(self, body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]] | None:
         if not self.config.expand:
             return None
-        if dialect == OPENAI and body.value.get("stream") is True:
-            return None  # no expand interception on OpenAI streams yet: an unknown tool call breaks clients
-        return expand.injection(body, dialect)
+        edits = expand.injection(body, dialect)
+        value = body.value
+        if edits is None or dialect != OPENAI or value.get("stream") is not True:
+            return edits
+        n = value.get("n")
+        if isinstance(n, int) and n > 1:
+            return None  # the stream inspector reads one choice: n > 1 streams pass through
+        if "stream_options" in value:
+            return edits  # the client's own options, byte for byte (with or without usage)
+        close = len(body.doc.rstrip()) - 1  # the object's closing brace
+        return [*edits, ((close, close), _USAGE_OPTION)]

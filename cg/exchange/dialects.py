@@ -4,8 +4,8 @@ The exchange never branches on a dialect: it asks the adapter how to read a resp
 calls (a JSON document, or a stream through the adapter's `StreamInspector`), how to build the
 continuation request, how to merge a JSON loop's rounds into one answer, what each round billed,
 and how an error reads. A dialect whose streams cg cannot inspect returns no inspector: those
-streams pass through. Today's adapters delegate to `cg.stream.continuation` and
-`cg.stream.inspector`.
+streams pass through. Today's adapters delegate to `cg.stream.continuation`, `cg.stream.inspector` and
+`cg.stream.chat_inspector`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from cg.stream import continuation
+from cg.stream.chat_inspector import ChatInspector
 from cg.stream.continuation import ExpandCall, Resolution
 from cg.stream.inspector import PING, Inspector, ReleaseReason, Step
 from cg.stream.usage import ResponseUsage, Usage
@@ -73,8 +74,10 @@ class Dialect(Protocol):
         """Reads billed usage off a response passed through."""
         ...
 
-    def stream_inspector(self, max_held: int, max_rounds: int) -> StreamInspector | None:
-        """An inspector for a stream where cg injected the expand tool; None: it passes through."""
+    def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
+        """An inspector for a stream where cg injected the expand tool; None: it passes through.
+
+        `hide_usage`: cg asked for the stream's usage (the client did not): keep it from the client."""
         ...
 
     def lone_expand_calls(self, response: dict[str, object]) -> list[ExpandCall] | None:
@@ -109,7 +112,7 @@ class _JSONLoop:
     def usage_meter(self, stream: bool) -> ResponseUsage:
         return ResponseUsage(self.name, stream)
 
-    def stream_inspector(self, max_held: int, max_rounds: int) -> StreamInspector | None:
+    def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
         return None
 
     def lone_expand_calls(self, response: dict[str, object]) -> list[ExpandCall] | None:
@@ -131,12 +134,19 @@ class _AnthropicMessages(_JSONLoop):
 
     keepalive = PING
 
-    def stream_inspector(self, max_held: int, max_rounds: int) -> StreamInspector | None:
+    def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
         return Inspector(max_held=max_held, max_rounds=max_rounds)
 
 
+class _OpenAIChat(_JSONLoop):
+    """OpenAI chat completions: JSON, and streams through the chat inspector."""
+
+    def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
+        return ChatInspector(max_held=max_held, max_rounds=max_rounds, hide_usage=hide_usage)
+
+
 ANTHROPIC_MESSAGES: Dialect = _AnthropicMessages(dialect.ANTHROPIC)
-OPENAI_CHAT: Dialect = _JSONLoop(dialect.OPENAI)  # chat completions: JSON only; streams pass through
+OPENAI_CHAT: Dialect = _OpenAIChat(dialect.OPENAI)
 _ADAPTERS = {adapter.name: adapter for adapter in (ANTHROPIC_MESSAGES, OPENAI_CHAT)}
 
 

@@ -406,7 +406,8 @@ class Exchange:
             if not event.stream:
                 self._state = _COLLECTING
             else:
-                self._inspector = self._loop.stream_inspector(self._max_held, self._max_expand_rounds)
+                self._inspector = self._loop.stream_inspector(self._max_held, self._max_expand_rounds,
+                                                              rewrite.usage_added)
                 if self._inspector is not None:
                     self._state = _INSPECTING
         if self._state is _PASSING and self._reads_response and ok and event.decodable:

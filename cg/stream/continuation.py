@@ -51,6 +51,7 @@ __all__ = [
     "is_cg_answer",
     "lone_expand_calls",
     "merge",
+    "merge_openai_usage",
     "refs_to_resolve",
     "resolve",
 ]
@@ -366,17 +367,26 @@ def _merge_openai(rounds: list[dict[str, object]]) -> dict[str, object]:
     message["content"] = "\n\n".join(texts) if texts else final_message.get("content")
     merged = dict(first)
     merged["choices"] = [{**final_choice, "index": 0, "message": message}]
-    usage = first.get("usage")
-    if isinstance(usage, dict):
-        merged_usage = dict(usage)
-        completion = sum(_count(_dict(r.get("usage")).get("completion_tokens")) for r in rounds)
-        merged_usage["completion_tokens"] = completion
-        details = [_dict(r.get("usage")).get("completion_tokens_details") for r in rounds]
-        if isinstance(usage.get("completion_tokens_details"), dict):
-            merged_usage["completion_tokens_details"] = _sum_counts([d for d in details if isinstance(d, dict)])
-        merged_usage["total_tokens"] = _count(usage.get("prompt_tokens")) + completion
-        merged["usage"] = merged_usage
+    usage = merge_openai_usage([r.get("usage") for r in rounds])
+    if usage is not None:
+        merged["usage"] = usage
     return merged
+
+
+def merge_openai_usage(usages: list[object]) -> dict[str, object] | None:
+    """The usage of several chat rounds as one: the first's (its prompt side is the live context),
+    ``completion_tokens`` (and its details) summed, ``total_tokens`` recomputed; None without a first."""
+    usage = usages[0] if usages else None
+    if not isinstance(usage, dict):
+        return None
+    merged_usage = dict(usage)
+    completion = sum(_count(_dict(u).get("completion_tokens")) for u in usages)
+    merged_usage["completion_tokens"] = completion
+    if isinstance(usage.get("completion_tokens_details"), dict):
+        details = [d for d in (_dict(u).get("completion_tokens_details") for u in usages) if isinstance(d, dict)]
+        merged_usage["completion_tokens_details"] = _sum_counts(details)
+    merged_usage["total_tokens"] = _count(usage.get("prompt_tokens")) + completion
+    return merged_usage
 
 
 def _sum_counts(dicts: list[dict[str, object]]) -> dict[str, object]:

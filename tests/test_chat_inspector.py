@@ -1,0 +1,307 @@
+"""ChatInspector, pure: chat.completion.chunk streams fed event by event, no reactor.
+
+One test per row of the state table in cg/stream/chat_inspector.py, the splice checked with the
+official openai SDK's stream accumulator (``chat.completions.stream()`` over a mock transport), and
+the chunk-boundary property: however the upstream bytes are cut, the client gets the same bytes.
+"""
+
+from __future__ import annotations
+
+import httpx2
+import openai
+import pytest
+import ujson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_inspector import feed_round
+
+from cg.stream.chat_inspector import ChatInspector
+from cg.stream.continuation import ExpandCall
+from cg.stream.inspector import ABORT, DONE, EXPAND, State
+from cg.testing import sse_event
+from cg.wire.markers import EXPAND_TOOL
+from cg.wire.sse import SSEParser
+
+REF = "0123456789abcdef"
+ARGS = '{"id":"' + REF + '"}'
+HEAD = {"id": "chatcmpl-a", "created": 1700000000, "model": "gpt-5"}
+LATER = {"id": "chatcmpl-b", "created": 1700000099, "model": "gpt-5-2026"}
+DONE_EVENT = sse_event(None, "[DONE]")
+
+
+def chunk(delta: dict, finish: str | None = None, head: dict = HEAD, **choice) -> bytes:
+    return sse_event(None, {**head, "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **choice}], "usage": None})
+
+
+def usage_chunk(prompt: int, completion: int, head: dict = HEAD) -> bytes:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return sse_event(None, {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+
+
+def start(index: int, call_id: str, name: str = EXPAND_TOOL, args: str = "") -> dict:
+    return {"tool_calls": [{"index": index, "id": call_id, "type": "function",
+                            "function": {"name": name, "arguments": args}}]}
+
+
+def frag(index: int, args: str) -> dict:
+    return {"tool_calls": [{"index": index, "function": {"arguments": args}}]}
+
+
+def turn(*deltas: dict, finish: str, head: dict = HEAD, prompt: int = 100, completion: int = 7) -> list[bytes]:
+    """role, the deltas, the finish chunk, the usage chunk, [DONE]: a whole round as OpenAI streams it."""
+    return [chunk({"role": "assistant", "content": ""}, head=head), *(chunk(d, head=head) for d in deltas),
+            chunk({}, finish, head=head), usage_chunk(prompt, completion, head), DONE_EVENT]
+
+
+def expanding(index: int = 0, call_id: str = "call_x", ref: str = REF) -> list[dict]:
+    args = '{"id":"' + ref + '"}'
+    return [start(index, call_id), frag(index, args[:7]), frag(index, args[7:])]
+
+
+ROUND1 = turn({"content": "Let me "}, {"content": "look."}, *expanding(), finish="tool_calls")
+ROUND2 = turn({"content": "Line 450."}, finish="stop", head=LATER, prompt=9999, completion=5)
+
+
+def run(rounds: list[list[bytes]], chunker=None, **kw) -> tuple[bytes, object, ChatInspector]:
+    """Round 1, then each continuation while the inspector asks for one; past the given rounds the
+    caller's failure path: release()."""
+    insp = ChatInspector(**kw)
+    out = []
+    for n, events in enumerate(rounds):
+        if n:
+            insp.begin_continuation()
+        data = b"".join(events)
+        sent, action = feed_round(insp, chunker(data) if chunker else [data])
+        out.append(sent)
+        if action != EXPAND:
+            return b"".join(out), action, insp
+    out.append(insp.release())
+    return b"".join(out), DONE, insp
+
+
+def sdk_completion(data: bytes):
+    """What the official SDK's accumulator makes of a client stream."""
+
+    def handler(request):
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=data)
+
+    client = openai.OpenAI(api_key="k", base_url="http://cg.invalid/v1", max_retries=0,
+                           http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
+    with client.chat.completions.stream(model="gpt-5", messages=[{"role": "user", "content": "hi"}]) as s:
+        return s.get_final_completion()
+
+
+def docs(data: bytes) -> list[object]:
+    return [ujson.loads(e.data) for e in SSEParser().feed(data) if e.data and e.data != b"[DONE]"]
+
+
+# ---------------------------------------------------------------------------------------------
+# WATCH
+
+
+def test_a_turn_without_expand_is_forwarded_chunk_by_chunk():
+    events = turn({"content": "Hi"}, finish="stop")
+    insp = ChatInspector()
+    parser = SSEParser()
+    for raw in events:
+        [event] = parser.feed(raw)
+        step = insp.feed(event)
+        assert step.send == raw  # at once, byte for byte
+    assert insp.end(True).action == DONE and insp.released is None
+
+
+def test_a_client_call_first_lets_a_later_expand_call_through():
+    events = turn(start(0, "call_c", "shell", "{}"), *expanding(1), finish="tool_calls")
+    data, action, insp = run([events])
+    assert data == b"".join(events) and action == DONE
+    assert insp.held_events == 0 and insp.state is State.DONE
+
+
+def test_an_expand_start_mixed_with_text_is_not_held():
+    """A mixed chunk is never split: its call goes to the client (repaired next turn)."""
+    events = turn({**start(0, "call_x", args=ARGS), "content": "look"}, finish="tool_calls")
+    data, action, insp = run([events])
+    assert data == b"".join(events) and action == DONE and insp.held_events == 0
+
+
+def test_several_choices_pass_through_uninspected():
+    many = sse_event(None, {**HEAD, "choices": [{"index": 1, "delta": {"content": "b"}, "finish_reason": None}]})
+    events = turn({"content": "a"}, finish="tool_calls")
+    events[1:1] = [many]
+    events[3:3] = [chunk(d) for d in expanding()]
+    data, action, insp = run([events])
+    assert data == b"".join(events) and insp.held_events == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# HOLD and the splice
+
+
+def test_a_lone_expand_call_is_held_and_decided_at_done():
+    insp = ChatInspector()
+    sent, action = feed_round(insp, [b"".join(ROUND1)])
+    assert sent == b"".join(ROUND1[:3]) and action == EXPAND  # role and text went out at once
+    assert insp.calls == [ExpandCall("call_x", ARGS, REF)]
+    assert insp.assistant_message() == {"role": "assistant", "content": "Let me look.", "tool_calls": [
+        {"id": "call_x", "type": "function", "function": {"name": EXPAND_TOOL, "arguments": ARGS}}]}
+
+
+def opening_call(call_id: str = "call_x", ref: str = REF) -> list[bytes]:
+    """A turn that starts with the call: role, content null and its first fragment in one chunk, as OpenAI."""
+    first = chunk({"role": "assistant", "content": None, **start(0, call_id)})
+    args = '{"id":"' + ref + '"}'
+    return [first, chunk(frag(0, args)), chunk({}, "tool_calls"), usage_chunk(100, 7), DONE_EVENT]
+
+
+def test_an_expand_call_opening_the_turn_is_held_and_the_client_gets_one_role():
+    data, action, insp = run([opening_call(), ROUND2])
+    assert action == DONE and insp.calls == [ExpandCall("call_x", ARGS, REF)]
+    assert sum("role" in c["choices"][0]["delta"] for c in docs(data) if c["choices"]) == 1
+    completion = sdk_completion(data)
+    assert completion.choices[0].message.role == "assistant"
+    assert completion.choices[0].message.content == "Line 450." and completion.id == HEAD["id"]
+
+
+def test_an_opening_expand_call_released_keeps_its_role():
+    events = opening_call()
+    events[2] = chunk({}, "stop")
+    data, action, insp = run([events])
+    assert data == b"".join(events) and insp.released == "stop_reason"
+
+
+def test_the_splice_reads_as_one_completion():
+    data, action, insp = run([ROUND1, ROUND2])
+    assert action == DONE and insp.spliced and insp.rounds == 1
+    completion = sdk_completion(data)
+    assert (completion.id, completion.created, completion.model) == tuple(HEAD.values())
+    message = completion.choices[0].message
+    assert message.content == "Let me look.Line 450." and message.tool_calls is None
+    assert completion.choices[0].finish_reason == "stop"
+    usage = completion.usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (100, 12, 112)
+    chunks = docs(data)
+    assert sum("role" in c["choices"][0]["delta"] for c in chunks if c["choices"]) == 1
+    assert sum(c["choices"][0]["finish_reason"] is not None for c in chunks if c["choices"]) == 1
+    assert sum(c["choices"] == [] for c in chunks) == 1 and data.count(b"data: [DONE]") == 1
+    assert [u.output_tokens for u in insp.billed] == [7, 5]
+
+
+def test_a_continuation_calling_a_client_tool_keeps_dense_indices():
+    """Round 1's expand calls never reached the client: the continuation's call is its first, index 0."""
+    round2 = turn(start(0, "call_c", "shell", '{"cmd":"ls"}'), finish="tool_calls", head=LATER)
+    round1 = turn(*expanding(0, "call_x"), *expanding(1, "call_y"), finish="tool_calls")
+    data, action, insp = run([round1, round2])
+    assert [c.id for c in insp.calls] == ["call_x", "call_y"]
+    [call] = sdk_completion(data).choices[0].message.tool_calls
+    assert (call.id, call.function.name, call.function.arguments) == ("call_c", "shell", '{"cmd":"ls"}')
+    assert [tc["index"] for c in docs(data) if c["choices"] for tc in c["choices"][0]["delta"].get("tool_calls", ())] == [0]
+
+
+@pytest.mark.parametrize(("after", "reason"), [
+    (start(1, "call_c", "shell", "{}"), "client_tool"),
+    ({"content": "and text"}, "other_block"),
+    (frag(5, "{}"), "other_block"),
+])
+def test_anything_but_expand_material_releases_verbatim(after, reason):
+    events = turn(*expanding(), after, finish="tool_calls")
+    data, action, insp = run([events])
+    assert data == b"".join(events) and action == DONE and insp.released == reason
+
+
+@pytest.mark.parametrize(("events", "reason"), [
+    (turn(*expanding(), finish="stop"), "stop_reason"),
+    (turn(start(0, "call_x"), frag(0, '{"id": 7}'), finish="tool_calls"), "bad_input"),
+    (turn(start(0, "call_x"), frag(0, '{"id": "a'), finish="tool_calls"), "bad_input"),
+    ([chunk(d) for d in expanding()] + [sse_event(None, {"error": {"message": "overloaded"}})], "error"),
+])
+def test_a_turn_cg_cannot_answer_is_released_verbatim(events, reason):
+    data, action, insp = run([events])
+    assert data == b"".join(events) and action == DONE and insp.released == reason
+
+
+@pytest.mark.parametrize("events", [
+    turn(*expanding(), finish="tool_calls")[:-1],  # decided, but no [DONE]
+    turn({"content": "Hi"}, finish="stop")[:-1],
+])
+def test_a_stream_without_done_never_looks_complete(events):
+    data, action, _ = run([events])
+    assert data == b"".join(events) and action == ABORT
+
+
+def test_past_max_held_the_hold_is_released():
+    data, action, insp = run([ROUND1], max_held=len(ROUND1[3]) + 1)
+    assert data == b"".join(ROUND1) and insp.released == "max_held"
+
+
+def test_a_comment_while_holding_is_held_with_the_rest():
+    round1 = [*ROUND1[:4], b": keep-alive\r\n\r\n", *ROUND1[4:]]
+    data, action, insp = run([round1, ROUND2])
+    assert b"keep-alive" not in data and action == DONE
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures and usage
+
+
+def test_a_failed_continuation_gives_round_one_verbatim():
+    data, action, insp = run([ROUND1])  # no continuation: the caller releases
+    assert data == b"".join(ROUND1) and insp.released == "continuation_failed"
+
+
+def test_a_continuation_that_errs_before_committing_gives_round_one_verbatim():
+    data, action, insp = run([ROUND1, [sse_event(None, {"error": {"message": "overloaded"}})]])
+    assert data == b"".join(ROUND1) and action == DONE and insp.released == "continuation_failed"
+
+
+def test_a_continuation_cut_after_committing_aborts():
+    data, action, _ = run([ROUND1, ROUND2[:2]])
+    assert action == ABORT and b"Line 450." in data
+
+
+def test_usage_cg_asked_for_is_not_shown():
+    plain = turn({"content": "Hi"}, finish="stop")
+    data, _, _ = run([plain], hide_usage=True)
+    assert data == b"".join(plain[:3] + plain[4:])
+    data, action, _ = run([ROUND1, ROUND2], hide_usage=True)
+    assert action == DONE and not any(c["choices"] == [] for c in docs(data))
+    assert sdk_completion(data).usage is None
+
+
+def test_a_continuations_usage_stands_alone_when_round_one_had_none():
+    round1 = ROUND1[:-2] + ROUND1[-1:]  # no usage chunk
+    data, _, insp = run([round1, ROUND2])
+    [usage] = [c["usage"] for c in docs(data) if c["choices"] == []]
+    assert usage == {"prompt_tokens": 9999, "completion_tokens": 5, "total_tokens": 10004}
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunk boundaries
+
+
+SCENARIOS = {
+    "spliced": [ROUND1, ROUND2],
+    "opening call": [opening_call(), turn({"content": "Let me look.Line 450."}, finish="stop", head=LATER)],
+    "spliced twice": [ROUND1, turn(*expanding(0, "call_z"), finish="tool_calls", head=LATER), ROUND2],
+    "released": [turn(*expanding(), start(1, "call_c", "shell", "{}"), finish="tool_calls")],
+    "bad input": [turn(start(0, "call_x"), frag(0, '{"id": "a'), finish="tool_calls")],
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), name=st.sampled_from(sorted(SCENARIOS)), crlf=st.booleans())
+def test_rechunking_gives_the_same_client_bytes(data, name, crlf):
+    rounds = [[e.replace(b"\n", b"\r\n") for e in r] if crlf else r for r in SCENARIOS[name]]
+    expected, action, _ = run(rounds)
+
+    def chunker(blob: bytes) -> list[bytes]:
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(blob)), max_size=40)))
+        bounds = [0, *cuts, len(blob)]
+        return [blob[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    got, got_action, _ = run(rounds, chunker=chunker)
+    assert got == expected and got_action == action == DONE
+    if name.startswith("spliced") or name == "opening call":
+        assert sdk_completion(got).choices[0].message.content == "Let me look.Line 450."
+    else:
+        assert got == b"".join(rounds[0])
