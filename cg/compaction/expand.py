@@ -48,12 +48,16 @@ def injection(body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]
     """The edit that appends the expand tool to `tools`, or None where cg does not inject.
 
     None when `tools` is absent or empty (side requests such as title generation
-    send `tools: []`, and are left alone) or already holds a tool of that name.
+    send `tools: []`, and are left alone) or already holds a tool of that name, and for a body
+    shape cg declares no expand tool in (the Responses API, for now).
     """
+    declaration = _TOOLS.get(dialect)
+    if declaration is None:
+        return None
     tools = body.value.get("tools")
     if not isinstance(tools, list) or not tools:
         return None
     if any(_tool_name(tool) == EXPAND_TOOL for tool in tools):
         return None
     end = body.spans[("tools",)][1] - 1  # the closing bracket
-    return [((end, end), "," + _TOOLS[dialect])]
+    return [((end, end), "," + declaration)]

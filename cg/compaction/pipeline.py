@@ -1,7 +1,8 @@
 """The compaction pipeline: rewrite the tool results in a request body so it carries less.
 
 Pure: bytes in, bytes out. Only tool results are touched (Anthropic `tool_result` blocks in user
-messages, OpenAI `role: "tool"` messages); every other byte reaches the provider as the client sent
+messages, OpenAI `role: "tool"` messages, Responses `function_call_output` and
+`custom_tool_call_output` input items); every other byte reaches the provider as the client sent
 it, and a result gets the same bytes on every turn (see components.py), so the provider's prompt
 cache stays valid. Anything unexpected means "no change": compaction never fails a request.
 """
@@ -16,13 +17,18 @@ from cg.compaction.components import DEFAULT_COMPONENTS, Component, Context, Ded
 from cg.compaction.tokens import estimate_tokens
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
+from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
 from cg.wire.jsonbytes import EACH, StringStyle
 from cg.wire.markers import EXPAND_TOOL, marker, marker_id
 
 # A message whose result changes is walked again (the body is parsed only as deep as each message:
 # cg.wire.body) down to where result text sits: Anthropic content[].content (a string or text
-# blocks), OpenAI content (a string or text parts).
-_MESSAGE_SPINE: jsonbytes.Spine = {"content": {EACH: {"content": {EACH: {"text": {}}}, "text": {}}}}
+# blocks), OpenAI content (a string or text parts), a Responses item's output (a string or
+# input_text parts).
+_MESSAGE_SPINE: jsonbytes.Spine = {
+    "content": {EACH: {"content": {EACH: {"text": {}}}, "text": {}}},
+    "output": {EACH: {"text": {}}},
+}
 
 
 # The config's defaults are the components' own.
@@ -210,7 +216,8 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
 
     `lossy`: True, False, or the marker IDs whose originals may be replaced by a marker.
     """
-    messages = body.value.get("messages")
+    key = _LIST_KEY[dialect]
+    messages = body.value.get(key)
     if not isinstance(messages, list):
         return Plan([], {}, [])
     edits: list[tuple[jsonbytes.Span, str]] = []
@@ -227,7 +234,7 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
             continue
         result_id = decision.result_id
         if result.message_index not in message_spans:
-            message_spans[result.message_index] = _message_spans(body, result.message_index, memo)
+            message_spans[result.message_index] = _message_spans(body, key, result.message_index, memo)
         start, end = message_spans[result.message_index][result.path]
         edits.append(((start, end), StringStyle.of(doc[start:end], result.text).encode(decision.text)))
         changes += [
@@ -242,9 +249,10 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     return Plan(edits, originals, changes, runs, reverted)
 
 
-def _message_spans(body: ParsedBody, index: int, memo: Memo | None) -> dict[jsonbytes.Path, jsonbytes.Span]:
-    """Where the strings of message `index` sit: walked once per distinct message text."""
-    start, end = body.spans[("messages", index)]
+def _message_spans(body: ParsedBody, key: str, index: int,
+                   memo: Memo | None) -> dict[jsonbytes.Path, jsonbytes.Span]:
+    """Where the strings of message (or input item) `index` sit: walked once per distinct message text."""
+    start, end = body.spans[(key, index)]
     if memo is None:
         return jsonbytes.spans_below(body.doc, start, _MESSAGE_SPINE)
     text = body.doc[start:end]
@@ -368,7 +376,7 @@ def _anthropic_results(messages: list[object]) -> Iterator[_ToolResult]:
             elif role == "user" and block.get("type") == "tool_result":
                 yield from _result_texts(
                     block.get("content"), ("content", block_index, "content"),
-                    _look_up(tool_names, block.get("tool_use_id")), message_index, block_index,
+                    _look_up(tool_names, block.get("tool_use_id")), message_index, block_index, "text",
                 )
 
 
@@ -384,21 +392,46 @@ def _openai_results(messages: list[object]) -> Iterator[_ToolResult]:
         elif message.get("role") == "tool":
             yield from _result_texts(
                 message.get("content"), ("content",),
-                _look_up(tool_names, message.get("tool_call_id")), message_index, None,
+                _look_up(tool_names, message.get("tool_call_id")), message_index, None, "text",
             )
 
 
-_FIND_RESULTS: dict[str, Callable[[list[object]], Iterator[_ToolResult]]] = {"anthropic": _anthropic_results, "openai": _openai_results}
+# The Responses API's calls and their outputs, matched by `call_id`.
+_RESPONSES_CALLS = ("function_call", "custom_tool_call")
+_RESPONSES_OUTPUTS = ("function_call_output", "custom_tool_call_output")
+
+
+def _responses_results(items: list[object]) -> Iterator[_ToolResult]:
+    """The outputs among Responses `input` items: a string, or input_text parts (other parts stay)."""
+    tool_names: dict[str, str] = {}
+    for item_index, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind in _RESPONSES_CALLS:
+            _remember(tool_names, item.get("call_id"), item.get("name"))
+        elif kind in _RESPONSES_OUTPUTS:
+            yield from _result_texts(
+                item.get("output"), ("output",),
+                _look_up(tool_names, item.get("call_id")), item_index, None, "input_text",
+            )
+
+
+_FIND_RESULTS: dict[str, Callable[[list[object]], Iterator[_ToolResult]]] = {
+    ANTHROPIC: _anthropic_results, OPENAI: _openai_results, RESPONSES: _responses_results,
+}
+# Where each body shape keeps the list _FIND_RESULTS walks.
+_LIST_KEY = {ANTHROPIC: "messages", OPENAI: "messages", RESPONSES: "input"}
 
 
 def _result_texts(content: object, path: jsonbytes.Path, tool_name: str | None, message_index: int,
-                  block_index: int | None) -> Iterator[_ToolResult]:
-    """A result's text: its string content, or each text part of a list (other parts stay)."""
+                  block_index: int | None, part_type: str) -> Iterator[_ToolResult]:
+    """A result's text: its string content, or each `part_type` part of a list (other parts stay)."""
     if isinstance(content, str):
         yield _ToolResult(path, content, tool_name, message_index, block_index, None)
     elif isinstance(content, list):
         for part_index, part in enumerate(content):
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            if isinstance(part, dict) and part.get("type") == part_type and isinstance(part.get("text"), str):
                 yield _ToolResult(path + (part_index, "text"), part["text"], tool_name, message_index,
                                   block_index, part_index)
 

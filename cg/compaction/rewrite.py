@@ -14,14 +14,17 @@ from cg.compaction.pipeline import Change, CompactConfig, Memo, plan
 from cg.compaction.repair import Repair, find_repairs, repair_edits
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
-from cg.wire.dialect import ANTHROPIC, OPENAI, split_path
+from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES, split_path
 
-# Paths whose bodies cg rewrites, and whether what it stashes there matters
-# (count_tokens is read-only: it sizes the request cg would send, nothing more).
+# Paths whose bodies cg rewrites, their body shape, and whether what it stashes there matters
+# (count_tokens is read-only: it sizes the request cg would send, nothing more). The shape is not
+# the route: /v1/responses routes as OPENAI (cg.wire.dialect) but carries `input` items. cg injects
+# no expand tool there yet, so its tool outputs get the lossless components only.
 _PATHS = {
     b"/v1/messages": (ANTHROPIC, True),
     b"/v1/messages/count_tokens": (ANTHROPIC, False),
     b"/v1/chat/completions": (OPENAI, True),
+    b"/v1/responses": (RESPONSES, True),
 }
 
 
@@ -138,8 +141,8 @@ class Rewriter:
         return None if incoming is None else self.finish(incoming, lossy=lossy)
 
     def _injection(self, body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]] | None:
-        if not self.config.expand:
-            return None
+        if not self.config.expand or dialect == RESPONSES:
+            return None  # no Responses expand loop yet: never `injected`, so never an exchange adapter
         edits = expand.injection(body, dialect)
         value = body.value
         if edits is None or dialect != OPENAI or value.get("stream") is not True:

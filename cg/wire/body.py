@@ -1,4 +1,4 @@
-"""A request body parsed once: its JSON value, and where each message and the tools array sit in it.
+"""A request body parsed once: its JSON value, and where each message (or input item) and the tools array sit in it.
 
 Every stage that edits a body (repair, compaction, tool injection, continuations) works from this
 one parse and returns span edits, spliced in one pass: the bytes between edits reach the provider
@@ -12,8 +12,9 @@ import attrs
 from cg.wire import jsonbytes
 from cg.wire.jsonbytes import EACH
 
-# Parsed in Python only as deep as each message; the stages walk further where they need to.
-_BODY_SPINE: jsonbytes.Spine = {"messages": {EACH: {}}, "tools": {}}
+# Parsed in Python only as deep as each message (chat and Messages `messages`, Responses `input`
+# items); the stages walk further where they need to.
+_BODY_SPINE: jsonbytes.Spine = {"messages": {EACH: {}}, "input": {EACH: {}}, "tools": {}}
 
 
 @attrs.frozen

@@ -13,6 +13,10 @@ import ujson
 
 ANTHROPIC = "anthropic"
 OPENAI = "openai"
+# A body shape, not a route: `/v1/responses` routes as OPENAI (its errors are OpenAI's), but its body
+# carries `input` items, not chat `messages`. Only the rewrite and the pipeline speak it; no exchange
+# adapter does (cg injects no expand tool there yet, so a Responses rewrite is never `injected`).
+RESPONSES = "responses"
 
 _OPENAI_PATHS = (
     b"/v1/chat/completions",
