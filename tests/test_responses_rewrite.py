@@ -200,3 +200,14 @@ def test_a_responses_body_cg_cannot_parse_reaches_the_provider_untouched(make_cg
     client = yield connect(cg.port, http_request("POST", "/v1/responses", raw, [("content-type", "application/json")]))
     yield client.closed
     assert fake_openai.received[0].body == raw
+
+
+@inlineCallbacks
+def test_codexs_session_header_names_the_conversation_whose_parse_is_reused(make_cg, fake_openai):
+    """Codex sends no x-claude-code-session-id: its session-id header keeps its history's parse apart."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    body = json.dumps({"model": "gpt-5.5", "input": responses_input(coloured_output())}).encode()
+    headers = [("content-type", "application/json"), ("session-id", "01a231c4-session")]
+    client = yield connect(cg.port, http_request("POST", "/v1/responses", body, headers))
+    yield client.closed
+    assert list(cg.service.resource.rewriter._last) == ["01a231c4-session"]

@@ -135,7 +135,10 @@ class ProxyResource(resource.Resource):
         if request.requestHeaders.getRawHeaders(b"x-cg-bypass") == [b"1"]:
             self.stats.bypassed += 1
             return defer.succeed(Forward(body, seq))
-        conversation = (request.requestHeaders.getRawHeaders(b"x-claude-code-session-id") or [b""])[0]
+        # Whose last body this one most likely extends: Claude Code's and Codex CLI's session headers.
+        headers = request.requestHeaders
+        conversation = (headers.getRawHeaders(b"x-claude-code-session-id") or headers.getRawHeaders(b"session-id")
+                        or [b""])[0]
         incoming = self.rewriter.parse(body, request.uri, conversation.decode("latin-1")) if self.rewriter else None
         session = session_key(_header_getter(request), incoming.body.value if incoming else None)
         if incoming is None:
