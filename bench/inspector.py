@@ -34,7 +34,8 @@ Measured:
     cg's compacted one): round 1's time plus the upstream's own latency (continuation
     request to its first text delta).
  3. In-process, pinned to one CPU, no sockets: events/s of ``cg.wire.sse.SSEParser`` +
-    ``cg.stream.inspector.Inspector`` over long generated streams, next to the parser alone and the
+    ``cg.stream.inspector.Inspector`` (and of ``cg.stream.chat_inspector.ChatInspector`` over chat
+    streams) over long generated streams, next to the parser alone and the
     pass-through path's usage meter (``cg.stream.usage.ResponseUsage``); and memory per inspected
     stream two ways: tracemalloc around N parser+inspector pairs holding a stream open (the
     inspector's own state), and cg's RSS with N marker-bearing streams open at once (all an
@@ -300,7 +301,25 @@ def recorded_streams(n: int) -> dict[str, list[bytes]]:
         stop_reason="tool_use",
     )
     cont = anthropic_stream_events(_texts(rnd, n))
-    return {"answer": answer, "tool": tool, "expand": expand, "continuation": cont}
+    return {"answer": answer, "tool": tool, "expand": expand, "continuation": cont, **chat_streams(rnd, n)}
+
+
+def chat_streams(rnd: random.Random, n: int) -> dict[str, list[bytes]]:
+    """Long chat.completion.chunk streams: an answer, and a round whose lone call is cg's expand."""
+    from cg.testing import openai_stream_events, sse_event
+    from cg.wire.markers import EXPAND_TOOL
+
+    answer = openai_stream_events(_texts(rnd, n), include_usage=True)
+    expand = openai_stream_events(_texts(rnd, 5), finish_reason="tool_calls")
+    head = json.loads(expand[0].removeprefix(b"data: "))
+    args = '{"id":"0123456789abcdef"}'
+    calls = [{"index": 0, "id": "call_x", "type": "function", "function": {"name": EXPAND_TOOL, "arguments": ""}},
+             {"index": 0, "function": {"arguments": args[:7]}}, {"index": 0, "function": {"arguments": args[7:]}}]
+    call_chunks = [sse_event(None, {**head, "choices": [{"index": 0, "delta": {"tool_calls": [call]},
+                                                        "finish_reason": None, "logprobs": None}]})
+                   for call in calls]
+    expand[-3:-3] = call_chunks  # before the finish, usage and [DONE] chunks
+    return {"chat answer": answer, "chat expand": expand, "chat continuation": openai_stream_events(_texts(rnd, n))}
 
 
 def _chunks(events: list[bytes], size: int | None) -> list[bytes]:
@@ -332,12 +351,14 @@ def _run_meter(rounds):
     return None
 
 
-def _run_inspector(rounds):
-    """Every round through one Inspector, as _Inspected drives it (EXPAND -> begin_continuation)."""
+def _run_inspector(rounds, chat: bool = False):
+    """Every round through one Inspector (a ChatInspector for `chat`), as the exchange drives it
+    (EXPAND -> begin_continuation)."""
+    from cg.stream.chat_inspector import ChatInspector
     from cg.stream.inspector import EXPAND, Inspector, State
     from cg.wire.sse import SSEParser
 
-    inspector = Inspector()
+    inspector = ChatInspector(hide_usage=True) if chat else Inspector()
     n = 0
     sent = 0
     for k, chunks in enumerate(rounds):
@@ -369,14 +390,18 @@ def throughput(quick: bool) -> dict:
          ("parser", "inspector")),
         ("spliced: text + expand call, then a long continuation (renumbered)",
          [streams["expand"], streams["continuation"]], None, ("parser", "inspector")),
+        ("chat: long answer, one chunk per event", [streams["chat answer"]], None, ("parser", "chat")),
+        ("chat spliced: text + expand call, then a long continuation (re-serialized)",
+         [streams["chat expand"], streams["chat continuation"]], None, ("parser", "chat")),
     ]
-    runners = {"parser": _run_parser, "meter": _run_meter, "inspector": _run_inspector}
+    runners = {"parser": _run_parser, "meter": _run_meter, "inspector": _run_inspector,
+               "chat": lambda rounds: _run_inspector(rounds, chat=True)}
     out = []
     for label, rounds, size, pipes in cases:
         chunked = [_chunks(r, size) for r in rounds]
         events = sum(len(r) for r in rounds)
         assert _run_parser(chunked) == events
-        assert _run_inspector(chunked) == events
+        assert runners[pipes[-1]](chunked) == events
         nbytes = sum(len(e) for r in rounds for e in r)
         samples: dict[str, list[float]] = {p: [] for p in pipes}
         for i in range(reps):
@@ -810,7 +835,8 @@ def table(r: dict) -> str:
     out.append("")
     out.append(f"3. in-process, pinned to CPU {ip['cpu']}: events/s, {ip['throughput']['cases'][0]['reps']} reps "
                f"interleaved, gc off while timing")
-    names = {"parser": "SSEParser alone", "meter": "pass-through meter", "inspector": "SSEParser + Inspector"}
+    names = {"parser": "SSEParser alone", "meter": "pass-through meter", "inspector": "SSEParser + Inspector",
+             "chat": "SSEParser + ChatInspector"}
     lines = [("", "events", "KB", "events/s", "us/event", "best ev/s", "/ parser")]
     for case in ip["throughput"]["cases"]:
         lines.append((f"   {case['label']}", "", "", "", "", "", ""))
@@ -823,8 +849,9 @@ def table(r: dict) -> str:
         out.append("  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, 7)]).rstrip())
     out.append("   (events/s and us/event: medians; best: the fastest rep; / parser: median over reps of the "
                "time over the parser's in the same rep)")
-    inspected = [c["events_per_s"]["inspector"] for c in ip["throughput"]["cases"]]
-    out.append(f"   target >= {TARGET_EVENTS_S:,} events/s through the inspector: slowest case {min(inspected):,}, "
+    inspected = [eps for c in ip["throughput"]["cases"] for pipe, eps in c["events_per_s"].items()
+                 if pipe in ("inspector", "chat")]
+    out.append(f"   target >= {TARGET_EVENTS_S:,} events/s through the inspectors: slowest case {min(inspected):,}, "
                f"{'met' if min(inspected) >= TARGET_EVENTS_S else 'NOT met'}")
     mem = ip["memory"]
     out.append("memory per inspected stream, held open before its message_delta:")

@@ -254,6 +254,16 @@ def test_a_continuation_that_errs_before_committing_gives_round_one_verbatim():
     assert data == b"".join(ROUND1) and action == DONE and insp.released == "continuation_failed"
 
 
+def test_a_continuations_role_chunk_does_not_commit_it():
+    """OpenAI's role chunk comes before the model writes: a continuation that stalls after it can still fail."""
+    insp = ChatInspector()
+    feed_round(insp, [b"".join(ROUND1)])
+    insp.begin_continuation()
+    [role] = SSEParser().feed(ROUND2[0])
+    assert insp.feed(role).send == b"" and not insp.committed
+    assert insp.release() == b"".join(ROUND1[3:]) and insp.released == "continuation_failed"
+
+
 def test_a_continuation_cut_after_committing_aborts():
     data, action, _ = run([ROUND1, ROUND2[:2]])
     assert action == ABORT and b"Line 450." in data

@@ -9,6 +9,9 @@ import json
 
 import pytest
 from rawhttp import dechunk, http_request, split_response
+from test_chat_inspector import DONE_EVENT, LATER, chunk, docs, sdk_completion, turn
+from test_chat_inspector import expanding as expanding_call
+from test_chat_proxy import TOOLS, messages
 from test_inspect_proxy import (
     HEADERS,
     assert_spliced,
@@ -26,6 +29,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
 from cg.compaction.rewrite import Rewriter
+from cg.exchange.dialects import OPENAI_CHAT
 from cg.exchange.machine import PING_INTERVAL
 from cg.record.stats import Stats
 from cg.store.memory import MemoryStore
@@ -117,13 +121,16 @@ def round_one() -> list[bytes]:
     return stream([anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=ident_of(command_output()))])
 
 
-def expanding(proxy: Proxy) -> tuple[Client, list[bytes]]:
-    """A client whose stream's first round asked to expand: cg has sent the continuation."""
-    client = proxy.send(claude_code_request())
+def expanding(proxy: Proxy, request: bytes | None = None, events: list[bytes] | None = None,
+              path: bytes = b"/base/v1/messages?beta=true") -> tuple[Client, list[bytes]]:
+    """A client whose stream's first round asked to expand: cg has sent the continuation.
+
+    Claude Code's request and round one unless given (a chat stream gives its own)."""
+    client = proxy.send(request or claude_code_request())
     (request,) = proxy.upstream.requests
-    assert request.path == b"/base/v1/messages?beta=true"
+    assert request.path == path
     assert EXPAND_TOOL.encode() in request.body
-    events = round_one()
+    events = events or round_one()
     first = request.respond(200, SSE)
     first.write(b"".join(events))
     first.finish()
@@ -263,3 +270,78 @@ def test_a_bug_after_the_exchange_ended_still_closes_the_client_and_the_exchange
     assert client.transport.disconnected  # cut: what it got cannot look complete
     monkeypatch.undo()
     assert proxy.stats_json()["in_flight"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Streamed OpenAI chat completions: the same timers, with an SSE comment for the keepalive
+
+
+def chat_expanding(proxy: Proxy) -> tuple[Client, list[bytes]]:
+    """A streamed chat request whose tool output cg offloads; round one's lone call expands it."""
+    body = {"model": "gpt-5", "messages": messages(command_output()), "tools": TOOLS, "stream": True}
+    request = http_request("POST", "/v1/chat/completions", json.dumps(body).encode(),
+                           [("content-type", "application/json"), ("authorization", "Bearer k")])
+    events = turn({"content": "Let me look."}, *expanding_call(ref=ident_of(command_output())), finish="tool_calls")
+    return expanding(proxy, request, events, path=b"/v1/chat/completions")
+
+
+def keepalives(client: Client) -> int:
+    return client.body()[0].count(OPENAI_CHAT.keepalive)
+
+
+def test_a_chat_stream_gets_keepalives_until_the_continuation_commits(proxy):
+    """An SSE comment every interval while the continuation is awaited (the SDK skips comments), none after."""
+    assert OPENAI_CHAT.keepalive.startswith(b":")  # a comment, not an event a client would parse
+    client, _ = chat_expanding(proxy)
+    proxy.clock.advance(PING_INTERVAL - 0.01)
+    assert keepalives(client) == 0
+    proxy.clock.advance(0.01)
+    assert keepalives(client) == 1  # awaiting the continuation's headers
+    second = proxy.upstream.requests[1].respond(200, SSE)
+    events = turn({"content": "Found "}, {"content": "it."}, finish="stop", head=LATER)
+    second.write(events[0])  # the role chunk: the client has one already, so nothing is committed
+    proxy.intervals(3)
+    assert keepalives(client) == 4
+    second.write(events[1])
+    proxy.intervals(10)
+    assert keepalives(client) == 4, "keepalives after the continuation committed"
+    second.write(b"".join(events[2:]))
+    second.finish()
+    data, complete = client.body()
+    assert complete and data.endswith(DONE_EVENT)
+    assert EXPAND_TOOL.encode() not in data
+    completion = sdk_completion(data)  # keepalives and all
+    assert completion.choices[0].message.content == "Let me look.Found it."
+    assert completion.choices[0].finish_reason == "stop"
+
+
+def test_a_chat_continuation_that_never_commits_gives_round_one_verbatim(proxy):
+    """Headers and a role chunk, then silence: round one as it came, a stream that still ends in [DONE]."""
+    client, events = chat_expanding(proxy)
+    second = proxy.upstream.requests[1].respond(200, SSE)
+    second.write(chunk({"role": "assistant", "content": ""}, head=LATER))
+    proxy.clock.advance(CONTINUATION_TIMEOUT - 0.01)
+    assert not client.body()[1] and second.producer_calls == []
+    proxy.clock.advance(0.01)
+    data, complete = client.body()
+    assert complete and data.endswith(DONE_EVENT)
+    got = data.replace(OPENAI_CHAT.keepalive, b"")
+    usage = events[-2]  # cg asked for usage, the client did not: it is kept from the client
+    assert got == b"".join(e for e in events if e != usage)  # round one, its expand call and all
+    assert not any(c["choices"] == [] for c in docs(data))
+    assert set(second.producer_calls) == {"stop"}
+    stats = proxy.stats_json()
+    assert stats["in_flight"] == 0 and stats["expand"]["continuations_failed"] == 1
+    assert stats["sse_released"] == {"continuation_failed": 1}
+
+
+def test_a_chat_client_leaving_while_the_continuation_is_awaited_cancels_it(proxy):
+    client, _ = chat_expanding(proxy)
+    proxy.intervals(3)
+    assert keepalives(client) == 3
+    waiting = proxy.upstream.requests[1]
+    assert not waiting.cancelled
+    client.channel.connectionLost(Failure(ConnectionLost()))
+    assert waiting.cancelled
+    stats = proxy.stats_json()
+    assert stats["client_disconnects"] == 1 and stats["in_flight"] == 0 and stats["sse_streamed"] == 1

@@ -58,7 +58,10 @@ chunk stays (round 1 is byte for byte; the SDKs read it as no usage).
 
 Ends: a round is complete only with ``data: [DONE]`` (or an ``error`` chunk); a stream that ends
 without it ends the client's response with ABORT, so it never looks complete. Failures before a
-continuation commits release the previous round verbatim, as ``Inspector`` does.
+continuation commits release the previous round verbatim, as ``Inspector`` does. A continuation
+commits with its first chunk that carries more than a role: OpenAI sends the role chunk before the
+model writes anything (as Anthropic's ``message_start``), so it is kept back until then, and a
+continuation that only opened can still stall into the release.
 
 Cost: one JSON parse per chunk, O(1) amortised bookkeeping (arguments kept as fragment lists).
 """
@@ -148,6 +151,13 @@ def _pure(choice: dict[str, object]) -> bool:
                for key, value in _delta(choice).items())
 
 
+def _opening(doc: dict[str, object]) -> bool:
+    """A chunk with no content, at most the role: how a round opens before the model writes (no commit)."""
+    choice = _choice(doc)
+    return (isinstance(choice, dict) and choice.get("finish_reason") is None and _pure(choice)
+            and not _tool_calls(_delta(choice)) and not isinstance(doc.get("usage"), dict))
+
+
 def _has_role(doc: dict[str, object] | None) -> bool:
     choice = _choice(doc) if doc is not None else None
     return isinstance(choice, dict) and "role" in _delta(choice)
@@ -192,6 +202,7 @@ class ChatInspector:
         self._decided = False
         self._saw_end = False  # [DONE] or an error chunk
         self._committed = self._round == 0
+        self._opening = b""  # a continuation's chunks before its first content, sent when it comes
         self._usage = StreamUsage(OPENAI)
         self._usage_doc: object = None
 
@@ -407,11 +418,22 @@ class ChatInspector:
             return event.raw
         if not event.data:
             return event.raw  # a comment
-        if not self._committed:
-            self._committed = True
-            self._fallback = None
         if doc is None or "error" in doc and "choices" not in doc:
-            return event.raw  # [DONE], an error, what cg cannot read: as it came
+            send = event.raw  # [DONE], an error, what cg cannot read: as it came
+        else:
+            send = self._spliced(doc, role)
+        if self._committed:
+            return send
+        if doc is not None and _opening(doc):
+            self._opening += send  # no content yet: the continuation may still stall
+            return b""
+        self._committed = True
+        self._fallback = None
+        send, self._opening = self._opening + send, b""
+        return send
+
+    def _spliced(self, doc: dict[str, object], role: bool) -> bytes:
+        """A continuation's chunk as round 1's: its head, one role in all, the usage summed."""
         out = dict(doc)
         out.update((key, value) for key, value in self._head.items() if key in doc)
         if role and self._role_shown:
