@@ -65,3 +65,12 @@ def test_every_package_of_cg_is_shipped():
     listed = set(config["options"]["packages"].split())
     on_disk = {".".join(init.parent.relative_to(root).parts) for init in (root / "cg").rglob("__init__.py")}
     assert on_disk <= listed, sorted(on_disk - listed)
+
+
+def test_tests_readme_names_every_test_file():
+    """tests/README.md says which layer each test file covers: a new file must be placed there."""
+    tests = Path(__file__).resolve().parent
+    readme = (tests / "README.md").read_text()
+    names = [path.relative_to(tests).as_posix() for path in sorted(tests.rglob("test_*.py"))]
+    unnamed = [name for name in names if f"| {name} |" not in readme]
+    assert not unnamed, unnamed
