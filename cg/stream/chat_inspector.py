@@ -73,8 +73,8 @@ from typing import cast
 import ujson
 
 from cg.stream.continuation import ExpandCall, merge_openai_usage
-from cg.stream.inspector import ABORT, DONE, EXPAND, ReleaseReason, State, Step
-from cg.stream.usage import StreamUsage, Usage
+from cg.stream.inspector import ABORT, DONE, EXPAND, NOTHING, ReleaseReason, RoundInspector, State, Step
+from cg.stream.usage import StreamUsage
 from cg.wire.dialect import OPENAI
 from cg.wire.markers import EXPAND_TOOL, parse_marker_ref
 from cg.wire.sse import Event
@@ -86,7 +86,6 @@ _HOLD = State.HOLD
 _THROUGH = State.THROUGH
 _AWAIT = State.AWAIT
 _DONE = State.DONE
-_NOTHING = Step(b"")
 _MANY = object()  # a chunk of n > 1 choices
 _HEAD = ("id", "created", "model")
 
@@ -171,31 +170,20 @@ def _data(doc: dict[str, object]) -> bytes:
     return b"data: " + text + b"\n\n"
 
 
-class ChatInspector:
+class ChatInspector(RoundInspector):
     """Inspects one chat completion stream across all its rounds. See the module docstring."""
 
     def __init__(self, max_held: int = 16 << 20, max_rounds: int = 3, hide_usage: bool = False) -> None:
-        if max_held < 0 or max_rounds < 0:
-            raise ValueError("max_held and max_rounds must be >= 0")
-        self.max_held = max_held
-        self.max_rounds = max_rounds
+        super().__init__(max_held, max_rounds)
         self.hide_usage = hide_usage
-        self.rounds = 0
-        self.held_events = 0
-        self.released: ReleaseReason | None = None
-        self.spliced = False
-        self.calls: list[ExpandCall] = []
-        self._round = 0
         self._head: dict[str, object] = {}  # round 1's id, created, model
-        self._billed: list[Usage] = []
         self._usages: list[object] = []  # the usage objects of finished rounds
-        self._fallback: bytes | None = None
         self._role_shown = False  # the client got a role delta
         self._new_round(_WATCH if max_rounds > 0 else _THROUGH)
 
     def _new_round(self, state: State) -> None:
         self._state = state
-        self._held: list[Event] = []
+        self._held = []
         self._held_bytes = 0
         self._expands: dict[object, _Call] = {}  # by tool-call index
         self._text: list[str] = []
@@ -207,19 +195,7 @@ class ChatInspector:
         self._usage_doc: object = None
 
     # -----------------------------------------------------------------------------------------
-    # Public API (``cg.exchange.dialects.StreamInspector``)
-
-    @property
-    def state(self) -> State:
-        return self._state
-
-    @property
-    def committed(self) -> bool:
-        return self._committed
-
-    @property
-    def billed(self) -> list[Usage]:
-        return [*self._billed, self._usage.usage]
+    # Public API (``cg.exchange.dialects.StreamInspector``; the rest is RoundInspector's)
 
     def assistant_message(self) -> dict[str, object]:
         """The decided round's assistant message, for the continuation request."""
@@ -244,7 +220,7 @@ class ChatInspector:
                 if not self._decided:
                     return self._release_with("stop_reason", event, None)
                 step = self._hold(event)
-                return step if step is not _NOTHING else self._expand()
+                return step if step is not NOTHING else self._expand()
             return Step(self._out(event, None))
         doc = _doc(event)
         if doc is not None:
@@ -306,24 +282,6 @@ class ChatInspector:
         self.spliced = True
         self._new_round(_WATCH if self._round < self.max_rounds else _THROUGH)
 
-    def release(self, reason: ReleaseReason = "continuation_failed") -> bytes:
-        """Everything held, for the caller's failure path (as ``Inspector.release``)."""
-        state = self._state
-        if state is _AWAIT:
-            send = self._render(self._held)
-            self._held = []
-            self._held_bytes = 0
-            self._state = _DONE
-            self.released = reason
-            return send
-        if state is _DONE:
-            return b""
-        if not self._committed and self._fallback is not None:
-            return self._fail(reason)
-        if state is _HOLD:
-            return self._release(reason)
-        return b""
-
     # -----------------------------------------------------------------------------------------
     # Holding
 
@@ -370,37 +328,12 @@ class ChatInspector:
             return None
         return ExpandCall(call.id, arguments, parse_marker_ref(ref))
 
-    def _hold(self, event: Event) -> Step:
-        self._held.append(event)
-        self.held_events += 1
-        self._held_bytes += len(event.raw)
-        if self._held_bytes > self.max_held:
-            return Step(self._release("max_held"))
-        return _NOTHING
-
     def _expand(self) -> Step:
         self._state = _AWAIT
         return Step(b"", EXPAND)
 
-    def _release(self, reason: ReleaseReason) -> bytes:
-        self.released = reason
-        held = self._held
-        self._held = []
-        self._held_bytes = 0
-        self._state = _THROUGH
-        return self._render(held)
-
     def _release_with(self, reason: ReleaseReason, event: Event, doc: dict[str, object] | None) -> Step:
         return Step(self._release(reason) + self._out(event, doc))
-
-    def _fail(self, reason: ReleaseReason = "continuation_failed") -> bytes:
-        send = self._fallback or b""
-        self._fallback = None
-        self._held = []
-        self._held_bytes = 0
-        self._state = _DONE
-        self.released = reason
-        return send
 
     # -----------------------------------------------------------------------------------------
     # Output

@@ -81,10 +81,12 @@ __all__ = [
     "CONTINUE",
     "DONE",
     "EXPAND",
+    "NOTHING",
     "PING",
     "RELEASE_REASONS",
     "Action",
     "Inspector",
+    "RoundInspector",
     "ReleaseReason",
     "State",
     "Step",
@@ -158,7 +160,7 @@ class Step:
     action: Action = CONTINUE
 
 
-_NOTHING = Step(b"")
+NOTHING = Step(b"")  # nothing to send, nothing to do: compared by identity
 
 
 class _Block:
@@ -287,14 +289,22 @@ def _frame(name: str, doc: dict[str, object]) -> bytes:
     return head + data + b"\n\n"
 
 
-class Inspector:
-    """Inspects one client response stream across all its rounds. See the module docstring.
+class RoundInspector:
+    """What every incremental inspector shares: rounds, and holding, releasing and falling back.
 
-    ``max_held``: held bytes beyond which the hold is released (16 MiB). ``max_rounds``: how many
-    continuations may be spliced into one response (3); the last one passes through.
+    A subclass reads its own wire format (``feed``, ``end``, ``begin_continuation``) and gives
+    ``_new_round`` (the per-round state) and ``_render`` (held events as the client gets them).
+    ``max_held``: held bytes beyond which the hold is released. ``max_rounds``: how many
+    continuations may be spliced into one response; the last one passes through.
     """
 
-    def __init__(self, max_held: int = 16 << 20, max_rounds: int = 3) -> None:
+    _state: State
+    _held: list[Event]
+    _held_bytes: int
+    _committed: bool  # this round sent the client more than keepalives
+    _usage: StreamUsage
+
+    def __init__(self, max_held: int, max_rounds: int) -> None:
         if max_held < 0 or max_rounds < 0:
             raise ValueError("max_held and max_rounds must be >= 0")
         self.max_held = max_held
@@ -304,39 +314,12 @@ class Inspector:
         self.held_events = 0  # events ever held, over every round
         self.released: ReleaseReason | None = None  # why the hold was released, if it was
         self.spliced = False  # a continuation was begun
-        self.capped = False  # an expand call went to the client because of the round cap
         # What an EXPAND decision exposes.
         self.calls: list[ExpandCall] = []
-        self.content: list[dict[str, object]] = []
-        self.message_start: dict[str, object] | None = None  # round 1's ``message`` object
         # Across rounds.
         self._round = 0
-        self._next_index = 0  # the client's next block index
-        self._output_before = 0  # output tokens of the finished rounds
-        self._input_fields: dict[str, object] = {}  # round 1's message_start usage, input side
         self._billed: list[Usage] = []  # finished rounds
         self._fallback: bytes | None = None  # the previous round's release, until committed
-        self._new_round(_WATCH if max_rounds > 0 else _THROUGH)
-
-    def _new_round(self, state: State) -> None:
-        self._state = state
-        self._collect = state == _WATCH  # record content: this round may still expand
-        self._blocks: list[_Block] = []
-        self._by_index: dict[int | None, _Block] = {}  # looked up with _index()'s None too
-        self._map: dict[int, int] = {}  # continuation index -> client index
-        self._base = self._next_index
-        self._held: list[Event] = []
-        self._held_bytes = 0
-        self._expands: list[_Block] = []
-        self._unfinished = 0  # expand calls started and not yet validly stopped
-        self._decided = False
-        self._saw_stop = False
-        self._saw_error = False
-        self._committed = self._round == 0  # sent the client more than pings in this round
-        self._usage = StreamUsage(ANTHROPIC)
-
-    # -----------------------------------------------------------------------------------------
-    # Public API
 
     @property
     def state(self) -> State:
@@ -350,7 +333,7 @@ class Inspector:
 
     @property
     def committed(self) -> bool:
-        """This round has sent the client more than pings (so the caller's keepalive can stop)."""
+        """This round has sent the client more than keepalives (so the caller's pings can stop)."""
         return self._committed
 
     @property
@@ -362,6 +345,106 @@ class Inspector:
     def billed(self) -> list[Usage]:
         """The usage each round reported (its own cumulative totals), for /stats and the change log."""
         return [*self._billed, self._usage.usage]
+
+    def release(self, reason: ReleaseReason = "continuation_failed") -> bytes:
+        """Everything held, for the caller's failure path (``b""`` when nothing is held).
+
+        After an EXPAND (the continuation could not be started, or answered non-2xx): the held
+        events, a complete stream, verbatim in round 1 (renumbered in a continuation round); the
+        inspector is then done. In a continuation that has sent nothing yet: the previous round's
+        release. While holding: the held events, and the rest of the round passes through.
+        """
+        state = self._state
+        if state is _AWAIT:
+            send = self._render(self._held)
+            self._held = []
+            self._held_bytes = 0
+            self._state = _DONE
+            self.released = reason
+            return send
+        if state is _DONE:
+            return b""
+        if not self._committed and self._fallback is not None:
+            return self._fail(reason)
+        if state is _HOLD:
+            return self._release(reason)
+        return b""
+
+    def _new_round(self, state: State) -> None:
+        raise NotImplementedError
+
+    def _render(self, events: list[Event]) -> bytes:
+        raise NotImplementedError
+
+    def _hold(self, event: Event) -> Step:
+        self._held.append(event)
+        self.held_events += 1
+        self._held_bytes += len(event.raw)
+        if self._held_bytes > self.max_held:
+            return Step(self._release("max_held"))
+        return NOTHING
+
+    def _release(self, reason: ReleaseReason) -> bytes:
+        """Send everything held (as the round renders it); the round passes through."""
+        self.released = reason
+        held = self._held
+        self._held = []
+        self._held_bytes = 0
+        self._pass_through()
+        return self._render(held)
+
+    def _pass_through(self) -> None:
+        self._state = _THROUGH
+
+    def _fail(self, reason: ReleaseReason = "continuation_failed") -> bytes:
+        """The continuation failed before committing: the previous round's release instead."""
+        send = self._fallback or b""
+        self._fallback = None
+        self._held = []
+        self._held_bytes = 0
+        self._state = _DONE
+        self.released = reason
+        return send
+
+
+class Inspector(RoundInspector):
+    """Inspects one client response stream across all its rounds. See the module docstring.
+
+    ``max_held``: held bytes beyond which the hold is released (16 MiB). ``max_rounds``: how many
+    continuations may be spliced into one response (3); the last one passes through.
+    """
+
+    def __init__(self, max_held: int = 16 << 20, max_rounds: int = 3) -> None:
+        super().__init__(max_held, max_rounds)
+        self.capped = False  # an expand call went to the client because of the round cap
+        # What an EXPAND decision exposes, beside ``calls``.
+        self.content: list[dict[str, object]] = []
+        self.message_start: dict[str, object] | None = None  # round 1's ``message`` object
+        # Across rounds.
+        self._next_index = 0  # the client's next block index
+        self._output_before = 0  # output tokens of the finished rounds
+        self._input_fields: dict[str, object] = {}  # round 1's message_start usage, input side
+        self._new_round(_WATCH if max_rounds > 0 else _THROUGH)
+
+    def _new_round(self, state: State) -> None:
+        self._state = state
+        self._collect = state == _WATCH  # record content: this round may still expand
+        self._blocks: list[_Block] = []
+        self._by_index: dict[int | None, _Block] = {}  # looked up with _index()'s None too
+        self._map: dict[int, int] = {}  # continuation index -> client index
+        self._base = self._next_index
+        self._held = []
+        self._held_bytes = 0
+        self._expands: list[_Block] = []
+        self._unfinished = 0  # expand calls started and not yet validly stopped
+        self._decided = False
+        self._saw_stop = False
+        self._saw_error = False
+        self._committed = self._round == 0  # sent the client more than pings in this round
+        self._usage = StreamUsage(ANTHROPIC)
+
+    # -----------------------------------------------------------------------------------------
+    # Public API
 
     def assistant_message(self) -> dict[str, object]:
         """The decided round's assistant message, for the continuation request."""
@@ -440,41 +523,8 @@ class Inspector:
         self.spliced = True
         self._new_round(_WATCH if self._round < self.max_rounds else _THROUGH)
 
-    def release(self, reason: ReleaseReason = "continuation_failed") -> bytes:
-        """Everything held, for the caller's failure path (``b""`` when nothing is held).
-
-        After an EXPAND (the continuation could not be started, or answered non-2xx): the held
-        events with the round's own ``message_delta``/``message_stop``, a complete stream, verbatim
-        in round 1 (renumbered in a continuation round); the inspector is then done. In a
-        continuation that has sent nothing yet: the previous round's release. While holding:
-        the held events, and the rest of the round passes through.
-        """
-        state = self._state
-        if state is _AWAIT:
-            send = self._render(self._held)
-            self._held = []
-            self._held_bytes = 0
-            self._state = _DONE
-            self.released = reason
-            return send
-        if state is _DONE:
-            return b""
-        if not self._committed and self._fallback is not None:
-            return self._fail(reason)
-        if state is _HOLD:
-            return self._release(reason)
-        return b""
-
     # -----------------------------------------------------------------------------------------
     # Holding
-
-    def _hold(self, event: Event) -> Step:
-        self._held.append(event)
-        self.held_events += 1
-        self._held_bytes += len(event.raw)
-        if self._held_bytes > self.max_held:
-            return Step(self._release("max_held"))
-        return _NOTHING
 
     def _holding(self, event: Event, kind: str | None) -> Step:
         self._record(event, kind)
@@ -509,7 +559,7 @@ class Inspector:
             if not self._decided:
                 return self._release_with("stop_reason", event, kind)
             step = self._hold(event)
-            return step if step is not _NOTHING else self._expand()
+            return step if step is not NOTHING else self._expand()
         elif kind == "error":
             return self._release_with("error", event, kind)
         return self._hold(event)
@@ -531,34 +581,15 @@ class Inspector:
         self._by_index = {}
         return Step(b"", EXPAND)
 
-    def _release(self, reason: ReleaseReason) -> bytes:
-        """Send everything held (through the round's renumbering); the round passes through."""
-        self.released = reason
-        held = self._held
-        self._held = []
-        self._held_bytes = 0
-        self._pass_through()
-        return self._render(held)
-
     def _release_with(self, reason: ReleaseReason, event: Event, kind: str | None) -> Step:
         return Step(self._release(reason) + self._out(event, kind))
 
     def _pass_through(self) -> None:
-        self._state = _THROUGH
+        super()._pass_through()
         self._collect = False
         self._blocks = []
         self._by_index = {}
         self._expands = []
-
-    def _fail(self, reason: ReleaseReason = "continuation_failed") -> bytes:
-        """The continuation failed before committing: the previous round's release instead."""
-        send = self._fallback or b""
-        self._fallback = None
-        self._held = []
-        self._held_bytes = 0
-        self._state = _DONE
-        self.released = reason
-        return send
 
     # -----------------------------------------------------------------------------------------
     # Recording and output
