@@ -197,18 +197,6 @@ def test_a_continuation_that_never_commits_gives_round_one_verbatim(proxy):
     assert stats["sse_released"] == {"continuation_failed": 1}
 
 
-def test_client_leaving_while_the_continuation_is_awaited_cancels_it(proxy):
-    client, _ = expanding(proxy)
-    proxy.intervals(3)
-    assert client.pings() == 3
-    waiting = proxy.upstream.requests[1]
-    assert not waiting.cancelled
-    client.channel.connectionLost(Failure(ConnectionLost()))
-    assert waiting.cancelled
-    stats = proxy.stats_json()
-    assert stats["client_disconnects"] == 1 and stats["in_flight"] == 0 and stats["sse_streamed"] == 1
-
-
 def test_a_cut_stream_to_a_client_that_stopped_reading_is_aborted_after_the_flush_timeout(proxy):
     """The client keeps the bytes cg already wrote for FLUSH_TIMEOUT, never the last chunk; then it is cut."""
     client = proxy.send(http_request("POST", "/v1/messages", b'{"stream":true}', HEADERS))
@@ -335,10 +323,11 @@ def test_a_chat_continuation_that_never_commits_gives_round_one_verbatim(proxy):
     assert stats["sse_released"] == {"continuation_failed": 1}
 
 
-def test_a_chat_client_leaving_while_the_continuation_is_awaited_cancels_it(proxy):
-    client, _ = chat_expanding(proxy)
+@pytest.mark.parametrize("dialect", ["anthropic", "openai chat"])
+def test_client_leaving_while_the_continuation_is_awaited_cancels_it(proxy, dialect):
+    client, _ = expanding(proxy) if dialect == "anthropic" else chat_expanding(proxy)
     proxy.intervals(3)
-    assert keepalives(client) == 3
+    assert (client.pings() if dialect == "anthropic" else keepalives(client)) == 3
     waiting = proxy.upstream.requests[1]
     assert not waiting.cancelled
     client.channel.connectionLost(Failure(ConnectionLost()))
