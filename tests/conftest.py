@@ -39,20 +39,28 @@ def start_cg(**overrides) -> RunningCG:
     return RunningCG(service)
 
 
-@pytest.fixture
-def fake():
+def _serving():
+    """A FakeUpstream on 127.0.0.1 for the test's length."""
     upstream = FakeUpstream()
     upstream.listen(reactor)
     yield upstream
     pytest_twisted.blockon(upstream.stop())
+
+
+@pytest.fixture
+def fake():
+    yield from _serving()
 
 
 @pytest.fixture
 def fake_openai():
-    upstream = FakeUpstream()
-    upstream.listen(reactor)
-    yield upstream
-    pytest_twisted.blockon(upstream.stop())
+    yield from _serving()
+
+
+@pytest.fixture
+def attacker():
+    """A server the client would like cg to send its credentials to."""
+    yield from _serving()
 
 
 @pytest.fixture

@@ -8,11 +8,9 @@ in the shape of the dialect the client speaks.
 
 import openai
 import pytest
-import pytest_twisted
 import ujson
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
-from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from cg.testing import FakeUpstream
@@ -21,14 +19,6 @@ BODY = b'{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}]
 ANTHROPIC_CLIENT = [("x-api-key", "sk-ant-secret"), ("anthropic-version", "2023-06-01")]
 OPENAI_CLIENT = [("authorization", "Bearer sk-secret")]
 
-
-@pytest.fixture
-def attacker():
-    """A server the client would like cg to send its credentials to."""
-    upstream = FakeUpstream()
-    upstream.listen(reactor)
-    yield upstream
-    pytest_twisted.blockon(upstream.stop())
 
 
 def port_of(upstream: FakeUpstream) -> int:
