@@ -52,8 +52,10 @@ __all__ = [
     "lone_expand_calls",
     "merge",
     "merge_openai_usage",
+    "merge_responses_usage",
     "refs_to_resolve",
     "resolve",
+    "stream_edit",
 ]
 
 # The shape of cg's marker IDs (cg.wire.markers.marker_id): an unstored ID of this shape was most likely
@@ -304,14 +306,19 @@ def continuation_body(forwarded: bytes, assistant: dict[str, object], calls: lis
     end = spans[("messages",)][1] - 1  # the closing bracket
     lead = "," if value["messages"] else ""
     edits = [((end, end), lead + ",".join(style.dumps(message) for message in new))]
-    if stream is not None and value.get("stream") is not stream:
-        literal = "true" if stream else "false"
-        if ("stream",) in spans:
-            edits.append((spans[("stream",)], literal))
-        else:
-            close = len(doc.rstrip()) - 1  # the object's closing brace
-            edits.append(((close, close), ',"stream":' + literal))
-    return body.apply(edits)
+    return body.apply(edits + stream_edit(body, stream))
+
+
+def stream_edit(body: ParsedBody, stream: bool | None) -> list[tuple[jsonbytes.Span, str]]:
+    """The edit that sets `body`'s ``stream`` key to `stream` (added last if absent); none for None
+    or a body that says so already. `body` must have been parsed with the ``stream`` key's span."""
+    if stream is None or body.value.get("stream") is stream:
+        return []
+    literal = "true" if stream else "false"
+    if ("stream",) in body.spans:
+        return [(body.spans[("stream",)], literal)]
+    close = len(body.doc.rstrip()) - 1  # the object's closing brace
+    return [((close, close), ',"stream":' + literal)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,16 +383,27 @@ def _merge_openai(rounds: list[dict[str, object]]) -> dict[str, object]:
 def merge_openai_usage(usages: list[object]) -> dict[str, object] | None:
     """The usage of several chat rounds as one: the first's (its prompt side is the live context),
     ``completion_tokens`` (and its details) summed, ``total_tokens`` recomputed; None without a first."""
+    return _merged_usage(usages, "prompt_tokens", "completion_tokens")
+
+
+def merge_responses_usage(usages: list[object]) -> dict[str, object] | None:
+    """`merge_openai_usage` for Responses rounds: ``input_tokens`` from the first, ``output_tokens``
+    (and its details) summed, ``total_tokens`` recomputed."""
+    return _merged_usage(usages, "input_tokens", "output_tokens")
+
+
+def _merged_usage(usages: list[object], prompt: str, output: str) -> dict[str, object] | None:
     usage = usages[0] if usages else None
     if not isinstance(usage, dict):
         return None
     merged_usage = dict(usage)
-    completion = sum(_count(_dict(u).get("completion_tokens")) for u in usages)
-    merged_usage["completion_tokens"] = completion
-    if isinstance(usage.get("completion_tokens_details"), dict):
-        details = [d for d in (_dict(u).get("completion_tokens_details") for u in usages) if isinstance(d, dict)]
-        merged_usage["completion_tokens_details"] = _sum_counts(details)
-    merged_usage["total_tokens"] = _count(usage.get("prompt_tokens")) + completion
+    produced = sum(_count(_dict(u).get(output)) for u in usages)
+    merged_usage[output] = produced
+    details = output + "_details"
+    if isinstance(usage.get(details), dict):
+        found = [d for d in (_dict(u).get(details) for u in usages) if isinstance(d, dict)]
+        merged_usage[details] = _sum_counts(found)
+    merged_usage["total_tokens"] = _count(usage.get(prompt)) + produced
     return merged_usage
 
 

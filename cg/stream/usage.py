@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 import attrs
 import ujson
 
-from cg.wire.dialect import ANTHROPIC, OPENAI
+from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
 from cg.wire.sse import Event, SSEParser
 
 __all__ = [
@@ -151,7 +151,7 @@ def _openai_fields(usage: object) -> dict[str, int] | None:
 
 
 def openai_usage(doc: object) -> Usage:
-    """The usage of a non-streaming chat.completion (missing fields count as 0)."""
+    """The usage of a non-streaming chat.completion or Responses `response` (missing fields count as 0)."""
     if not isinstance(doc, dict):
         return Usage()
     return Usage(**(_openai_fields(doc.get("usage")) or {}))
@@ -175,12 +175,16 @@ class StreamUsage:
     ``"usage": null`` does not erase it. ``complete``: ``data: [DONE]`` seen. Without include_usage
     the stream reports no usage at all: ``has_usage`` stays False.
 
+    Responses: the ``response`` of the terminal event (``response.completed``, ``.incomplete`` or
+    ``.failed``) carries ``usage`` in Responses' shape (``input_tokens``, ``input_tokens_details``,
+    ``output_tokens``); ``complete``: ``response.completed`` seen.
+
     A stream cut short keeps what it reported so far (Anthropic: message_start's counts) with
     ``complete`` False.
     """
 
     def __init__(self, dialect: str) -> None:
-        if dialect not in (ANTHROPIC, OPENAI):
+        if dialect not in (ANTHROPIC, OPENAI, RESPONSES):
             raise ValueError(f"unknown dialect {dialect!r}")
         self.dialect = dialect
         self.complete = False
@@ -195,8 +199,10 @@ class StreamUsage:
         try:
             if self.dialect == ANTHROPIC:
                 self._anthropic(event)
-            else:
+            elif self.dialect == OPENAI:
                 self._openai(event)
+            else:
+                self._responses(event)
         except Exception:  # a stream we cannot read must never break the proxy
             pass
 
@@ -241,6 +247,29 @@ class StreamUsage:
         if fields is not None:
             self._fields = fields
             self.has_usage = True
+
+
+    def _responses(self, event: Event) -> None:
+        kind = event.name
+        if kind is None:  # data-only framing: the type is in the JSON
+            if b'"response.completed"' not in event.data and b'"response.incomplete"' not in event.data \
+                    and b'"response.failed"' not in event.data:
+                return
+            doc = event.json()
+            kind = doc.get("type") if isinstance(doc, dict) else None
+        if kind not in _RESPONSES_TERMINAL:
+            return
+        if kind == "response.completed":
+            self.complete = True
+        doc = event.json()
+        response = doc.get("response") if isinstance(doc, dict) else None
+        fields = _openai_fields(response.get("usage")) if isinstance(response, dict) else None
+        if fields is not None:
+            self._fields = fields
+            self.has_usage = True
+
+
+_RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 class ResponseUsage:
