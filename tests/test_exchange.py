@@ -79,7 +79,9 @@ def started(ex, rewrite=None, **head_args):
     """The exchange with its request sent and the upstream's head fed."""
     assert ex.feed(Prepared(FORWARDED, rewrite)) == [Send(FORWARDED, 0)]
     commands = ex.feed(head(**head_args))
-    assert commands == [SetHead(head_args.get("status", 200), b"OK", HEADERS), ReadBody()]
+    status = head_args.get("status", 200)
+    head_now = [Write(b"")] if head_args.get("stream") and 200 <= status < 300 else []
+    assert commands == [SetHead(status, b"OK", HEADERS), *head_now, ReadBody()]
     return ex
 
 

@@ -430,3 +430,20 @@ def test_client_flow_hands_the_clients_state_to_each_body():
     flow.pauseProducing()  # no body: nothing to do
     assert first.calls == ["pause", "resume"]
     assert second.calls == ["pause", "resume", "stop"]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", b'{"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}'),
+    ("/v1/chat/completions", b'{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}'),
+], ids=["anthropic", "openai"])
+@inlineCallbacks
+def test_a_streams_head_reaches_the_client_before_its_first_event(make_cg, fake, path, body):
+    """The head is sent as upstream's arrives, not with the first event (10 s away here)."""
+    cg = make_cg(anthropic_upstream=fake.url, openai_upstream=fake.url)
+    headers = [("content-type", "application/json"), ("x-fake-first-delay-ms", "10000")]
+    client = yield connect(cg.port, http_request("POST", path, body, headers))
+    first = yield client.first_data.addTimeout(5, reactor)
+    assert first.startswith(b"HTTP/1.1 200 ") and first.endswith(b"\r\n\r\n")
+    assert b"event:" not in first and b"data:" not in first
+    client.transport.abortConnection()
+    yield client.closed

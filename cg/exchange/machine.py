@@ -14,9 +14,10 @@ Per-dialect knowledge lives in the adapter (`cg.exchange.dialects`).
 state         event                                      commands → next state
 ============  =========================================  =============================================
 PREPARING     Prepared                                   Send round 0 → AWAITING
-AWAITING      Head of round 0                            SetHead, ReadBody → PASSING, INSPECTING (a
-                                                         stream, expand injected, 2xx) or COLLECTING
-                                                         (JSON, expand injected, 2xx)
+AWAITING      Head of round 0                            SetHead, [Write b"" (a 2xx stream: the head
+                                                         goes out now)], ReadBody → PASSING,
+                                                         INSPECTING (a stream, expand injected, 2xx)
+                                                         or COLLECTING (JSON, expand injected, 2xx)
 AWAITING      UpstreamFailed, round 0                    SetHead 502/504, Write error, Finish → ENDED
 AWAITING      Head of round k, usable                    [StartTimer STALL], ReadBody → INSPECTING /
                                                          COLLECTING
@@ -295,6 +296,7 @@ _RESOLVING = State.RESOLVING
 _ENDED = State.ENDED
 
 _FINISH = Finish()
+_HEAD_NOW = Write(b"")
 _READ = ReadBody()
 _STOP = StopUpstream()
 
@@ -399,6 +401,10 @@ class Exchange:
         out = self._out
         out.append(SetHead(event.status, event.phrase, event.headers))
         ok = 200 <= event.status < 300
+        if event.stream and ok:
+            # The head goes out now, as upstream's came (an empty write sends it): a client's
+            # first-byte timer starts with it, and the first event may be seconds away.
+            out.append(_HEAD_NOW)
         rewrite = self._rewrite
         self._state = _PASSING
         if rewrite is not None and rewrite.injected and rewrite.stash and ok and event.decodable:
