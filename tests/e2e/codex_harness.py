@@ -25,9 +25,11 @@ The pieces, each usable on its own by later scenarios:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -263,6 +265,7 @@ class HTTPRequest:
     path: str
     headers: list[tuple[str, str]]
     body: bytes
+    offset: int = 0  # where the request starts in what the client sent on its connection
 
     def header(self, name: str) -> str | None:
         return next((v for k, v in self.headers if k.lower() == name.lower()), None)
@@ -271,19 +274,20 @@ class HTTPRequest:
 def split_requests(stream: bytes, connection: int = 0) -> list[HTTPRequest]:
     """The requests in the bytes a client sent on one connection (``content-length`` framing: Codex
     always sends one, §6.2 of the reference; a chunked body would raise)."""
-    requests = []
-    while stream:
-        head, sep, rest = stream.partition(b"\r\n\r\n")
-        if not sep:
+    requests, at = [], 0
+    while at < len(stream):
+        end = stream.find(b"\r\n\r\n", at)
+        if end < 0:
             break  # an incomplete head: the client went away mid-request
-        lines = head.decode("latin-1").split("\r\n")
+        lines = stream[at:end].decode("latin-1").split("\r\n")
         method, path, _ = lines[0].split(" ", 2)
         headers = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:])]
         if any(k.lower() == "transfer-encoding" for k, _ in headers):
             raise ValueError("a chunked request body: the tap only frames content-length")
         length = int(next((v for k, v in headers if k.lower() == "content-length"), "0"))
-        requests.append(HTTPRequest(connection, method, path, headers, rest[:length]))
-        stream = rest[length:]
+        body_at = end + 4
+        requests.append(HTTPRequest(connection, method, path, headers, stream[body_at : body_at + length], at))
+        at = body_at + length
     return requests
 
 
@@ -329,6 +333,8 @@ class Tap:
     received: dict[int, bytearray] = attrs.Factory(dict)  # connection -> what it got back
     url: str | None = attrs.field(default=None, init=False)
     _serials: itertools.count = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _chunks: itertools.count = attrs.field(factory=itertools.count, init=False)
+    _starts: dict[int, list[tuple[int, int]]] = attrs.Factory(dict)  # connection -> (offset, chunk n) sent
     _listening: object = attrs.field(default=None, init=False)
 
     def listen(self) -> Tap:
@@ -341,11 +347,21 @@ class Tap:
         return port.stopListening() if port is not None else None
 
     def _record(self, connection: int, direction: str, data: bytes) -> None:
-        getattr(self, direction).setdefault(connection, bytearray()).extend(data)
+        kept = getattr(self, direction).setdefault(connection, bytearray())
+        if direction == "sent":
+            self._starts.setdefault(connection, []).append((len(kept), next(self._chunks)))
+        kept.extend(data)
 
     def requests(self) -> list[HTTPRequest]:
-        """Every request the client sent, by connection, each connection's in order."""
-        return [r for c in sorted(self.sent) for r in split_requests(bytes(self.sent[c]), c)]
+        """Every request the client sent, in the order their first bytes arrived (whatever the
+        connection)."""
+        requests = [r for c in sorted(self.sent) for r in split_requests(bytes(self.sent[c]), c)]
+
+        def arrived(request: HTTPRequest) -> int:
+            starts = self._starts[request.connection]
+            return starts[bisect.bisect_right(starts, (request.offset, math.inf)) - 1][1]
+
+        return sorted(requests, key=arrived)
 
     def received_bytes(self) -> bytes:
         return b"".join(bytes(self.received[c]) for c in sorted(self.received))
