@@ -46,8 +46,9 @@ def items_of(received) -> list[dict]:
 
 
 @inlineCallbacks
-def test_a_json_response_that_asks_for_an_original_is_answered_and_continued(make_cg, fake_openai):
-    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+def test_a_json_response_that_asks_for_an_original_is_answered_and_continued(make_cg, fake_openai, tmp_path):
+    changes = tmp_path / "changes.jsonl"
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True, changelog=str(changes))
     ident = marker_id(BIG.encode())
     response = yield create(cg, history(BIG), extra_headers={"x-fake-expand": ident})
 
@@ -66,6 +67,11 @@ def test_a_json_response_that_asks_for_an_original_is_answered_and_continued(mak
     stats = yield from get_stats(cg.port)
     assert (stats["expand"]["bounces"], stats["expand"]["resolved"]) == (1, 1)
     assert stats["requests_by_dialect"] == {"responses": 1}
+    yield cg.service.changelog.flush()
+    lines = [json.loads(line) for line in changes.read_text().splitlines()]
+    (usage,) = [line for line in lines if line["kind"] == "usage"]
+    assert (usage["dialect"], usage["path"], usage["expand_rounds"]) == ("responses", "/v1/responses", 1)
+    assert (usage["input_tokens"], usage["output_tokens"]) == (20, 10)  # both rounds billed
 
 
 @inlineCallbacks

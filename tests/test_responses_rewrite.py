@@ -248,3 +248,19 @@ def test_codexs_session_header_names_the_conversation_whose_parse_is_reused(make
     client = yield connect(cg.port, http_request("POST", "/v1/responses", body, headers))
     yield client.closed
     assert list(cg.service.resource.rewriter._last) == ["01a231c4-session"]
+
+
+def test_client_metadatas_key_order_changes_nothing_cg_decides():
+    """Codex shuffles client_metadata's keys on every request: it reaches the provider as sent, and
+    the input and tools cg forwards are the same bytes whichever order came."""
+    body, path = planted("second_request_tool_output", coloured_output())
+    shuffled = copy.deepcopy(body)
+    shuffled["client_metadata"] = dict(reversed(list(body["client_metadata"].items())))
+    rewriter = Rewriter(RewriteConfig())
+    sent = [rewriter.rewrite(serde(b), RESPONSES_PATH).body for b in (body, shuffled)]
+    fresh = Rewriter(RewriteConfig()).rewrite(serde(shuffled), RESPONSES_PATH).body
+    assert sent[1] == fresh and sent[0] != sent[1]
+    for forwarded, given in zip(sent, (body, shuffled)):
+        cut = forwarded.index(b',"client_metadata":')
+        assert forwarded[cut:] == serde(given)[serde(given).index(b',"client_metadata":'):]
+    assert sent[0][:sent[0].index(b',"client_metadata":')] == sent[1][:sent[1].index(b',"client_metadata":')]

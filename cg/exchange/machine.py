@@ -302,7 +302,7 @@ _STOP = StopUpstream()
 class Exchange:
     """One client request, from its arrival to its end. See the module docstring.
 
-    `dialect` is the route's (errors); the expand loop speaks the rewrite's. `reads`: the shape of
+    `dialect` is the API the endpoint speaks (errors); the expand loop speaks the rewrite's. `reads`: the shape of
     this endpoint's responses, which cg parses for their usage (None: it reads none). `http11`: the client spoke HTTP/1.1 (a response
     without a content-length is chunked, so a cut can flush).
     """

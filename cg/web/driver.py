@@ -101,7 +101,7 @@ class ExchangeDriver:
         self.decode = reads is not None
         body = self._body = request.content.getvalue()
         self.exchange = Exchange(
-            request.method.decode("latin-1"), request.uri.decode("latin-1"), which,
+            request.method.decode("latin-1"), request.uri.decode("latin-1"), reads or which,
             bytes_in=len(body), reads=reads, http11=request.clientproto == b"HTTP/1.1",
             clock=proxy.clock, max_expand_rounds=proxy.max_expand_rounds, max_held=proxy.max_held,
             continuation_timeout=proxy.continuation_timeout,
@@ -122,7 +122,7 @@ class ExchangeDriver:
         request = self.request
         body, self._body = self._body, None
         self.proxy.started(self)
-        self.stats.requests[self.reads or self.which] += 1  # chat and Responses apart
+        self.stats.requests[self.reads or self.which] += 1  # chat and Responses apart, as in the record
         self.stats.bytes_from_client += len(body)
         self.upstream_headers = headers.request_headers(
             request.requestHeaders, accept_encoding=b"gzip" if self.decode else None
