@@ -270,6 +270,7 @@ def _expand_stats(s: Session, bounces: int) -> dict:
     assert stats["requests_by_dialect"] == {dialect.RESPONSES: clients}, fail("request count")
     assert stats["responses_by_status"] == {"200": clients}, fail("non-200 responses")
     assert stats["upstream_errors"] == 0 and stats["in_flight"] == 0, fail("upstream errors")
+    assert stats["sse_inspected"] == clients and stats["sse_buffered"] == 0, fail("a stream was not inspected")
     assert stats["expand"]["bounces"] == bounces, fail("expand bounces")
     assert stats["expand"]["continuations_failed"] == 0, fail("a continuation failed")
     assert all(stats["expand"][k] == 0 for k in ("unknown", "evicted", "malformed")), fail("bad expand ids")
@@ -328,11 +329,20 @@ async def test_offloaded_output_expanded_mid_stream(codex):
     digest_output = codex_turn3.outputs()[scenario.follow_up]
     assert command_output(digest_output).strip() == f"cg-e2e-digest-{sha256(original)}", fail("the follow-up ran")
     assert_forwarded(codex_turn3, turn3, fail, tools_injected=True)
-    kept_types = [i["type"] for i in codex_turn3.input[len(s.sent()[1].input):]]
-    print(f"what Codex kept of the spliced response: {kept_types}")
+    # Every item of both rounds but the expand call: round 2's reasoning, the continuation's
+    # reasoning and call; then the call's output.
+    kept = codex_turn3.input[len(s.sent()[1].input) :]
+    followed_round = next(items for r, _, items in s.script.log if r is continuation)
+    assert [_identity(i) for i in kept[:3]] == [_identity(i) for i in [reasoning, *followed_round]], fail(
+        "Codex's history of the spliced response"
+    )
+    assert [i["type"] for i in kept[3:]] == ["function_call_output"], fail("after the spliced response")
 
     stats = _expand_stats(s, 1)
     assert stats["expand"]["resolved"] == 1 and stats["expand"]["repairs"] == 0, fail("expand counts")
+    assert stats["expand"]["wasted_tokens"] > 2000, fail("wasted_tokens")
+    assert stats["sse_spliced"] == 1 and stats["expand_rounds"] == 1, fail("not spliced")
+    assert stats["sse_released"] == {}, fail("the inspector released a hold")
     original_stored = await s.cg.service.store.get("", scenario.marker_id)
     assert (original_stored or b"").decode("utf-8") == original, fail("the store does not hold the original")
 
@@ -388,3 +398,4 @@ async def test_expand_batched_with_shell_is_repaired(codex):
 
     stats = _expand_stats(s, 0)
     assert stats["expand"]["repairs"] == 1, fail("no repair counted")
+    assert stats["sse_spliced"] == 0 and stats["sse_released"] == {"client_tool": 1}, fail("not released")
