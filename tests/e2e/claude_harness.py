@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 from twisted.internet import reactor
@@ -100,15 +101,26 @@ class InstallError(Exception):
 
 
 def install_claude(prefix: Path | None = None, timeout: float = NPM_INSTALL_TIMEOUT) -> tuple[Path, str, bool]:
-    """Make sure the CLI is installed under ``prefix``; returns (binary, version, installed_now).
+    """Make sure the CLI is installed under ``prefix``; returns (binary, version, installed_now)."""
+    return install_npm_cli(npm_dir() if prefix is None else prefix, package_spec(), claude_binary, claude_version, timeout)
+
+
+def install_npm_cli(
+    prefix: Path,
+    spec: str,
+    binary_of: Callable[[Path], Path],
+    version_of: Callable[[Path], str | None],
+    timeout: float = NPM_INSTALL_TIMEOUT,
+) -> tuple[Path, str, bool]:
+    """Make sure the npm package ``spec`` is installed under ``prefix``, its CLI at
+    ``binary_of(prefix)`` answering ``version_of``; returns (binary, version, installed_now).
 
     Runs before cg and the fake start, so blocking here holds up nothing. The install goes to a
     staging directory that is renamed into place only once the CLI runs, so an install that was
     killed half-way is never mistaken for a good one (and concurrent runs don't mix files).
     """
-    prefix = npm_dir() if prefix is None else prefix
-    binary = claude_binary(prefix)
-    version = claude_version(binary)
+    binary = binary_of(prefix)
+    version = version_of(binary)
     if version is not None:
         return binary, version, False
     npm = shutil.which("npm")
@@ -119,15 +131,15 @@ def install_claude(prefix: Path | None = None, timeout: float = NPM_INSTALL_TIME
     try:
         argv = [npm, "install", "--prefix", str(staging), "--no-audit", "--no-fund", "--loglevel=http"]
         try:
-            done = _run_bounded([*argv, package_spec()], timeout)
+            done = _run_bounded([*argv, spec], timeout)
         except subprocess.TimeoutExpired as e:
             raise InstallError(f"{' '.join(argv)} took more than {timeout:.0f}s:\n{_tail(e.output, e.stderr)}") from e
         if done.returncode != 0:
             raise InstallError(f"{' '.join(argv)} exited {done.returncode}:\n{_tail(done.stdout, done.stderr)}")
-        version = claude_version(claude_binary(staging))
+        version = version_of(binary_of(staging))
         if version is None:
-            raise InstallError(f"npm installed {package_spec()} but {claude_binary(staging)} --version fails")
-        theirs = claude_version(binary)
+            raise InstallError(f"npm installed {spec} but {binary_of(staging)} --version fails")
+        theirs = version_of(binary)
         if theirs is not None:  # a concurrent run installed it meanwhile: keep theirs
             return binary, theirs, True
         if prefix.exists():  # a broken earlier install
@@ -136,7 +148,7 @@ def install_claude(prefix: Path | None = None, timeout: float = NPM_INSTALL_TIME
             staging.rename(prefix)
         except OSError:
             # Another run installed it meanwhile: use theirs if it works.
-            version = claude_version(binary)
+            version = version_of(binary)
             if version is None:
                 raise InstallError(f"could not move the new install into {prefix}") from None
         return binary, version, True
@@ -214,8 +226,8 @@ def claude_env(home: Path, base_url: str, api_key: str = "sk-ant-cg-e2e-not-a-re
 
 
 @attrs.define
-class ClaudeRun:
-    """One finished (or killed) run of the CLI."""
+class CliRun:
+    """One finished (or killed) run of a CLI."""
 
     argv: list[str]
     exit_code: int | None
@@ -226,7 +238,7 @@ class ClaudeRun:
     seconds: float
 
     def messages(self) -> list[dict]:
-        """The stream-json lines that parse as JSON objects, in order."""
+        """The output lines (stream-json, JSONL) that parse as JSON objects, in order."""
         out = []
         for line in self.stdout.decode(errors="replace").splitlines():
             try:
@@ -237,11 +249,6 @@ class ClaudeRun:
                 out.append(doc)
         return out
 
-    def result(self) -> dict | None:
-        """The final ``{"type": "result", …}`` message, or None."""
-        results = [m for m in self.messages() if m.get("type") == "result"]
-        return results[-1] if results else None
-
     def describe(self, limit: int = 6000) -> str:
         out = self.stdout.decode(errors="replace")
         err = self.stderr.decode(errors="replace")
@@ -250,6 +257,19 @@ class ClaudeRun:
             f"$ {' '.join(self.argv)}\n{status} in {self.seconds:.1f}s\n"
             f"--- stdout (last {limit} chars)\n{out[-limit:]}\n--- stderr (last {limit} chars)\n{err[-limit:]}"
         )
+
+
+@attrs.define
+class ClaudeRun(CliRun):
+    """One run of Claude Code."""
+
+    def result(self) -> dict | None:
+        """The final ``{"type": "result", …}`` message, or None."""
+        results = [m for m in self.messages() if m.get("type") == "result"]
+        return results[-1] if results else None
+
+
+RunT = TypeVar("RunT", bound=CliRun)
 
 
 class _Collector(ProcessProtocol):
@@ -274,7 +294,14 @@ class _Collector(ProcessProtocol):
 def run_claude(
     binary: Path, args: Sequence[str], env: dict, cwd: Path, timeout: float = CLAUDE_TIMEOUT
 ) -> Deferred[ClaudeRun]:
-    """Run the CLI under the reactor; fires with a ClaudeRun (never errbacks on a bad exit).
+    """Run the CLI under the reactor; fires with a ClaudeRun (never errbacks on a bad exit)."""
+    return run_cli(ClaudeRun, binary, args, env, cwd, timeout)
+
+
+def run_cli(
+    run_class: type[RunT], binary: Path, args: Sequence[str], env: dict, cwd: Path, timeout: float
+) -> Deferred[RunT]:
+    """Run a CLI under the reactor; fires with a ``run_class`` (a CliRun), never errbacks.
 
     It runs in a session of its own (setsid), so a timeout kills it and everything it started.
     """
@@ -297,12 +324,12 @@ def run_claude(
 
     watchdog = reactor.callLater(timeout, kill)
 
-    def ended(reason) -> ClaudeRun:
+    def ended(reason) -> RunT:
         if watchdog.active():
             watchdog.cancel()
         if setsid:
             _killpg(pid)  # whatever it left running in its session
-        return ClaudeRun(
+        return run_class(
             argv=argv,
             exit_code=getattr(reason, "exitCode", None),
             signal=getattr(reason, "signal", None),
