@@ -442,8 +442,10 @@ SOCKET_ACTIVATE = shutil.which("systemd-socket-activate")
 @pytest.mark.skipif(
     SOCKET_ACTIVATE is None, reason="needs systemd-socket-activate (apt-get install systemd)"
 )
-def test_socket_activation(spawn):
-    """systemd-socket-activate holds the socket and execs twistd on the first connection."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_socket_activation(spawn, workers):
+    """systemd-socket-activate holds the socket and execs twistd on the first connection; with
+    --workers the parent takes the socket and its workers accept on it."""
     env = _env()
     passed = [f"--setenv={name}" for name in ("PATH", "PYTHONPATH", "HOME", "LANG") if name in env]
     for _attempt in range(3):  # the free port may be taken before the tool binds it
@@ -460,6 +462,7 @@ def test_socket_activation(spawn):
                 "cg",
                 "--listen",
                 "systemd:domain=INET:index=0",
+                f"--workers={workers}",
             ],
             env,
             name=f"activate-{port}",

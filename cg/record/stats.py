@@ -69,6 +69,7 @@ class Stats:
     expand: "ExpandStats" = attrs.field(factory=lambda: ExpandStats())
     sse: "StreamStats" = attrs.field(factory=lambda: StreamStats())
     changelog: object = None  # the change log, for its error count
+    worker: dict[str, int] | None = None  # one of --workers N: its index, the count, its pid
 
     def record_response(self, record: ExchangeRecord) -> None:
         """Once per client request, from its record."""
@@ -112,6 +113,7 @@ class Stats:
             "expand": attrs.asdict(self.expand),
             **self.sse.snapshot(),
             "changelog_errors": getattr(self.changelog, "errors", 0),
+            **({"worker": self.worker} if self.worker is not None else {}),
         }
 
 

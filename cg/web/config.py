@@ -40,3 +40,4 @@ class Config:
     changelog: str | None = None
     max_expand_rounds: int = 3
     max_held: int = 16 << 20
+    workers: int = 1  # processes serving the --listen sockets (cg.web.workers)

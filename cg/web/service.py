@@ -1,7 +1,10 @@
 """The cg service: listening ports, the proxy, and a graceful stop that drains streams."""
 
+from __future__ import annotations
+
 import os
 import signal
+from typing import TYPE_CHECKING
 
 from twisted.application import service
 from twisted.internet import defer, task
@@ -21,6 +24,9 @@ from cg.web.proxy import ProxyResource
 from cg.web.site import Connections, ProxySite
 from cg.web.tenant import parse_tenant
 from cg.web.upstream import Upstream, load_trust_root, split_base
+
+if TYPE_CHECKING:
+    from cg.web.workers import WorkerInfo
 
 log = Logger(namespace="cg.web.service")
 
@@ -68,13 +74,28 @@ def _why_not_listening(description: str, failure) -> str:
     return failure.getErrorMessage()
 
 
-def _url(description: str, address) -> str:
+def listening_url(description: str, address) -> str:
     """A listening address as a client is pointed at it: http://127.0.0.1:8080."""
     host = getattr(address, "host", None)
     if host is None:
         return f"unix:{os.fsdecode(address.name)}"
     scheme = "https" if description.startswith("ssl:") else "http"
     return f"{scheme}://[{host}]:{address.port}" if ":" in host else f"{scheme}://{host}:{address.port}"
+
+
+def bind_now(listening: defer.Deferred, descriptions: tuple[str, ...]) -> None:
+    """Exit with one line if `listening` (every endpoint's, gathered) has failed already.
+
+    `twistd cg` binds from makeService, before twistd starts its log or daemonizes: the
+    line goes to the terminal (or the journal), with no traceback, no pid file left
+    behind, and no daemonizing parent left waiting for a child that died.
+    """
+    failures: list = []
+    listening.addErrback(failures.append)
+    if failures:
+        first = failures[0].value  # a FirstError: which endpoint, and why
+        description = descriptions[first.index]
+        raise SystemExit(f"cg: cannot listen on {description}: {_why_not_listening(description, first.subFailure)}")
 
 
 class CGService(service.Service):
@@ -84,12 +105,15 @@ class CGService(service.Service):
     # (IService documents a str or None).
     name = "cg"  # type: ignore[assignment]
 
-    def __init__(self, config: Config, reactor=None):
+    def __init__(self, config: Config, reactor=None, worker: WorkerInfo | None = None):
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
         self.reactor = reactor
+        self.worker = worker  # one of --workers N: adopt the parent's sockets
         self.stats = Stats()
+        if worker is not None:
+            self.stats.worker = {"index": worker.index, "of": worker.of, "pid": os.getpid()}
 
         def count_retry():
             self.stats.upstream_retries += 1
@@ -136,18 +160,8 @@ class CGService(service.Service):
         self._listening: defer.Deferred | None = None  # binding the --listen endpoints, until stopService
 
     def bind(self):
-        """Bind every --listen endpoint now; one that cannot be bound exits with one line.
-
-        `twistd cg` binds from makeService, before twistd starts its log or daemonizes: the
-        line goes to the terminal (or the journal), with no traceback, no pid file left
-        behind, and no daemonizing parent left waiting for a child that died.
-        """
-        failures = []
-        self._listen().addErrback(failures.append)
-        if failures:
-            first = failures[0].value  # a FirstError: which endpoint, and why
-            description = self.config.listen[first.index]
-            raise SystemExit(f"cg: cannot listen on {description}: {_why_not_listening(description, first.subFailure)}")
+        """Bind every --listen endpoint now (a worker: adopt its sockets); see `bind_now`."""
+        bind_now(self._listen(), self.config.listen)
 
     def privilegedStartService(self):
         super().privilegedStartService()
@@ -165,10 +179,11 @@ class CGService(service.Service):
         info = self.stats.store_info
         self._store_untold = info is None
         log.info(
-            "cg {version} listening on {where} \N{RIGHTWARDS ARROW} Anthropic {anthropic}, OpenAI {openai}; "
+            "cg {version}{worker} listening on {where} \N{RIGHTWARDS ARROW} Anthropic {anthropic}, OpenAI {openai}; "
             "store {store} ({originals}); expand {expand}; mode {mode}",
             version=__version__,
-            where=", ".join(_url(d, p.getHost()) for d, p in zip(config.listen, self.ports)),
+            worker="" if self.worker is None else f" worker {self.worker.index + 1}/{self.worker.of}",
+            where=", ".join(listening_url(d, p.getHost()) for d, p in zip(config.listen, self.ports)),
             anthropic=config.anthropic_upstream,
             openai=config.openai_upstream,
             store=self.store_url,
@@ -197,13 +212,22 @@ class CGService(service.Service):
     def _listen(self) -> defer.Deferred:
         if self._listening is None:
             # maybeDeferred: a description that does not parse raises before any Deferred exists.
-            listens = [defer.maybeDeferred(self._listen_on, d) for d in self.config.listen]
+            if self.worker is not None:
+                listens = [defer.maybeDeferred(self._adopt, fd, family) for fd, family in self.worker.sockets]
+            else:
+                listens = [defer.maybeDeferred(self._listen_on, d) for d in self.config.listen]
             self._listening = defer.gatherResults(listens, consumeErrors=True)
             self._listening.addCallback(self.ports.extend)
         return self._listening
 
     def _listen_on(self, description: str) -> defer.Deferred:
         return serverFromString(self.reactor, description).listen(self.connections)
+
+    def _adopt(self, fd: int, family: int):
+        """A socket the parent of --workers bound: the reactor keeps its own copy of it."""
+        port = self.reactor.adoptStreamPort(fd, family, self.connections)
+        os.close(fd)
+        return port
 
     def stopService(self):
         """Stop accepting, let in-flight responses finish (up to drain_timeout), then cut them."""

@@ -10,6 +10,7 @@ from cg.web.config import Config, parse_size
 from cg.web.service import CGService
 from cg.web.tenant import parse_tenant
 from cg.web.upstream import split_base
+from cg.web.workers import WorkerPool
 
 _COMPONENTS = [c.name for c in DEFAULT_COMPONENTS]
 
@@ -132,6 +133,14 @@ class Options(usage.Options):
             "it releases them as they came.",
         ],
         [
+            "workers",
+            None,
+            _DEFAULTS.workers,
+            "Processes serving the --listen sockets (one per core): the parent binds, the workers "
+            "accept; originals are shared through the store.",
+            int,
+        ],
+        [
             "changelog",
             None,
             None,
@@ -196,6 +205,10 @@ class Options(usage.Options):
                 check(self[option])
             except ValueError as error:
                 raise usage.UsageError(f"--{option}: {error}") from error
+        if self["workers"] < 1:
+            raise usage.UsageError("--workers must be 1 or more")
+        if self["workers"] > 1 and str(self["store"] or "").startswith("memory:"):
+            raise usage.UsageError("--workers: a memory: store is one process's; use sqlite: or redis:")
         if self["max-expand-rounds"] < 0:
             raise usage.UsageError("--max-expand-rounds must be 0 or more")
         if not self["request-head-timeout"] > 0:
@@ -224,10 +237,12 @@ class Options(usage.Options):
             changelog=self["changelog"],
             max_expand_rounds=self["max-expand-rounds"],
             max_held=parse_size(self["max-held"]),
+            workers=self["workers"],
         )
 
 
-def makeService(options: Options) -> CGService:
-    service = CGService(options.config())
-    service.bind()  # see CGService.bind: a port in use is one line, before twistd goes on
+def makeService(options: Options) -> CGService | WorkerPool:
+    config = options.config()
+    service = CGService(config) if config.workers == 1 else WorkerPool(config)
+    service.bind()  # see bind_now: a port in use is one line, before twistd goes on
     return service

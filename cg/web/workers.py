@@ -1,0 +1,243 @@
+"""`--workers N`: N cg processes serving one set of listening sockets, for every core.
+
+The parent (`twistd cg --workers N`) binds every `--listen` endpoint (systemd's sockets under socket
+activation), never accepts on them, and starts N worker processes that adopt them: the kernel
+hands each new connection to one worker. Each worker is a whole cg (its own upstream pool, memo
+and store handle); originals and frozen repairs are shared through the store (SQLite in WAL mode,
+or Redis), and every decision is a pure function of the request, so a conversation's bytes are
+the same whichever worker serves a turn.
+
+The parent restarts a worker that dies (after 1 s, doubling up to 30 s while workers keep dying
+young), forwards SIGHUP (the change log's reopen), and on stop sends every worker SIGTERM and waits
+while they drain, then SIGKILLs what is left after the drain timeout and a margin.
+
+A worker runs `python -m cg.web.workers`; what it serves comes in the `CG_WORKER` environment
+variable: its configuration, its index and the count, and the socket fds it inherited.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import attrs
+from twisted.application import service
+from twisted.internet import defer, protocol
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.interfaces import IProcessTransport
+from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
+
+from cg import __version__
+from cg.web import systemd
+from cg.web.config import Config
+from cg.web.service import CGService, bind_now, listening_url
+
+log = Logger(namespace="cg.web.workers")
+
+_ENV = "CG_WORKER"
+_FIRST_FD = 3  # a worker's sockets, in --listen order
+_RESTART_DELAY = 1.0
+_MAX_RESTART_DELAY = 30.0
+_YOUNG = 10.0  # a worker that dies younger than this doubles the next restart's delay
+_KILL_MARGIN = 10.0  # seconds past the drain timeout before a worker that has not stopped is killed
+_SYSTEMD_VARIABLES = ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+
+
+@attrs.frozen
+class WorkerInfo:
+    """Which worker this process is, and the sockets it adopts: (fd, address family) each."""
+
+    index: int
+    of: int
+    sockets: tuple[tuple[int, int], ...]
+
+
+def _config_from(fields: dict[str, object]) -> Config:
+    """A Config from JSON (whose arrays were the Config's tuples)."""
+    return Config(**{name: tuple(value) if isinstance(value, list) else value
+                     for name, value in fields.items()})  # type: ignore[arg-type]
+
+
+class _NeverAccepts(protocol.Factory):
+    """The parent's factory: its ports stop reading before the reactor runs, so nothing is built."""
+
+    noisy = False
+
+    def buildProtocol(self, addr):
+        return None  # refuses the connection, should one ever be accepted here
+
+
+class _Worker(protocol.ProcessProtocol):
+    def __init__(self, pool: WorkerPool, index: int, started: float):
+        self.pool = pool
+        self.index = index
+        self.started = started
+        self.ended: defer.Deferred[None] = defer.Deferred()
+        self.process: IProcessTransport | None = None
+
+    def signal(self, name: str) -> None:
+        if self.process is not None and not self.ended.called:
+            try:
+                self.process.signalProcess(name)
+            except ProcessExitedAlready:
+                pass
+
+    def processEnded(self, reason):
+        self.ended.callback(None)
+        self.pool._ended(self, reason.value)
+
+
+class WorkerPool(service.Service):
+    """The parent of `--workers N`: binds, spawns, restarts, forwards signals, stops. See the module docstring."""
+
+    name = "cg"  # type: ignore[assignment]  # Twisted's Service says `name = None`
+
+    def __init__(self, config: Config, reactor=None, executable: str = sys.executable):
+        if reactor is None:
+            from twisted.internet import reactor
+        self.config = config
+        self.reactor = reactor
+        self.executable = executable
+        self.ports: list = []
+        self.workers: dict[int, _Worker] = {}
+        self._delay = _RESTART_DELAY
+        self._pending: dict[int, object] = {}  # index -> the delayed restart
+        self._previous_hup = None
+
+    def bind(self):
+        """Bind every --listen endpoint now (a port in use: one line, as `CGService.bind`)."""
+        listens = [defer.maybeDeferred(serverFromString(self.reactor, d).listen, _NeverAccepts())
+                   for d in self.config.listen]
+        bind_now(defer.gatherResults(listens, consumeErrors=True).addCallback(self.ports.extend),
+                 self.config.listen)
+        for port in self.ports:
+            port.stopReading()  # the workers accept, never the parent
+
+    def privilegedStartService(self):
+        super().privilegedStartService()
+        if not self.ports:
+            self.bind()
+
+    def startService(self):
+        super().startService()
+        for index in range(self.config.workers):
+            self._spawn(index)
+        log.info("cg {version} listening on {where} with {n} workers (pids {pids})",
+                 version=__version__, n=self.config.workers,
+                 where=", ".join(listening_url(d, p.getHost()) for d, p in zip(self.config.listen, self.ports)),
+                 pids=", ".join(str(w.process.pid) for w in self.workers.values() if w.process is not None))
+        try:
+            self._previous_hup = signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self._hup))
+        except ValueError:  # not the main thread (tests): no signal handlers
+            self._previous_hup = None
+        systemd.notify(b"READY=1")
+
+    def _spawn(self, index: int) -> None:
+        self._pending.pop(index, None)
+        sockets = [(_FIRST_FD + k, port.addressFamily) for k, port in enumerate(self.ports)]
+        spec = {"config": attrs.asdict(self.config), "index": index, "of": self.config.workers,
+                "sockets": sockets}
+        env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_VARIABLES}
+        env[_ENV] = json.dumps(spec)
+        fds: dict[int, object] = {0: "w", 1: 1, 2: 2}  # stdin: a pipe that closes when the parent dies
+        fds.update((fd, port.fileno()) for (fd, _), port in zip(sockets, self.ports))
+        worker = _Worker(self, index, self.reactor.seconds())
+        worker.process = self.reactor.spawnProcess(worker, self.executable, [self.executable, "-m", "cg.web.workers"],
+                                  env=env, childFDs=fds)
+        self.workers[index] = worker
+
+    def _ended(self, worker: _Worker, reason: BaseException) -> None:
+        if self.workers.get(worker.index) is worker:
+            del self.workers[worker.index]
+        if not self.running:
+            return
+        lived = self.reactor.seconds() - worker.started
+        self._delay = min(self._delay * 2, _MAX_RESTART_DELAY) if lived < _YOUNG else _RESTART_DELAY
+        log.warn("cg worker {index} ({reason}) after {lived:.1f} s; restarting it in {delay:.0f} s",
+                 index=worker.index, reason=reason, lived=lived, delay=self._delay)
+        self._pending[worker.index] = self.reactor.callLater(self._delay, self._spawn, worker.index)
+
+    def _hup(self) -> None:
+        for worker in list(self.workers.values()):
+            worker.signal("HUP")
+
+    def stopService(self):
+        """Stop every worker (SIGTERM: each drains), kill what is left after the drain timeout."""
+        super().stopService()
+        systemd.notify(b"STOPPING=1")
+        if self._previous_hup is not None:
+            signal.signal(signal.SIGHUP, self._previous_hup)
+        for delayed in self._pending.values():
+            delayed.cancel()  # type: ignore[attr-defined]
+        self._pending.clear()
+        workers = list(self.workers.values())
+        for worker in workers:
+            worker.signal("TERM")
+        kill = self.reactor.callLater(self.config.drain_timeout + _KILL_MARGIN, self._kill, workers)
+        stopped = defer.DeferredList([worker.ended for worker in workers])
+
+        def done(_):
+            if kill.active():
+                kill.cancel()
+            return defer.DeferredList([defer.maybeDeferred(port.stopListening) for port in self.ports])
+
+        return stopped.addCallback(done)
+
+    def _kill(self, workers: list[_Worker]) -> None:
+        for worker in workers:
+            if not worker.ended.called:
+                log.warn("cg worker {index} did not stop in time: killing it", index=worker.index)
+                worker.signal("KILL")
+
+
+class _ParentWatch(protocol.Protocol):
+    """A worker's stdin: the parent's pipe, closed when the parent dies (then the worker stops)."""
+
+    def __init__(self, stop):
+        self.stop = stop
+
+    def connectionLost(self, reason=None):
+        self.stop("its parent is gone")
+
+
+def main() -> None:
+    """A worker process: the CGService of `CG_WORKER`, on the sockets it inherited.
+
+    It stops (draining, as `twistd cg` does) on the first SIGTERM or SIGINT (systemd and a
+    terminal send them to every process, the parent forwards them too: later ones are no news) or
+    when its parent is gone.
+    """
+    spec = json.loads(os.environ.pop(_ENV))
+    from twisted.internet import reactor as installed
+    from twisted.internet import stdio
+
+    reactor: Any = installed  # the running reactor's type: mypy knows only its interfaces
+
+    globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)], redirectStandardIO=False)
+    info = WorkerInfo(spec["index"], spec["of"], tuple((fd, socket.AddressFamily(family))
+                                                       for fd, family in spec["sockets"]))
+    cg = CGService(_config_from(spec["config"]), reactor, worker=info)
+    stopping: list[str] = []
+
+    def stop(why: str) -> None:
+        if not stopping:
+            stopping.append(why)
+            log.info("cg worker {index} stopping: {why}", index=info.index, why=why)
+            reactor.stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, frame: reactor.callFromThread(stop, signal.Signals(number).name))
+    cg.privilegedStartService()
+    reactor.callWhenRunning(cg.startService)
+    reactor.callWhenRunning(stdio.StandardIO, _ParentWatch(stop))
+    reactor.addSystemEventTrigger("before", "shutdown", cg.stopService)
+    reactor.run(installSignalHandlers=False)
+
+
+if __name__ == "__main__":
+    main()

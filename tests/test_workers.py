@@ -1,0 +1,162 @@
+"""`--workers N`: real processes. The parent binds, N workers accept on the same socket, share the
+SQLite store, and a dead one is replaced; SIGTERM drains every worker.
+
+Which worker accepts a connection is the kernel's choice: a test picks one by stopping the other
+(SIGSTOP: a stopped process accepts nothing) and reads the answer's `/stats` `worker.pid`.
+"""
+
+import http.client
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+from test_systemd import TWISTD, WAIT, _announced_port, _env, _output, assert_clean_stop, linux_only, spawn  # noqa: F401
+from twisted.python import usage
+
+from cg.testing import command_output
+from cg.web.tap import Options
+from cg.wire.markers import marker_id
+
+BIG = command_output() * 3
+TOOLS = [{"name": "Bash", "input_schema": {"type": "object"}}]
+HISTORY = [
+    {"role": "user", "content": "run it"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": BIG}]},
+]
+
+
+def _request(port: int, method: str, path: str, body: bytes | None = None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _worker_pid(port: int) -> int:
+    status, body = _request(port, "GET", "/stats")
+    assert status == 200
+    worker = json.loads(body)["worker"]
+    assert worker["of"] == 2
+    return worker["pid"]
+
+
+def _wait_for(proc, pattern: str, count: int = 1) -> list[str]:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = re.findall(pattern, _output(proc))
+        if len(found) >= count:
+            return found
+        time.sleep(0.05)
+    pytest.fail(f"never logged {pattern!r} ×{count}:\n{_output(proc)}")
+
+
+class Only:
+    """Stop every worker but one for the duration (SIGSTOP, then SIGCONT)."""
+
+    def __init__(self, serving: int, pids: list[int]):
+        self.stopped = [pid for pid in pids if pid != serving]
+
+    def __enter__(self):
+        for pid in self.stopped:
+            os.kill(pid, signal.SIGSTOP)
+
+    def __exit__(self, *exc):
+        for pid in self.stopped:
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def fake_provider(spawn):  # noqa: F811
+    """cg.testing's fake provider in its own process; its URL."""
+    proc = spawn([sys.executable, "-m", "cg.testing", "--port", "0"], _env(), name="fake")
+    (port,) = _wait_for(proc, r"listening (\d+)")
+    return f"http://127.0.0.1:{port}"
+
+
+def _start(spawn, upstream: str, tmp_path):  # noqa: F811
+    proc = spawn([TWISTD, "--nodaemon", "--pidfile=", "cg", "--workers", "2",
+                  "--listen", "tcp:0:interface=127.0.0.1", f"--anthropic-upstream={upstream}",
+                  f"--store=sqlite:{tmp_path / 'store.sqlite3'}", "--drain-timeout=5"], _env(), name="twistd")
+    (pids,) = _wait_for(proc, r"with 2 workers \(pids (\d+), (\d+)\)")
+    _wait_for(proc, r"worker \d/2 listening on", count=2)
+    return proc, _announced_port(proc), [int(pid) for pid in pids]
+
+
+@linux_only
+def test_workers_share_the_socket_and_a_dead_one_is_replaced(spawn, fake_provider, tmp_path):  # noqa: F811
+    proc, port, pids = _start(spawn, fake_provider, tmp_path)
+    for pid in pids:
+        with Only(pid, pids):
+            assert _worker_pid(port) == pid
+
+    first, second = pids
+    os.kill(first, signal.SIGKILL)
+    assert _worker_pid(port) == second  # the other one serves on
+    _wait_for(proc, r"worker \d/2 listening on", count=3)  # its replacement
+    os.kill(second, signal.SIGSTOP)  # only the replacement can answer
+    try:
+        replacement = _worker_pid(port)
+    finally:
+        os.kill(second, signal.SIGCONT)
+    assert replacement not in pids
+    assert "cg worker 0 (" in _output(proc) or "cg worker 1 (" in _output(proc)
+
+    proc.send_signal(signal.SIGTERM)
+    assert_clean_stop(proc)
+    for pid in (second, replacement):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@linux_only
+def test_an_original_stored_through_one_worker_is_read_through_the_other(spawn, fake_provider, tmp_path):  # noqa: F811
+    proc, port, (first, second) = _start(spawn, fake_provider, tmp_path)
+    body = json.dumps({"model": "m", "max_tokens": 5, "tools": TOOLS, "messages": HISTORY}).encode()
+    headers = {"content-type": "application/json", "anthropic-version": "2023-06-01", "x-api-key": "k"}
+    with Only(first, [first, second]):
+        status, _ = _request(port, "POST", "/v1/messages", body, headers)
+        assert status == 200
+    with Only(second, [first, second]):
+        status, original = _request(port, "GET", f"/cg/expand/{marker_id(BIG.encode())}")
+    assert (status, original) == (200, BIG.encode())
+    proc.send_signal(signal.SIGTERM)
+    assert_clean_stop(proc)
+
+
+@linux_only
+def test_sigterm_lets_every_worker_finish_its_stream(spawn, fake_provider, tmp_path):  # noqa: F811
+    proc, port, pids = _start(spawn, fake_provider, tmp_path)
+    conns = []
+    for pid in pids:  # one stream on each worker, 8 events 150 ms apart
+        with Only(pid, pids):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
+            conn.request("POST", "/v1/messages", body=json.dumps(
+                {"model": "m", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "hi"}]}),
+                headers={"content-type": "application/json", "anthropic-version": "2023-06-01", "x-api-key": "k",
+                         "x-fake-events": "8", "x-fake-delay-ms": "150"})
+            response = conn.getresponse()
+            assert response.status == 200
+            conns.append((conn, response))
+    proc.send_signal(signal.SIGTERM)
+    for conn, response in conns:
+        body = response.read()  # http.client raises IncompleteRead on a cut chunked body
+        conn.close()
+        assert body.count(b"event: content_block_delta") == 8 and b"message_stop" in body
+    assert_clean_stop(proc)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "0"], "--workers must be 1 or more"),
+    (["--workers", "2", "--store", "memory:"], "a memory: store is one process's"),
+])
+def test_a_bad_workers_option_is_refused(argv, message):
+    with pytest.raises(usage.UsageError, match=message):
+        Options().parseOptions(argv)
