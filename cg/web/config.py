@@ -40,3 +40,4 @@ class Config:
     changelog: str | None = None
     max_expand_rounds: int = 3
     max_held: int = 16 << 20
+    metrics_tenants: bool = False  # /metrics labels requests and billed tokens by tenant
