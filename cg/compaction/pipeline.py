@@ -143,21 +143,33 @@ _Value = TypeVar("_Value")
 
 
 class _Bounded(Generic[_Key, _Value]):
-    """A mapping bounded in entries and in characters held, least recently used out first."""
+    """A mapping bounded in entries and in characters held, least recently used out first.
+
+    `hits` and `misses` count its lookups (plain ints: /stats and /metrics read them).
+    """
 
     def __init__(self, max_entries: int, max_chars: int):
         self._items: OrderedDict[_Key, tuple[_Value, int]] = OrderedDict()
         self._chars = 0
         self._max_entries = max_entries
         self._max_chars = max_chars
+        self.hits = 0
+        self.misses = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def chars(self) -> int:
+        """Characters of text the entries hold, as put."""
+        return self._chars
+
     def get(self, key: _Key) -> _Value | None:
         item = self._items.get(key)
         if item is None:
+            self.misses += 1
             return None
+        self.hits += 1
         self._items.move_to_end(key)
         return item[0]
 
@@ -178,7 +190,7 @@ class Memo:
     Decisions are keyed by (result text, tool name, config, lossy, seen earlier in the request):
     everything a decision depends on. The text itself is the key (its hash is computed once per
     parse), so a memo hit needs no encoding or SHA-256. Both tables are bounded in entries and in
-    the text they hold, least recently used out first.
+    the text they hold, least recently used out first, and count their hits and misses.
     """
 
     def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20):

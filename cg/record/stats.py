@@ -5,10 +5,11 @@ from collections import Counter, deque
 
 import attrs
 
-from cg.compaction.pipeline import result_sizes
+from cg.compaction.pipeline import Memo, result_sizes
 from cg.compaction.rewrite import Rewrite
 from cg.compaction.tokens import estimate_body_tokens, estimate_tokens
 from cg.exchange.record import ExchangeRecord
+from cg.record.metrics import MemoTable, Metrics
 from cg.stream.inspector import ReleaseReason
 from cg.stream.usage import UsageTotals
 
@@ -70,9 +71,12 @@ class Stats:
     sse: "StreamStats" = attrs.field(factory=lambda: StreamStats())
     changelog: object = None  # the change log, for its error count
     worker: dict[str, int] | None = None  # one of --workers N: its index, the count, its pid
+    memo: Memo | None = None  # the rewriter's, for its hit rate
+    metrics: Metrics = attrs.field(factory=Metrics)  # /metrics: from the records, and these counters
 
-    def record_response(self, record: ExchangeRecord) -> None:
-        """Once per client request, from its record."""
+    def record_response(self, record: ExchangeRecord, tenant: str = "") -> None:
+        """Once per client request, from its record (`tenant`: for --metrics-tenants)."""
+        self.metrics.exchange(record, tenant)
         self.statuses[record.status or 499] += 1
         if record.t_headers is not None and record.t_sent is not None:
             self.upstream_ttfb.add(record.t_headers - record.t_sent)
@@ -83,6 +87,17 @@ class Stats:
         self.client_disconnects += record.outcome == "client_gone"
         self.expand.continuations_failed += record.continuation_failed is not None
         self.sse.record(record)
+        self.sync()
+
+    def refused_too_large(self, dialect: str, target: str, tenant: str = "") -> None:
+        """A request body over --max-body: answered 413, not forwarded."""
+        self.too_large += 1
+        self.statuses[413] += 1
+        self.metrics.refused(dialect, target, 413, tenant)
+
+    def sync(self) -> None:
+        """Bring /metrics up to these counters: at each exchange's end, every 10 s, before a scrape."""
+        self.metrics.sync(self)
 
     def snapshot(self) -> dict[str, object]:
         return {
@@ -103,7 +118,7 @@ class Stats:
             "added_ttfb": self.added_ttfb.summary(),
             "upstream_ttfb": self.upstream_ttfb.summary(),
             "bypassed": self.bypassed,
-            "compaction": self.compaction.snapshot(),
+            "compaction": {**self.compaction.snapshot(), "memo": memo_snapshot(self.memo)},
             "store": {
                 **(attrs.asdict(self.store) if self.store is not None else {}),
                 **(attrs.asdict(self.store_info) if self.store_info is not None else {}),
@@ -115,6 +130,25 @@ class Stats:
             "changelog_errors": getattr(self.changelog, "errors", 0),
             **({"worker": self.worker} if self.worker is not None else {}),
         }
+
+
+def memo_snapshot(memo: Memo | None) -> dict[str, object]:
+    """The memo's decisions table (its hit rate: how often a re-sent result cost a lookup), and
+    its spans table (where results sit in each message) below."""
+
+    def table(bounded: MemoTable) -> dict[str, object]:
+        lookups = bounded.hits + bounded.misses
+        return {
+            "hits": bounded.hits,
+            "misses": bounded.misses,
+            "hit_rate": round(bounded.hits / lookups, 4) if lookups else None,
+            "entries": len(bounded),
+            "chars": bounded.chars,
+        }
+
+    if memo is None:
+        return {}
+    return {**table(memo.decisions), "spans": table(memo.spans)}
 
 
 @attrs.define

@@ -41,3 +41,4 @@ class Config:
     max_expand_rounds: int = 3
     max_held: int = 16 << 20
     workers: int = 1  # processes serving the --listen sockets (cg.web.workers)
+    metrics_tenants: bool = False  # /metrics labels requests and billed tokens by tenant

@@ -331,7 +331,7 @@ class ExchangeDriver:
         self.ended = True
         self._stop_detached()
         record = command.record
-        self.stats.record_response(record)
+        self.stats.record_response(record, self.proxy.metrics_tenant(self.request))
         if record.continuation_failed is not None:
             log.warn("expand continuation failed ({why}): the client gets the rounds so far",
                      why=record.continuation_failed)

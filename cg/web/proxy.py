@@ -20,7 +20,7 @@ from cg.compaction.repair import repair_answer
 from cg.exchange.record import ExchangeRecord
 from cg.record.changelog import NullChangeLog, compaction_record, usage_record
 from cg.stream.usage import session_key
-from cg.web import http1
+from cg.web import http1, metrics
 from cg.web.driver import ExchangeDriver, Forward
 from cg.wire import dialect
 from cg.wire.markers import parse_marker_ref
@@ -86,6 +86,10 @@ class ProxyResource(resource.Resource):
         if path == b"/stats" and request.method == b"GET":
             request.setHeader(b"content-type", b"application/json")
             return ujson.dumps(self.stats.snapshot(), indent=2).encode() + b"\n"
+        if path == b"/metrics" and request.method == b"GET":
+            body, content_type = metrics.render(self.stats, (request.getHeader(b"accept") or b"").decode("latin-1"))
+            request.setHeader(b"content-type", content_type.encode("latin-1"))
+            return body
         if path.startswith(b"/cg/expand/") and request.method == b"GET":
             return self._show_original(request, path[len(b"/cg/expand/") :].decode("latin-1"))
         which = dialect.route(request.uri, request.requestHeaders.hasHeader(b"anthropic-version"))
@@ -93,8 +97,7 @@ class ProxyResource(resource.Resource):
             message = dialect.not_proxied(path, _url_of_cg(request))
             return _error(request, dialect.spoken_by(request.requestHeaders), 404, message)
         if request.too_large:
-            self.stats.too_large += 1
-            self.stats.statuses[413] += 1
+            self.stats.refused_too_large(which, request.uri.decode("latin-1"), self.metrics_tenant(request))
             return _error(request, which, 413, "request body is larger than cg's --max-body")
         ExchangeDriver(self, request, which).start()
         return server.NOT_DONE_YET
@@ -259,6 +262,10 @@ class ProxyResource(resource.Resource):
                 expand_rounds=record.expand_rounds,
             )
         )
+
+    def metrics_tenant(self, request) -> str:
+        """The request's tenant, for the labels --metrics-tenants adds ("" without it)."""
+        return self.tenant_of(request.requestHeaders) if self.stats.metrics.tenants else ""
 
     def started(self, exchange):
         self._in_flight.add(exchange)

@@ -16,10 +16,12 @@ from cg.compaction.components import DEFAULT_COMPONENTS
 from cg.compaction.pipeline import CompactConfig
 from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.record.changelog import open_changelog
+from cg.record.metrics import Metrics
 from cg.record.stats import Stats
 from cg.store import default_store_url, parse_store_url, store_from_url
 from cg.web import systemd
 from cg.web.config import Config
+from cg.web.metrics import MeteredStore
 from cg.web.proxy import ProxyResource
 from cg.web.site import Connections, ProxySite
 from cg.web.tenant import parse_tenant
@@ -111,7 +113,7 @@ class CGService(service.Service):
         self.config = config
         self.reactor = reactor
         self.worker = worker  # one of --workers N: adopt the parent's sockets
-        self.stats = Stats()
+        self.stats = Stats(metrics=Metrics(tenants=config.metrics_tenants))
         if worker is not None:
             self.stats.worker = {"index": worker.index, "of": worker.of, "pid": os.getpid()}
 
@@ -130,18 +132,24 @@ class CGService(service.Service):
         self.store_url = ":".join(parse_store_url(config.store or default_store_url()))  # ~ expanded
         self.store = store_from_url(self.store_url, reactor, max_bytes=config.store_max_mb << 20)
         self.stats.store = self.store.stats
+        # What the proxy and the size refresh call: the same store, its calls timed for /metrics.
+        self.metered_store = MeteredStore(self.store, self.stats.metrics.store_operation)
         self.changelog = open_changelog(config.changelog, reactor)
         self.stats.changelog = self.changelog
+        # The store's size every 10 s, and /metrics brought up to /stats (with --workers, every
+        # worker's, so that a scrape served by another shows them).
         self._store_info = task.LoopingCall(self._refresh_store_info)
         self._store_info.clock = reactor
         self._store_untold = False  # the start-up line said "opening": say the count once known
         self._previous_hup = None
+        rewriter = Rewriter(rewrite_config(config))
+        self.stats.memo = rewriter.memo
         self.resource = ProxyResource(
             self.upstream,
             self.stats,
             {"anthropic": split_base(config.anthropic_upstream), "openai": split_base(config.openai_upstream)},
-            rewriter=Rewriter(rewrite_config(config)),
-            store=self.store,
+            rewriter=rewriter,
+            store=self.metered_store,
             tenant_of=parse_tenant(config.tenant),
             observe=config.observe,
             changelog=self.changelog,
@@ -200,7 +208,8 @@ class CGService(service.Service):
                 self._store_untold = False
                 log.info("cg store {store}: {originals} originals", store=self.store_url, originals=info.entries)
 
-        return self.store.info().addCallbacks(keep, lambda failure: None)  # the store logs its errors
+        refreshed = self.metered_store.info().addCallbacks(keep, lambda failure: None)  # the store logs its errors
+        return refreshed.addCallback(lambda _: self.stats.sync())
 
     def _reopen_changelog(self):
         if self.changelog.path is None:

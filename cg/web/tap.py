@@ -23,7 +23,8 @@ class Options(usage.Options):
     longdesc = (
         "cg (context guru) sits between a coding agent and the Anthropic or OpenAI API. "
         "Point Claude Code at it with ANTHROPIC_BASE_URL=http://127.0.0.1:8080, an OpenAI "
-        "client with OPENAI_BASE_URL=http://127.0.0.1:8080/v1. GET /stats shows its counters."
+        "client with OPENAI_BASE_URL=http://127.0.0.1:8080/v1. GET /stats shows its counters, "
+        "GET /metrics the same for Prometheus."
     )
 
     optParameters = [
@@ -155,6 +156,15 @@ class Options(usage.Options):
         ],
     ]
 
+    optFlags = [
+        [
+            "metrics-tenants",
+            None,
+            "Label /metrics' request and billed-token counters by tenant (--tenant): one series per "
+            "tenant, so only for a bounded set of them.",
+        ],
+    ]
+
     def __init__(self):
         super().__init__()
         self["listen"] = []
@@ -238,6 +248,7 @@ class Options(usage.Options):
             max_expand_rounds=self["max-expand-rounds"],
             max_held=parse_size(self["max-held"]),
             workers=self["workers"],
+            metrics_tenants=bool(self["metrics-tenants"]),
         )
 
 

@@ -24,6 +24,12 @@ _OPENAI_PATHS = (
     b"/v1/embeddings",
     b"/v1/models",
 )
+# The API paths cg knows by name (a path under one, such as /v1/models/ID, is not one of them):
+# /metrics labels requests by these, and every other path as "other", so no ID becomes a label.
+API_PATHS = frozenset(
+    {"/v1/messages", "/v1/messages/count_tokens", "/v1/messages/batches"}
+    | {path.decode("ascii") for path in _OPENAI_PATHS}
+)
 # The endpoints whose responses cg reads (and so must be able to decode), and their shape.
 _RESPONSE_SHAPES = {b"/v1/messages": ANTHROPIC, b"/v1/chat/completions": OPENAI, b"/v1/responses": RESPONSES}
 
