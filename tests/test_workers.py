@@ -160,3 +160,21 @@ def test_sigterm_lets_every_worker_finish_its_stream(spawn, fake_provider, tmp_p
 def test_a_bad_workers_option_is_refused(argv, message):
     with pytest.raises(usage.UsageError, match=message):
         Options().parseOptions(argv)
+
+
+@linux_only
+def test_one_scrape_counts_every_workers_requests(spawn, fake_provider, tmp_path):  # noqa: F811
+    proc, port, pids = _start(spawn, fake_provider, tmp_path)
+    body = json.dumps({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    headers = {"content-type": "application/json", "anthropic-version": "2023-06-01", "x-api-key": "k"}
+    for pid in pids:  # one request on each worker
+        with Only(pid, pids):
+            assert _request(port, "POST", "/v1/messages", body, headers)[0] == 200
+    for pid in pids:  # either worker's scrape counts both
+        with Only(pid, pids):
+            status, text = _request(port, "GET", "/metrics")
+        assert status == 200
+        counted = re.search(rb'cg_requests_total\{dialect="anthropic",path="/v1/messages",status="200"\} (\S+)', text)
+        assert counted is not None and float(counted[1]) == 2.0, text.decode()
+    proc.send_signal(signal.SIGTERM)
+    assert_clean_stop(proc)

@@ -11,6 +11,10 @@ The parent restarts a worker that dies (after 1 s, doubling up to 30 s while wor
 young), forwards SIGHUP (the change log's reopen), and on stop sends every worker SIGTERM and waits
 while they drain, then SIGKILLs what is left after the drain timeout and a margin.
 
+Metrics: the workers run in prometheus-client's multiprocess mode, so one scrape of any worker
+sums them all. The directory is `PROMETHEUS_MULTIPROC_DIR` when set (emptied at start), else a
+private one the parent makes and removes; a worker that ends is marked dead there.
+
 A worker runs `python -m cg.web.workers`; what it serves comes in the `CG_WORKER` environment
 variable: its configuration, its index and the count, and the socket fds it inherited.
 """
@@ -19,12 +23,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import attrs
+from prometheus_client import multiprocess
 from twisted.application import service
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import serverFromString
@@ -46,6 +54,7 @@ _MAX_RESTART_DELAY = 30.0
 _YOUNG = 10.0  # a worker that dies younger than this doubles the next restart's delay
 _KILL_MARGIN = 10.0  # seconds past the drain timeout before a worker that has not stopped is killed
 _SYSTEMD_VARIABLES = ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+_METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @attrs.frozen
@@ -79,6 +88,7 @@ class _Worker(protocol.ProcessProtocol):
         self.started = started
         self.ended: defer.Deferred[None] = defer.Deferred()
         self.process: IProcessTransport | None = None
+        self.pid: int | None = None  # kept: the transport forgets it once the process is reaped
 
     def signal(self, name: str) -> None:
         if self.process is not None and not self.ended.called:
@@ -108,6 +118,8 @@ class WorkerPool(service.Service):
         self._delay = _RESTART_DELAY
         self._pending: dict[int, object] = {}  # index -> the delayed restart
         self._previous_hup = None
+        self._metrics_dir: Path | None = None
+        self._own_metrics_dir = False  # made by this pool: removed at stop
 
     def bind(self):
         """Bind every --listen endpoint now (a port in use: one line, as `CGService.bind`)."""
@@ -125,12 +137,13 @@ class WorkerPool(service.Service):
 
     def startService(self):
         super().startService()
+        self._open_metrics_dir()
         for index in range(self.config.workers):
             self._spawn(index)
         log.info("cg {version} listening on {where} with {n} workers (pids {pids})",
                  version=__version__, n=self.config.workers,
                  where=", ".join(listening_url(d, p.getHost()) for d, p in zip(self.config.listen, self.ports)),
-                 pids=", ".join(str(w.process.pid) for w in self.workers.values() if w.process is not None))
+                 pids=", ".join(str(w.pid) for w in self.workers.values()))
         try:
             self._previous_hup = signal.signal(signal.SIGHUP, lambda *_: self.reactor.callFromThread(self._hup))
         except ValueError:  # not the main thread (tests): no signal handlers
@@ -144,16 +157,32 @@ class WorkerPool(service.Service):
                 "sockets": sockets}
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_VARIABLES}
         env[_ENV] = json.dumps(spec)
+        if self._metrics_dir is not None:
+            env[_METRICS_DIR] = str(self._metrics_dir)
         fds: dict[int, object] = {0: "w", 1: 1, 2: 2}  # stdin: a pipe that closes when the parent dies
         fds.update((fd, port.fileno()) for (fd, _), port in zip(sockets, self.ports))
         worker = _Worker(self, index, self.reactor.seconds())
         worker.process = self.reactor.spawnProcess(worker, self.executable, [self.executable, "-m", "cg.web.workers"],
                                   env=env, childFDs=fds)
+        worker.pid = worker.process.pid
         self.workers[index] = worker
+
+    def _open_metrics_dir(self) -> None:
+        given = os.environ.get(_METRICS_DIR)
+        if given:
+            self._metrics_dir = Path(given)
+            self._metrics_dir.mkdir(parents=True, exist_ok=True)
+            for stale in self._metrics_dir.glob("*.db"):  # an earlier run's workers
+                stale.unlink()
+        else:
+            self._metrics_dir = Path(tempfile.mkdtemp(prefix="cg-metrics-"))
+            self._own_metrics_dir = True
 
     def _ended(self, worker: _Worker, reason: BaseException) -> None:
         if self.workers.get(worker.index) is worker:
             del self.workers[worker.index]
+        if self._metrics_dir is not None and worker.pid is not None:
+            multiprocess.mark_process_dead(worker.pid, str(self._metrics_dir))
         if not self.running:
             return
         lived = self.reactor.seconds() - worker.started
@@ -184,6 +213,8 @@ class WorkerPool(service.Service):
         def done(_):
             if kill.active():
                 kill.cancel()
+            if self._own_metrics_dir and self._metrics_dir is not None:
+                shutil.rmtree(self._metrics_dir, ignore_errors=True)
             return defer.DeferredList([defer.maybeDeferred(port.stopListening) for port in self.ports])
 
         return stopped.addCallback(done)
