@@ -306,19 +306,12 @@ def recorded_streams(n: int) -> dict[str, list[bytes]]:
 
 def chat_streams(rnd: random.Random, n: int) -> dict[str, list[bytes]]:
     """Long chat.completion.chunk streams: an answer, and a round whose lone call is cg's expand."""
-    from cg.testing import openai_stream_events, sse_event
+    from cg.testing import openai_stream_events
     from cg.wire.markers import EXPAND_TOOL
 
     answer = openai_stream_events(_texts(rnd, n), include_usage=True)
-    expand = openai_stream_events(_texts(rnd, 5), finish_reason="tool_calls")
-    head = json.loads(expand[0].removeprefix(b"data: "))
     args = '{"id":"0123456789abcdef"}'
-    calls = [{"index": 0, "id": "call_x", "type": "function", "function": {"name": EXPAND_TOOL, "arguments": ""}},
-             {"index": 0, "function": {"arguments": args[:7]}}, {"index": 0, "function": {"arguments": args[7:]}}]
-    call_chunks = [sse_event(None, {**head, "choices": [{"index": 0, "delta": {"tool_calls": [call]},
-                                                        "finish_reason": None, "logprobs": None}]})
-                   for call in calls]
-    expand[-3:-3] = call_chunks  # before the finish, usage and [DONE] chunks
+    expand = openai_stream_events(_texts(rnd, 5), calls=[("call_x", EXPAND_TOOL, (args[:7], args[7:]))])
     return {"chat answer": answer, "chat expand": expand, "chat continuation": openai_stream_events(_texts(rnd, n))}
 
 
@@ -376,28 +369,31 @@ def _run_inspector(rounds, chat: bool = False):
     return n
 
 
-def throughput(quick: bool) -> dict:
-    """events/s of parser alone, pass-through meter and parser + inspector, interleaved reps."""
+def throughput(quick: bool, families: tuple[str, ...] = ("anthropic", "chat")) -> dict:
+    """events/s of parser alone, pass-through meter and parser + inspector, interleaved reps; the
+    cases of the stream ``families`` asked for (anthropic, chat)."""
     n = 1000 if quick else 5000
     reps = 5 if quick else 31
     streams = recorded_streams(n)
     cases = [
-        # label, rounds (lists of events), chunk size, pipelines
-        ("long answer (thinking, then text), one chunk per event", [streams["answer"]], None,
+        # family, label, rounds (lists of events), chunk size, pipelines
+        ("anthropic", "long answer (thinking, then text), one chunk per event", [streams["answer"]], None,
          ("parser", "meter", "inspector")),
-        ("long answer, 16 KiB chunks", [streams["answer"]], 16384, ("parser", "meter", "inspector")),
-        ("text, then a client tool_use (Write) with its input in deltas", [streams["tool"]], None,
+        ("anthropic", "long answer, 16 KiB chunks", [streams["answer"]], 16384, ("parser", "meter", "inspector")),
+        ("anthropic", "text, then a client tool_use (Write) with its input in deltas", [streams["tool"]], None,
          ("parser", "inspector")),
-        ("spliced: text + expand call, then a long continuation (renumbered)",
+        ("anthropic", "spliced: text + expand call, then a long continuation (renumbered)",
          [streams["expand"], streams["continuation"]], None, ("parser", "inspector")),
-        ("chat: long answer, one chunk per event", [streams["chat answer"]], None, ("parser", "chat")),
-        ("chat spliced: text + expand call, then a long continuation (re-serialized)",
+        ("chat", "chat: long answer, one chunk per event", [streams["chat answer"]], None, ("parser", "chat")),
+        ("chat", "chat spliced: text + expand call, then a long continuation (re-serialized)",
          [streams["chat expand"], streams["chat continuation"]], None, ("parser", "chat")),
     ]
     runners = {"parser": _run_parser, "meter": _run_meter, "inspector": _run_inspector,
                "chat": lambda rounds: _run_inspector(rounds, chat=True)}
     out = []
-    for label, rounds, size, pipes in cases:
+    for family, label, rounds, size, pipes in cases:
+        if family not in families:
+            continue
         chunked = [_chunks(r, size) for r in rounds]
         events = sum(len(r) for r in rounds)
         assert _run_parser(chunked) == events
@@ -416,6 +412,7 @@ def throughput(quick: bool) -> dict:
                 finally:
                     gc.enable()
         out.append({
+            "family": family,
             "label": label,
             "events": events,
             "bytes": nbytes,
@@ -475,20 +472,45 @@ def memory(quick: bool, fake_stream: list[bytes]) -> dict:
     return {"streams": n_streams, "cases": out}
 
 
-def in_process(quick: bool, fake_stream: list[bytes]) -> dict:
-    """Section 3, pinned to one CPU (the affinity is restored after)."""
+def in_process(quick: bool, fake_stream: list[bytes] | None = None,
+               families: tuple[str, ...] = ("anthropic", "chat")) -> dict:
+    """Section 3, pinned to one CPU (the affinity is restored after); the memory cases only with
+    ``fake_stream`` (the fake's Anthropic stream)."""
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     cpu = max(affinity) if affinity else None
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     load = Load([None])
     try:
-        tp = throughput(quick)
-        mem = memory(quick, fake_stream)
+        tp = throughput(quick, families)
+        mem = memory(quick, fake_stream) if fake_stream is not None else None
     finally:
         if affinity:
             os.sched_setaffinity(0, affinity)
     return {"cpu": cpu, "throughput": tp, "memory": mem, "others_cores": load.others(), "steal_cores": load.stolen()}
+
+
+PIPES = {"parser": "SSEParser alone", "meter": "pass-through meter", "inspector": "SSEParser + Inspector",
+         "chat": "SSEParser + ChatInspector"}
+
+
+def throughput_lines(tp: dict) -> list[str]:
+    """Section 3's table of events/s, and the target line."""
+    lines = [("", "events", "KB", "events/s", "us/event", "best ev/s", "/ parser")]
+    for case in tp["cases"]:
+        lines.append((f"   {case['label']}", "", "", "", "", "", ""))
+        for pipe, eps in case["events_per_s"].items():
+            lines.append((f"     {PIPES[pipe]}", str(case["events"]), f"{case['bytes'] / 1000:.0f}",
+                          f"{eps:,}", f"{1e6 / eps:.2f}", f"{case['best_events_per_s'][pipe]:,}",
+                          f"{case['over_parser'][pipe]:.2f}x"))
+    widths = [max(len(x[i]) for x in lines) for i in range(7)]
+    out = ["  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, 7)]).rstrip() for x in lines]
+    out.append("   (events/s and us/event: medians; best: the fastest rep; / parser: median over reps of the "
+               "time over the parser's in the same rep)")
+    inspected = [eps for c in tp["cases"] for pipe, eps in c["events_per_s"].items() if pipe not in ("parser", "meter")]
+    out.append(f"   target >= {TARGET_EVENTS_S:,} events/s through the inspectors: slowest case {min(inspected):,}, "
+               f"{'met' if min(inspected) >= TARGET_EVENTS_S else 'NOT met'}")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -835,24 +857,7 @@ def table(r: dict) -> str:
     out.append("")
     out.append(f"3. in-process, pinned to CPU {ip['cpu']}: events/s, {ip['throughput']['cases'][0]['reps']} reps "
                f"interleaved, gc off while timing")
-    names = {"parser": "SSEParser alone", "meter": "pass-through meter", "inspector": "SSEParser + Inspector",
-             "chat": "SSEParser + ChatInspector"}
-    lines = [("", "events", "KB", "events/s", "us/event", "best ev/s", "/ parser")]
-    for case in ip["throughput"]["cases"]:
-        lines.append((f"   {case['label']}", "", "", "", "", "", ""))
-        for pipe, eps in case["events_per_s"].items():
-            lines.append((f"     {names[pipe]}", str(case["events"]), f"{case['bytes'] / 1000:.0f}",
-                          f"{eps:,}", f"{1e6 / eps:.2f}", f"{case['best_events_per_s'][pipe]:,}",
-                          f"{case['over_parser'][pipe]:.2f}x"))
-    widths = [max(len(x[i]) for x in lines) for i in range(7)]
-    for x in lines:
-        out.append("  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, 7)]).rstrip())
-    out.append("   (events/s and us/event: medians; best: the fastest rep; / parser: median over reps of the "
-               "time over the parser's in the same rep)")
-    inspected = [eps for c in ip["throughput"]["cases"] for pipe, eps in c["events_per_s"].items()
-                 if pipe in ("inspector", "chat")]
-    out.append(f"   target >= {TARGET_EVENTS_S:,} events/s through the inspectors: slowest case {min(inspected):,}, "
-               f"{'met' if min(inspected) >= TARGET_EVENTS_S else 'NOT met'}")
+    out += throughput_lines(ip["throughput"])
     mem = ip["memory"]
     out.append("memory per inspected stream, held open before its message_delta:")
     out.append(f"   inspector state (tracemalloc, {mem['streams']} SSEParser + Inspector pairs in-process):")
