@@ -67,7 +67,7 @@ def rewrite(dialect=ANTHROPIC, injected=True, changes=()):
 
 
 def exchange(dialect=ANTHROPIC, http11=True, clock=None, **limits):
-    return Exchange("POST", "/v1/messages?beta=true", dialect, bytes_in=len(FORWARDED), reads_response=True,
+    return Exchange("POST", "/v1/messages?beta=true", dialect, bytes_in=len(FORWARDED), reads=dialect,
                     http11=http11, clock=clock or Clock(), **limits)
 
 

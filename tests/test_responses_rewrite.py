@@ -1,5 +1,6 @@
-"""The Responses API (/v1/responses, Codex CLI): its tool outputs get the lossless components, and
-every other byte reaches the provider as the client sent it."""
+"""The Responses API (/v1/responses, Codex CLI): the request side. Tool outputs get reformat (and
+first-sight offload where the expand tool is declared: a top-level `tools` array), and every other
+byte reaches the provider as the client sent it."""
 
 import copy
 import json
@@ -60,22 +61,40 @@ def get_at(body: dict, path: list) -> object:
 CASES = [("second_request_tool_output", "exec_command"), ("codemode_custom_tool_output", "exec")]
 
 
+def with_expand_tool(body: dict) -> dict:
+    """`body` as cg forwards it to a model with top-level tools: the expand tool appended last."""
+    return {**body, "tools": [*body["tools"], json.loads(expand.RESPONSES_TOOL)]}
+
+
 @pytest.mark.parametrize(("name", "tool"), CASES)
 def test_a_coloured_output_is_cleaned_and_every_other_byte_kept(name, tool):
     body, path = planted(name, coloured_output())
     raw = serde(body)
-    rewrite = Rewriter(RewriteConfig(expand=True)).rewrite(raw, RESPONSES_PATH)
+    rewrite = Rewriter(RewriteConfig(expand=False)).rewrite(raw, RESPONSES_PATH)
     assert rewrite is not None and rewrite.dialect == RESPONSES
     forwarded = json.loads(rewrite.body)
     cleaned = get_at(forwarded, path)
     assert cleaned == command_output()  # the colours gone, nothing else, nothing offloaded
     assert rewrite.body == serde(set_at(copy.deepcopy(body), path, cleaned))
-    # Lossless only: no expand tool, no marker, nothing to stash, never handed to an exchange adapter.
+    # Lossless only without the expand tool: no marker, nothing to stash.
     assert not rewrite.injected and rewrite.originals == {} and b"<<cg:" not in rewrite.body
     assert EXPAND_TOOL.encode() not in rewrite.body
     assert [(c.component, c.tool_name, c.lossy, c.message_index) for c in rewrite.changes] == [
         ("textclean", tool, False, path[1])]
     assert rewrite.runs["textclean"] >= 1 and "offload" not in rewrite.runs
+
+
+def test_a_big_output_is_offloaded_at_first_sight_where_the_tool_is_declared():
+    body, path = planted("second_request_tool_output", coloured_output())
+    rewrite = Rewriter(RewriteConfig()).rewrite(serde(body), RESPONSES_PATH)
+    assert rewrite.injected
+    offloaded = get_at(json.loads(rewrite.body), path)
+    (marker_id, original), = rewrite.originals.items()
+    assert f"<<cg:{marker_id}>>" in offloaded and original == coloured_output().encode()
+    assert [(c.component, c.lossy) for c in rewrite.changes] == [("textclean", False), ("offload", True)]
+    # Every byte but that output's and the tool appended is the client's.
+    expected = set_at(copy.deepcopy(body), path, offloaded)
+    assert rewrite.body == serde(with_expand_tool(expected))
 
 
 def test_reasoning_and_metadata_pass_byte_for_byte():
@@ -97,9 +116,10 @@ def test_a_body_cg_cannot_parse_is_left_alone(raw):
 
 
 def test_clean_outputs_and_other_shapes_are_untouched():
-    """A fixture with nothing to clean, a string `input`, and previous_response_id: the same bytes."""
+    """Nothing to clean and no tools to extend (code mode, a string `input`, previous_response_id):
+    the same bytes."""
     rewriter = Rewriter(RewriteConfig())
-    for body in (codex_body("second_request_tool_output"), codex_body("codemode_custom_tool_output"),
+    for body in (codex_body("codemode_custom_tool_output"), codex_body("codemode_first_request"),
                  {"model": "gpt-5.5", "input": "hello", "previous_response_id": "resp_1"}):
         raw = serde(body)
         assert rewriter.rewrite(raw, RESPONSES_PATH).body is raw
@@ -113,9 +133,27 @@ def test_previous_response_id_compacts_only_what_the_request_carries():
     assert [(c.component, c.tool_name) for c in rewrite.changes] == [("textclean", None)]
 
 
-def test_the_expand_tool_is_never_declared_on_responses():
-    body = ParsedBody.parse(serde(codex_body("second_request_tool_output")))
-    assert body.value["tools"] and expand.injection(body, RESPONSES) is None
+@pytest.mark.parametrize("name", ["first_request", "unknown_model_first_request"])
+def test_the_expand_tool_is_appended_to_top_level_tools(name):
+    raw = serde(codex_body(name))
+    rewrite = Rewriter(RewriteConfig()).rewrite(raw, RESPONSES_PATH)
+    assert rewrite.injected
+    assert rewrite.body == serde(with_expand_tool(codex_body(name)))
+
+
+def test_lite_models_get_no_expand_tool_and_no_lossy_offload():
+    """Code mode declares its tools in an additional_tools input item: cg does not touch it."""
+    body, _ = planted("codemode_custom_tool_output", command_output() * 400)
+    rewrite = Rewriter(RewriteConfig()).rewrite(serde(body), RESPONSES_PATH)
+    assert not rewrite.injected and rewrite.originals == {} and EXPAND_TOOL.encode() not in rewrite.body
+    assert "offload" not in rewrite.runs
+
+
+def test_the_expand_tool_is_byte_identical_on_every_request():
+    sent = [Rewriter(RewriteConfig()).rewrite(serde(codex_body(name)), RESPONSES_PATH).body
+            for name in ("first_request", "unknown_model_first_request")]
+    declared = ("," + expand.RESPONSES_TOOL + "]").encode()  # last in tools, in these very bytes
+    assert all(body.count(declared) == 1 for body in sent)
 
 
 @pytest.mark.parametrize(("name", "tool"), CASES)
@@ -129,7 +167,7 @@ def test_first_sight_gives_the_same_bytes_every_time(name, tool):
 
 def test_a_resent_history_reuses_the_previous_parse():
     body, path = planted("second_request_tool_output", coloured_output())
-    rewriter = Rewriter(RewriteConfig())
+    rewriter = Rewriter(RewriteConfig(expand=False))
     first = rewriter.parse(serde(body), RESPONSES_PATH, "s")
     grown = copy.deepcopy(body)
     grown["input"].append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "next"}]})
@@ -171,7 +209,7 @@ def sdk_events(url: str, output: str):
 @inlineCallbacks
 def test_the_sdk_streams_a_response_whose_request_cg_cleaned(make_cg, fake_openai, tmp_path):
     changes = tmp_path / "changes.jsonl"
-    cg = make_cg(openai_upstream=fake_openai.url, expand=True, changelog=str(changes))
+    cg = make_cg(openai_upstream=fake_openai.url, expand=False, changelog=str(changes))
     direct = yield sdk_events(fake_openai.url, coloured_output())
     through = yield sdk_events(cg.url, coloured_output())
 
@@ -182,7 +220,6 @@ def test_the_sdk_streams_a_response_whose_request_cg_cleaned(make_cg, fake_opena
     assert sent_through["input"][2]["output"] == command_output()
     assert sent_through == {**sent_direct, "input": [*sent_direct["input"][:2], {
         **sent_direct["input"][2], "output": command_output()}]}
-    assert EXPAND_TOOL not in fake_openai.received[1].body.decode()
 
     compaction = (yield from get_stats(cg.port))["compaction"]
     assert compaction["saved_tokens"] > 0
@@ -211,3 +248,19 @@ def test_codexs_session_header_names_the_conversation_whose_parse_is_reused(make
     client = yield connect(cg.port, http_request("POST", "/v1/responses", body, headers))
     yield client.closed
     assert list(cg.service.resource.rewriter._last) == ["01a231c4-session"]
+
+
+def test_client_metadatas_key_order_changes_nothing_cg_decides():
+    """Codex shuffles client_metadata's keys on every request: it reaches the provider as sent, and
+    the input and tools cg forwards are the same bytes whichever order came."""
+    body, path = planted("second_request_tool_output", coloured_output())
+    shuffled = copy.deepcopy(body)
+    shuffled["client_metadata"] = dict(reversed(list(body["client_metadata"].items())))
+    rewriter = Rewriter(RewriteConfig())
+    sent = [rewriter.rewrite(serde(b), RESPONSES_PATH).body for b in (body, shuffled)]
+    fresh = Rewriter(RewriteConfig()).rewrite(serde(shuffled), RESPONSES_PATH).body
+    assert sent[1] == fresh and sent[0] != sent[1]
+    for forwarded, given in zip(sent, (body, shuffled)):
+        cut = forwarded.index(b',"client_metadata":')
+        assert forwarded[cut:] == serde(given)[serde(given).index(b',"client_metadata":'):]
+    assert sent[0][:sent[0].index(b',"client_metadata":')] == sent[1][:sent[1].index(b',"client_metadata":')]

@@ -6,12 +6,20 @@ of every session. One rule decides where cg manages expand: the tool is appended
 last to every request with a non-empty `tools` array (also when `tool_choice`
 forces a tool: removing a tool would invalidate the cache), unless the client
 already has a tool of that name. Exactly there cg may run lossy compaction.
+
+The Responses API declares it as a top-level `function` tool, with `strict: false` spelled out
+(the API's default is strict, which this schema does not meet), as Codex declares its own.
+Requests without a top-level `tools` array get none: among them Codex's "lite" models, which
+declare their tools inside an `additional_tools` input item. How the provider answers a
+function added to one of that item's namespaces is not known, so cg leaves those requests to
+lossless reformat.
 """
 
 import ujson
 
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
+from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
 from cg.wire.markers import EXPAND_TOOL
 
 DESCRIPTION = (
@@ -34,7 +42,10 @@ OPENAI_TOOL = _serialize(
         "function": {"name": EXPAND_TOOL, "description": DESCRIPTION, "parameters": _SCHEMA},
     }
 )
-_TOOLS = {"anthropic": ANTHROPIC_TOOL, "openai": OPENAI_TOOL}
+RESPONSES_TOOL = _serialize(
+    {"type": "function", "name": EXPAND_TOOL, "description": DESCRIPTION, "strict": False, "parameters": _SCHEMA}
+)
+_TOOLS = {ANTHROPIC: ANTHROPIC_TOOL, OPENAI: OPENAI_TOOL, RESPONSES: RESPONSES_TOOL}
 
 
 def _tool_name(tool: object) -> object:
@@ -48,8 +59,7 @@ def injection(body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]
     """The edit that appends the expand tool to `tools`, or None where cg does not inject.
 
     None when `tools` is absent or empty (side requests such as title generation
-    send `tools: []`, and are left alone) or already holds a tool of that name, and for a body
-    shape cg declares no expand tool in (the Responses API, for now).
+    send `tools: []`, and are left alone) or already holds a tool of that name.
     """
     declaration = _TOOLS.get(dialect)
     if declaration is None:

@@ -3,7 +3,8 @@
 An expand call reaches the client when it was batched with a client tool, came past the round cap,
 on a stream cg does not splice, or before a continuation failed. The client cannot run it and
 answers with an error (Claude Code: `is_error: true`, `<tool_use_error>Error: No such tool
-available: context_guru_expand</tool_use_error>`), which stays in its history. Where cg injects the
+available: context_guru_expand</tool_use_error>`; Codex CLI: a `function_call_output` "unsupported
+call: context_guru_expand"), which stays in its history. Where cg injects the
 tool (the caller's decision: this module does not look at `tools`), cg replaces that answer with
 what the call asked for before compaction runs, and the model reads the original from then on.
 
@@ -16,11 +17,15 @@ What counts as an error answer (to a call of `context_guru_expand`, found by its
 assistant message):
 
 - Anthropic: `is_error: true`;
-- otherwise (OpenAI `role: "tool"` messages have no flag; an Anthropic client might not set it):
-  a text that is not one of cg's own final answers, is at most 2,000 characters (the originals cg
-  offloads are far longer; clients' errors are one line), and is empty or reads like an error:
-  "error", "not found / available / supported / allowed / recognized / defined / exist",
-  "no such", "unknown tool", "invalid tool", "unavailable", "is not a valid".
+- otherwise (OpenAI `role: "tool"` messages and Responses `function_call_output` items have no
+  flag; an Anthropic client might not set it): a text that is not one of cg's own final answers,
+  is at most 2,000 characters (the originals cg offloads are far longer; clients' errors are one
+  line), and is empty or reads like an error: "error", "not found / available / supported /
+  allowed / recognized / defined / exist", "no such", "unknown tool", "invalid tool",
+  "unavailable", "unsupported", "is not a valid". Clients' own words this catches: Claude Code's
+  above; Codex CLI's "unsupported call: NAME"; the OpenAI Agents SDK's "Tool NAME not found in
+  agent …"; LangChain's "NAME is not a valid tool, try one of […]"; OpenCode's "Model tried to
+  call unavailable tool 'NAME'"; and any "Error: …".
 
 A repaired result is content = the text, no `is_error`, every other key kept in its place
 (`cache_control` stays where the client put it). It is no longer an error, so repairing a repaired
@@ -33,6 +38,7 @@ from typing import Any
 
 import attrs
 
+from cg.stream import responses
 from cg.stream.continuation import (
     Answer,
     ClientStyle,
@@ -44,7 +50,7 @@ from cg.stream.continuation import (
 )
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
-from cg.wire.dialect import ANTHROPIC, OPENAI
+from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
 from cg.wire.jsonbytes import EACH
 
 __all__ = ["Repair", "find_repairs", "looks_like_error", "repair_answer", "repair_edits"]
@@ -52,11 +58,10 @@ __all__ = ["Repair", "find_repairs", "looks_like_error", "repair_answer", "repai
 _MAX_ERROR_CHARS = 2000
 _ERROR_WORDS = re.compile(
     r"error|no such|not (?:found|available|supported|allowed|permitted|recogni[sz]ed|registered|defined|exist)"
-    r"|(?:unknown|invalid) (?:tool|function)|does not exist|doesn't exist|unavailable|is not a valid",
+    r"|(?:unknown|invalid) (?:tool|function)|does not exist|doesn't exist|unavailable|unsupported|is not a valid",
     re.IGNORECASE,
 )
 _BLOCKS: jsonbytes.Spine = {"content": {EACH: {}}}
-_CONTENT: jsonbytes.Spine = {"content": {}}
 
 
 @attrs.frozen
@@ -84,7 +89,9 @@ def looks_like_error(text: str, is_error: object = None) -> bool:
 
 
 def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
-    """The error answers to expand calls in `body`'s messages, in order."""
+    """The error answers to expand calls in `body`'s messages (Responses: input items), in order."""
+    if dialect == RESPONSES:
+        return _responses_repairs(body)
     messages = body.value.get("messages")
     if not isinstance(messages, list):
         return []
@@ -108,9 +115,27 @@ def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
     return repairs
 
 
+def _responses_repairs(body: ParsedBody) -> list[Repair]:
+    """Responses: a `function_call_output` answering an earlier expand `function_call` with an error."""
+    items = body.value.get("input")
+    if not isinstance(items, list):
+        return []
+    calls: dict[str, ExpandCall] = {}
+    repairs: list[Repair] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call":
+            calls.update((call.id, call) for call in responses.expand_calls([item]))
+        elif item.get("type") == "function_call_output" and _is_error_answer(calls, item.get("call_id"), item):
+            call = calls[item["call_id"]]
+            repairs.append(Repair(call.id, call.ref, call.raw_input, index, None))
+    return repairs
+
+
 def _is_error_answer(calls: dict[str, ExpandCall], call_id: object, answered: dict[str, object]) -> bool:
-    return (isinstance(call_id, str) and call_id in calls
-            and looks_like_error(_text(answered.get("content")), answered.get("is_error")))
+    content = answered.get("output") if "output" in answered else answered.get("content")
+    return isinstance(call_id, str) and call_id in calls and looks_like_error(_text(content), answered.get("is_error"))
 
 
 def _text(content: object) -> str:
@@ -135,20 +160,22 @@ def repair_edits(body: ParsedBody, repairs: list[Repair],
     """Span edits over `body.doc` putting `texts[tool_use_id]` in place of each error answer.
 
     Anthropic: the whole tool_result block is rewritten with content = the text, without
-    `is_error`, its other keys in their order. OpenAI: the tool message's content. A repair with no
+    `is_error`, its other keys in their order. OpenAI: the tool message's content; Responses: the
+    function_call_output's output. A repair with no
     text in `texts` is left out. The JSON is written in the style the body shows before the edit
     (`ClientStyle`): the history before it does not change between turns, so neither do the bytes.
     """
     doc = body.doc
     edits: list[tuple[jsonbytes.Span, str]] = []
     below: dict[int, dict[jsonbytes.Path, jsonbytes.Span]] = {}
+    key, field = ("messages", "content") if "messages" in body.value else ("input", "output")
     for repair in repairs:
         text = texts.get(repair.tool_use_id)
         if text is None:
             continue
-        messages: Any = body.value["messages"]  # find_repairs found each repair on this path
+        messages: Any = body.value[key]  # find_repairs found each repair on this path
         message = messages[repair.message_index]
-        message_start = body.spans[("messages", repair.message_index)][0]
+        message_start = body.spans[(key, repair.message_index)][0]
         span: jsonbytes.Span | None
         value: object
         if repair.block_index is not None:
@@ -157,10 +184,10 @@ def repair_edits(body: ParsedBody, repairs: list[Repair],
             span = below[repair.message_index][("content", repair.block_index)]
             value = _repaired_block(message["content"][repair.block_index], text)
         else:
-            span = jsonbytes.spans_below(doc, message_start, _CONTENT).get(("content",))
+            span = jsonbytes.spans_below(doc, message_start, {field: {}}).get((field,))
             if span is None:
                 continue
-            value = _repaired_content(message.get("content"), text)
+            value = _repaired_content(message.get(field), text)
         edits.append((span, ClientStyle(doc[:span[0]]).dumps(value)))
     return edits
 

@@ -18,8 +18,7 @@ from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES, split_path
 
 # Paths whose bodies cg rewrites, their body shape, and whether what it stashes there matters
 # (count_tokens is read-only: it sizes the request cg would send, nothing more). The shape is not
-# the route: /v1/responses routes as OPENAI (cg.wire.dialect) but carries `input` items. cg injects
-# no expand tool there yet, so its tool outputs get the lossless components only.
+# the route: /v1/responses routes as OPENAI (cg.wire.dialect) but carries `input` items.
 _PATHS = {
     b"/v1/messages": (ANTHROPIC, True),
     b"/v1/messages/count_tokens": (ANTHROPIC, False),
@@ -141,8 +140,8 @@ class Rewriter:
         return None if incoming is None else self.finish(incoming, lossy=lossy)
 
     def _injection(self, body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]] | None:
-        if not self.config.expand or dialect == RESPONSES:
-            return None  # no Responses expand loop yet: never `injected`, so never an exchange adapter
+        if not self.config.expand:
+            return None
         edits = expand.injection(body, dialect)
         value = body.value
         if edits is None or dialect != OPENAI or value.get("stream") is not True:

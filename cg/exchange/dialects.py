@@ -4,15 +4,15 @@ The exchange never branches on a dialect: it asks the adapter how to read a resp
 calls (a JSON document, or a stream through the adapter's `StreamInspector`), how to build the
 continuation request, how to merge a JSON loop's rounds into one answer, what each round billed,
 and how an error reads. A dialect whose streams cg cannot inspect returns no inspector: those
-streams pass through. Today's adapters delegate to `cg.stream.continuation`, `cg.stream.inspector` and
-`cg.stream.chat_inspector`.
+streams pass through. Anthropic Messages and chat completions delegate to `cg.stream.continuation`,
+`cg.stream.inspector` and `cg.stream.chat_inspector`; the Responses API to `cg.stream.responses`.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from cg.stream import continuation
+from cg.stream import continuation, responses
 from cg.stream.chat_inspector import ChatInspector
 from cg.stream.continuation import ExpandCall, Resolution
 from cg.stream.inspector import PING, Inspector, ReleaseReason, Step
@@ -20,7 +20,7 @@ from cg.stream.usage import ResponseUsage, Usage
 from cg.wire import dialect
 from cg.wire.sse import Event
 
-__all__ = ["ANTHROPIC_MESSAGES", "OPENAI_CHAT", "Dialect", "StreamInspector", "for_dialect"]
+__all__ = ["ANTHROPIC_MESSAGES", "OPENAI_CHAT", "OPENAI_RESPONSES", "Dialect", "StreamInspector", "for_dialect"]
 
 Resolutions = dict[str, bytes | Resolution]
 
@@ -145,9 +145,30 @@ class _OpenAIChat(_JSONLoop):
         return ChatInspector(max_held=max_held, max_rounds=max_rounds, hide_usage=hide_usage)
 
 
+class _OpenAIResponses(_JSONLoop):
+    """The OpenAI Responses API: output items, not a message (`cg.stream.responses`)."""
+
+    def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
+        return None
+
+    def lone_expand_calls(self, response: dict[str, object]) -> list[ExpandCall] | None:
+        return responses.lone_expand_calls(response)
+
+    def continuation_body(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                          resolutions: Resolutions, stream: bool | None) -> bytes:
+        return responses.continuation_body(forwarded, assistant, calls, resolutions, stream)
+
+    def merge(self, rounds: list[dict[str, object]]) -> dict[str, object]:
+        return responses.merge(rounds)
+
+    def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
+        return responses.billed(rounds)
+
+
 ANTHROPIC_MESSAGES: Dialect = _AnthropicMessages(dialect.ANTHROPIC)
 OPENAI_CHAT: Dialect = _OpenAIChat(dialect.OPENAI)
-_ADAPTERS = {adapter.name: adapter for adapter in (ANTHROPIC_MESSAGES, OPENAI_CHAT)}
+OPENAI_RESPONSES: Dialect = _OpenAIResponses(dialect.RESPONSES)
+_ADAPTERS = {adapter.name: adapter for adapter in (ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES)}
 
 
 def for_dialect(name: str) -> Dialect:

@@ -302,8 +302,8 @@ _STOP = StopUpstream()
 class Exchange:
     """One client request, from its arrival to its end. See the module docstring.
 
-    `dialect` is the route's (errors, usage); the expand loop speaks the rewrite's. `reads_response`:
-    cg parses this endpoint's responses (usage). `http11`: the client spoke HTTP/1.1 (a response
+    `dialect` is the API the endpoint speaks (errors); the expand loop speaks the rewrite's. `reads`: the shape of
+    this endpoint's responses, which cg parses for their usage (None: it reads none). `http11`: the client spoke HTTP/1.1 (a response
     without a content-length is chunked, so a cut can flush).
     """
 
@@ -314,7 +314,7 @@ class Exchange:
         dialect: str,
         *,
         bytes_in: int,
-        reads_response: bool,
+        reads: str | None,
         http11: bool,
         clock: Callable[[], float],
         max_expand_rounds: int = 3,
@@ -326,7 +326,7 @@ class Exchange:
         self._dialect = dialect
         self._api = for_dialect(dialect)
         self._bytes_in = bytes_in
-        self._reads_response = reads_response
+        self._reads = reads
         self._http11 = http11
         self._clock = clock
         self._max_expand_rounds = max_expand_rounds
@@ -410,8 +410,8 @@ class Exchange:
                                                               rewrite.usage_added)
                 if self._inspector is not None:
                     self._state = _INSPECTING
-        if self._state is _PASSING and self._reads_response and ok and event.decodable:
-            self._meter = self._api.usage_meter(event.stream)
+        if self._state is _PASSING and self._reads is not None and ok and event.decodable:
+            self._meter = for_dialect(self._reads).usage_meter(event.stream)
         out.append(_READ)
 
     def _failed(self, event: UpstreamFailed) -> None:

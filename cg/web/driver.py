@@ -97,11 +97,12 @@ class ExchangeDriver:
         self.seq = next(proxy.seqs)
         self.tenant = ""  # whose originals expand calls may read
         self.originals: dict[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
-        self.decode = dialect.reads_response(request.uri)
+        reads = self.reads = dialect.response_shape(request.uri)
+        self.decode = reads is not None
         body = self._body = request.content.getvalue()
         self.exchange = Exchange(
-            request.method.decode("latin-1"), request.uri.decode("latin-1"), which,
-            bytes_in=len(body), reads_response=self.decode, http11=request.clientproto == b"HTTP/1.1",
+            request.method.decode("latin-1"), request.uri.decode("latin-1"), reads or which,
+            bytes_in=len(body), reads=reads, http11=request.clientproto == b"HTTP/1.1",
             clock=proxy.clock, max_expand_rounds=proxy.max_expand_rounds, max_held=proxy.max_held,
             continuation_timeout=proxy.continuation_timeout,
         )
@@ -121,7 +122,7 @@ class ExchangeDriver:
         request = self.request
         body, self._body = self._body, None
         self.proxy.started(self)
-        self.stats.requests[self.which] += 1
+        self.stats.requests[self.reads or self.which] += 1  # chat and Responses apart, as in the record
         self.stats.bytes_from_client += len(body)
         self.upstream_headers = headers.request_headers(
             request.requestHeaders, accept_encoding=b"gzip" if self.decode else None

@@ -13,9 +13,8 @@ import ujson
 
 ANTHROPIC = "anthropic"
 OPENAI = "openai"
-# A body shape, not a route: `/v1/responses` routes as OPENAI (its errors are OpenAI's), but its body
-# carries `input` items, not chat `messages`. Only the rewrite and the pipeline speak it; no exchange
-# adapter does (cg injects no expand tool there yet, so a Responses rewrite is never `injected`).
+# A body shape, not a route: `/v1/responses` routes as OPENAI (its upstream, its /stats line), but
+# its bodies carry `input` and `output` items, not chat `messages`. Its errors are OpenAI's.
 RESPONSES = "responses"
 
 _OPENAI_PATHS = (
@@ -25,8 +24,8 @@ _OPENAI_PATHS = (
     b"/v1/embeddings",
     b"/v1/models",
 )
-# The endpoints whose responses cg reads (and so must be able to decode).
-_READ_PATHS = (b"/v1/messages", b"/v1/chat/completions")
+# The endpoints whose responses cg reads (and so must be able to decode), and their shape.
+_RESPONSE_SHAPES = {b"/v1/messages": ANTHROPIC, b"/v1/chat/completions": OPENAI, b"/v1/responses": RESPONSES}
 
 
 def split_path(uri: bytes) -> bytes:
@@ -81,9 +80,9 @@ def not_proxied(path: bytes, cg_url: str) -> str:
     return message
 
 
-def reads_response(uri: bytes) -> bool:
-    """True for the endpoints whose responses cg parses (usage, tool calls)."""
-    return split_path(uri) in _READ_PATHS
+def response_shape(uri: bytes) -> str | None:
+    """The shape of the responses cg parses (usage, tool calls) at `uri`; None where it reads none."""
+    return _RESPONSE_SHAPES.get(split_path(uri))
 
 
 _ANTHROPIC_TYPES = {
@@ -107,7 +106,7 @@ _OPENAI_TYPES = {
 def error_body(dialect: str | None, status: int, message: str) -> bytes:
     """An error body in the provider's own shape, so its SDK raises cleanly."""
     doc: dict[str, object]
-    if dialect == OPENAI:
+    if dialect in (OPENAI, RESPONSES):
         kind = _OPENAI_TYPES.get(status, "server_error")
         doc = {"error": {"message": message, "type": kind, "param": None, "code": None}}
     else:

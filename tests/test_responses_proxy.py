@@ -1,0 +1,107 @@
+"""The Responses API through the running proxy, read by the official openai SDK: an offloaded tool
+output asked back by the model (``context_guru_expand``), answered by cg and continued upstream,
+and an expand call that reached the client answered by cg on the next request (repair)."""
+
+import json
+
+import openai
+import pytest
+from pytest_twisted import inlineCallbacks
+from test_stats_proxy import get_stats
+from twisted.internet import reactor
+from twisted.internet.threads import deferToThread
+
+from cg.testing import FAKE_EXPAND_CALL_ID, command_output
+from cg.wire.markers import EXPAND_TOOL, marker_id
+
+TIMEOUT = 15
+TOOLS = [{"type": "function", "name": "exec_command", "strict": False,
+          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
+BIG = command_output() * 3  # well past the offload threshold
+
+
+def history(output: str, *more: dict) -> list[dict]:
+    return [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "run the tests"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "exec_command", "arguments": '{"cmd":"npm test"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": output},
+        *more,
+    ]
+
+
+def in_thread(cg, call):
+    def run():
+        client = openai.OpenAI(base_url=cg.url + "/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
+        return call(client)
+
+    return deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
+
+
+def create(cg, items: list[dict], **kw):
+    return in_thread(cg, lambda client: client.responses.create(model="gpt-5.5", input=items, tools=TOOLS, **kw))
+
+
+def items_of(received) -> list[dict]:
+    return received.json()["input"]
+
+
+@inlineCallbacks
+def test_a_json_response_that_asks_for_an_original_is_answered_and_continued(make_cg, fake_openai, tmp_path):
+    changes = tmp_path / "changes.jsonl"
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True, changelog=str(changes))
+    ident = marker_id(BIG.encode())
+    response = yield create(cg, history(BIG), extra_headers={"x-fake-expand": ident})
+
+    # One response for the client: both rounds' messages, never cg's call.
+    assert [item.type for item in response.output] == ["message", "message"]
+    assert EXPAND_TOOL not in response.model_dump_json()
+    assert response.usage.output_tokens == 10 and response.usage.total_tokens == 20
+    first, continuation = fake_openai.received
+    assert f"<<cg:{ident}>>" in items_of(first)[2]["output"]
+    # The continuation extends what cg forwarded, byte for byte, by the round's items and the answer.
+    assert continuation.body.startswith(first.body[:first.body.rindex(b"]", 0, first.body.index(b',"tools":'))])
+    call, answer = items_of(continuation)[-2:]
+    assert call["name"] == EXPAND_TOOL and call["call_id"] == FAKE_EXPAND_CALL_ID
+    assert answer == {"type": "function_call_output", "call_id": FAKE_EXPAND_CALL_ID, "output": BIG}
+
+    stats = yield from get_stats(cg.port)
+    assert (stats["expand"]["bounces"], stats["expand"]["resolved"]) == (1, 1)
+    assert stats["requests_by_dialect"] == {"responses": 1}
+    yield cg.service.changelog.flush()
+    lines = [json.loads(line) for line in changes.read_text().splitlines()]
+    (usage,) = [line for line in lines if line["kind"] == "usage"]
+    assert (usage["dialect"], usage["path"], usage["expand_rounds"]) == ("responses", "/v1/responses", 1)
+    assert (usage["input_tokens"], usage["output_tokens"]) == (20, 10)  # both rounds billed
+
+
+@inlineCallbacks
+def test_codexs_unsupported_call_answer_is_repaired_and_frozen(make_cg, fake_openai):
+    """Codex answers an expand call it was shown with "unsupported call: NAME"; cg puts the
+    original in its place, the same bytes on every later turn."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    ident = marker_id(BIG.encode())
+    yield create(cg, history(BIG))  # first sight: offloaded, the original stored
+    leaked = [
+        {"type": "function_call", "call_id": "call_x", "name": EXPAND_TOOL, "arguments": json.dumps({"id": ident})},
+        {"type": "function_call_output", "call_id": "call_x", "output": f"unsupported call: {EXPAND_TOOL}"},
+    ]
+    yield create(cg, history(BIG, *leaked))
+    yield create(cg, history(BIG, *leaked))
+
+    _, repaired, again = fake_openai.received
+    assert items_of(repaired)[-1] == {"type": "function_call_output", "call_id": "call_x", "output": BIG}
+    assert again.body == repaired.body
+    assert (yield from get_stats(cg.port))["expand"]["repairs"] == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@inlineCallbacks
+def test_usage_is_counted_for_responses(make_cg, fake_openai, stream):
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    if stream:
+        yield in_thread(cg, lambda client: list(client.responses.create(
+            model="gpt-5.5", input="hi", stream=True)))
+    else:
+        yield create(cg, [{"type": "message", "role": "user", "content": "hi"}])
+    usage = (yield from get_stats(cg.port))["usage"]
+    assert (usage["input_tokens"], usage["output_tokens"]) == (10, 5)
