@@ -247,7 +247,7 @@ def stream_problems(api: str, data: bytes) -> list[str]:
 
 class Bench:
     def __init__(self, args, fake, fake_port: int, cg, cg_port: int):
-        from cg.testing import _fake_texts, command_output
+        from cg.testing import HELLO, _fake_texts, command_output
         from tests.fixturedata import codex_request
 
         self.quick = args.quick
@@ -270,12 +270,19 @@ class Bench:
             kinds["bypassed"] = kinds["marker-bearing"]
         self.cont = {api: serialize(continuation(api, bodies[api]["marker-bearing"], said, self.ref(api),
                                                  self.originals[api])) for api in APIS}
+        # The same marker-bearing requests unstreamed, for the JSON expand loop.
+        unstreamed = {api: {k: v for k, v in bodies[api]["marker-bearing"].items() if k != "stream_options"}
+                      | {"stream": False} for api in APIS}
+        self.json_bodies = {api: serialize(b) for api, b in unstreamed.items()}
+        self.json_cont = {api: serialize(continuation(api, b, HELLO, self.ref(api), self.originals[api]))
+                          for api, b in unstreamed.items()}
         self.headers = {
             CHAT: {"authorization": "Bearer sk-bench", "content-type": "application/json",
                    "user-agent": "OpenAI/Python 1.99.0"},
             RESPONSES: codex_request("second_request_tool_output")["headers"],
         }
-        self.apis: list[str] = []  # those cg injects and offloads on (checked)
+        self.apis: list[str] = []  # those cg injects, offloads and inspects streams on (checked)
+        self.json_apis: list[str] = []  # those cg injects and offloads on, and answers JSON expand calls
 
     def ref(self, api: str) -> str:
         from cg.wire.markers import marker_id
@@ -304,6 +311,8 @@ class Bench:
             await self.side_by_side(api)
         for api in self.apis:
             await self.spliced(api)
+        for api in self.json_apis:
+            await self.spliced_json(api)
         stats = self.stats()
         self.results["cg_stats"] = {k: stats.get(k) for k in (
             "sse_streamed", "sse_buffered", "sse_inspected", "sse_spliced", "sse_released", "expand_rounds",
@@ -330,14 +339,20 @@ class Bench:
         stored = status == 200 and original == self.originals[api].encode()
         r["checks"] = {"injected": injected, "inspected": inspected, "marker_free_lossy_changes": lossy,
                        "marker_stored": stored}
-        if not (injected == 1 and inspected == 1 and stored):
-            conn.transport.loseConnection()
-            r["skipped"] = ("cg forwards this API's requests without the expand tool or without offloading: "
-                            f"injected {injected}, inspected {inspected}, original stored {stored}")
-            self.say(f"{api}: not measured ({r['skipped']})")
-            return
         if lossy:
             raise SystemExit(f"{api}: the marker-free request was not marker-free")
+        if not (injected == 1 and stored):
+            conn.transport.loseConnection()
+            r["skipped"] = ("cg forwards this API's requests without the expand tool or without offloading: "
+                            f"injected {injected}, original stored {stored}")
+            self.say(f"{api}: not measured ({r['skipped']})")
+            return
+        await self.check_json(api, conn)
+        if not inspected:
+            conn.transport.loseConnection()
+            r["streams_skipped"] = "cg passes this API's streams through uninspected (no stream inspector yet)"
+            self.say(f"{api}: streams not measured ({r['streams_skipped']})")
+            return
         before = self.stats()
         _, _, status = await conn.request(self.req(api, "cg", "marker-bearing", events=3, expand=self.ref(api)))
         problems = stream_problems(api, body_of(conn.events))
@@ -346,6 +361,20 @@ class Bench:
         if status != 200 or problems or spliced != 1:
             raise SystemExit(f"{api}: the spliced stream is wrong: status {status}, spliced {spliced}, {problems}")
         self.apis.append(api)
+
+    async def check_json(self, api: str, conn: SSEConn) -> None:
+        """An unstreamed marker-bearing request with x-fake-expand: cg answers the call, the client gets
+        one response without it."""
+        from cg.wire.markers import EXPAND_TOOL
+
+        before = self.stats()["expand"]["bounces"]
+        req = post(self.cg_port, APIS[api], self.json_bodies[api], self.headers[api], {"x-fake-expand": self.ref(api)})
+        _, _, status = await conn.request(req)
+        data = body_of(conn.events) + conn._sse
+        rounds = self.stats()["expand"]["bounces"] - before
+        if status != 200 or rounds != 1 or EXPAND_TOOL.encode() in data or not data:
+            raise SystemExit(f"{api}: the JSON expand loop is wrong: status {status}, expand rounds {rounds}")
+        self.json_apis.append(api)
 
     async def warmup(self, api: str) -> None:
         """Every body and the spliced request a few times each way: cg's memo, store, pools warm."""
@@ -457,6 +486,54 @@ class Bench:
                 "stream_problems": o["problems"][:5],
                 "stream_problem_count": len(o["problems"]),
             } for side, o in out.items()},
+        }
+
+
+    async def spliced_json(self, api: str) -> None:
+        """The JSON expand loop: cg's one response against the client's two requests back to back."""
+        n = 3 if self.quick else 30
+        self.say(f"2b. {api}: spliced round trip, unstreamed: {n} trials x 2 sides")
+        conns = {side: await sse_connect(port) for side, port in self.ports.items()}
+        shape = {"x-fake-expand": self.ref(api)}
+        cont = post(self.fake_port, APIS[api], self.json_cont[api], self.headers[api], shape)
+        for _ in range(2):  # warm
+            for side, conn in conns.items():
+                await conn.request(post(self.ports[side], APIS[api], self.json_bodies[api], self.headers[api], shape))
+            await conns["direct"].request(cont)
+        out: dict = {"direct": {"r1": [], "r2": [], "total": []}, "cg": {"total": []}}
+        cpu = 0.0
+        load = Load([None, self.fake_pid, self.cg_pid])
+        for i in range(n):
+            order = list(self.ports) if i % 2 == 0 else list(reversed(self.ports))
+            for side in order:
+                conn = conns[side]
+                req = post(self.ports[side], APIS[api], self.json_bodies[api], self.headers[api], shape)
+                cpu0 = cpu_s(self.cg_pid)
+                _ttfb, total, status = await conn.request(req)
+                if status != 200:
+                    raise ResponseError(f"{api} {side} JSON spliced: status {status}")
+                if side == "cg":
+                    cpu += cpu_s(self.cg_pid) - cpu0
+                    out["cg"]["total"].append(total)
+                    continue
+                _ttfb, total2, status = await conn.request(cont)
+                if status != 200:
+                    raise ResponseError(f"{api} direct JSON continuation: status {status}")
+                out["direct"]["r1"].append(total)
+                out["direct"]["r2"].append(total2)
+                out["direct"]["total"].append(total + total2)
+        for conn in conns.values():
+            conn.transport.loseConnection()
+        self.results["apis"][api]["spliced_json"] = {
+            "n": n,
+            "others_cores": load.others(),
+            "steal_cores": load.stolen(),
+            "body_bytes": len(self.json_bodies[api]),
+            "continuation_body_bytes_direct": len(self.json_cont[api]),
+            "cg_cpu_ms_per_request": round(cpu * 1000 / n, 2),
+            **{side: {**{f"{key}_p50_ms": ms(_med(v)) for key, v in o.items()},
+                      **{f"{key}_ms": [ms(x) for x in v] for key, v in o.items()}}
+               for side, o in out.items()},
         }
 
 
@@ -675,35 +752,50 @@ def table(r: dict) -> str:
         if "skipped" in a:
             out.append(f"{names[api]}: not measured: {a['skipped']}")
             continue
-        s = a["side_by_side"]
-        head(f"1. {names[api]}: 20 text deltas 50 ms apart, median of {s['n']} trials")
-        for kind in KINDS:
-            if kind not in s:
-                continue
-            d, c = s[kind]["direct"], s[kind]["cg"]
-            head(f"   {kind} ({s['body_bytes'][kind] / 1000:.0f} KB; {WHAT[api][kind]})")
-            row("     TTFB ms", d["ttfb_p50_ms"], c["ttfb_p50_ms"])
-            row("     first text delta ms", d["first_text_p50_ms"], c["first_text_p50_ms"])
-            row("     total ms", d["total_p50_ms"], c["total_p50_ms"], ".1f")
-        p = a["spliced"]
-        d, c = p["direct"], p["cg"]
-        head(f"2. {api} spliced round trip: {p['text_deltas_per_round']} text deltas 50 ms apart + an expand call, "
-             f"median of {p['n']}")
-        row("   round 1 first text delta ms", d["r1_text_p50_ms"], c["r1_text_p50_ms"])
-        row("   round 1 to its end ms (held by cg)", d["r1_total_p50_ms"], None)
-        row("   upstream latency: continuation -> 1st text ms", d["latency_p50_ms"], None)
-        row("   request -> continuation's 1st text delta ms", d["loop_p50_ms"], c["cont_text_p50_ms"])
-        row("   request -> last byte ms (direct: both rounds)", d["total_p50_ms"], c["total_p50_ms"], ".1f")
-        mb = s["marker-bearing"]
-        first = mb["cg"]["first_text_p50_ms"] - mb["direct"]["first_text_p50_ms"]
-        splice = c["total_p50_ms"] - d["total_p50_ms"]
-        targets.append(f"{api}: marker-bearing first text delta within {TARGET_FIRST_TEXT_MS:.0f} ms of direct: "
-                       f"{first:+.2f} ms, {'met' if first <= TARGET_FIRST_TEXT_MS else 'NOT met'}")
-        targets.append(f"{api}: spliced round trip within {TARGET_SPLICE_MS:.0f} ms of the model's two rounds: "
-                       f"{splice:+.2f} ms, {'met' if splice <= TARGET_SPLICE_MS else 'NOT met'} (to the continuation's "
-                       f"first text {c['cont_text_p50_ms'] - d['loop_p50_ms']:+.2f} ms; spliced stream problems "
-                       f"{c['stream_problem_count']}); cg CPU ms per request: marker-bearing "
-                       f"{mb['cg']['cg_cpu_ms_per_request']}, spliced {c['cg_cpu_ms_per_request']}")
+        if "streams_skipped" in a:
+            out.append(f"{names[api]}: streams not measured: {a['streams_skipped']}")
+        else:
+            s = a["side_by_side"]
+            head(f"1. {names[api]}: 20 text deltas 50 ms apart, median of {s['n']} trials")
+            for kind in KINDS:
+                if kind not in s:
+                    continue
+                d, c = s[kind]["direct"], s[kind]["cg"]
+                head(f"   {kind} ({s['body_bytes'][kind] / 1000:.0f} KB; {WHAT[api][kind]})")
+                row("     TTFB ms", d["ttfb_p50_ms"], c["ttfb_p50_ms"])
+                row("     first text delta ms", d["first_text_p50_ms"], c["first_text_p50_ms"])
+                row("     total ms", d["total_p50_ms"], c["total_p50_ms"], ".1f")
+            p = a["spliced"]
+            d, c = p["direct"], p["cg"]
+            head(f"2. {api} spliced round trip: {p['text_deltas_per_round']} text deltas 50 ms apart + an expand "
+                 f"call, median of {p['n']}")
+            row("   round 1 first text delta ms", d["r1_text_p50_ms"], c["r1_text_p50_ms"])
+            row("   round 1 to its end ms (held by cg)", d["r1_total_p50_ms"], None)
+            row("   upstream latency: continuation -> 1st text ms", d["latency_p50_ms"], None)
+            row("   request -> continuation's 1st text delta ms", d["loop_p50_ms"], c["cont_text_p50_ms"])
+            row("   request -> last byte ms (direct: both rounds)", d["total_p50_ms"], c["total_p50_ms"], ".1f")
+            mb = s["marker-bearing"]
+            first = mb["cg"]["first_text_p50_ms"] - mb["direct"]["first_text_p50_ms"]
+            splice = c["total_p50_ms"] - d["total_p50_ms"]
+            targets.append(f"{api}: marker-bearing first text delta within {TARGET_FIRST_TEXT_MS:.0f} ms of direct: "
+                           f"{first:+.2f} ms, {'met' if first <= TARGET_FIRST_TEXT_MS else 'NOT met'}")
+            targets.append(f"{api}: spliced stream within {TARGET_SPLICE_MS:.0f} ms of the model's two rounds: "
+                           f"{splice:+.2f} ms, {'met' if splice <= TARGET_SPLICE_MS else 'NOT met'} (to the "
+                           f"continuation's first text {c['cont_text_p50_ms'] - d['loop_p50_ms']:+.2f} ms; spliced "
+                           f"stream problems {c['stream_problem_count']}); cg CPU ms per request: marker-bearing "
+                           f"{mb['cg']['cg_cpu_ms_per_request']}, spliced {c['cg_cpu_ms_per_request']}")
+        j = a.get("spliced_json")
+        if j:
+            d, c = j["direct"], j["cg"]
+            head(f"2b. {api} spliced round trip, unstreamed ({j['body_bytes'] / 1000:.0f} KB request), "
+                 f"median of {j['n']}")
+            row("   round 1 ms", d["r1_p50_ms"], None)
+            row("   round 2 (the client's continuation) ms", d["r2_p50_ms"], None)
+            row("   request -> response ms (direct: both rounds)", d["total_p50_ms"], c["total_p50_ms"])
+            splice = c["total_p50_ms"] - d["total_p50_ms"]
+            targets.append(f"{api}: unstreamed spliced round trip within {TARGET_SPLICE_MS:.0f} ms of the model's two "
+                           f"rounds: {splice:+.2f} ms, {'met' if splice <= TARGET_SPLICE_MS else 'NOT met'}; cg CPU ms "
+                           f"per request {j['cg_cpu_ms_per_request']}")
     if len(rows) > 1:
         out += _align(rows)
     out += ["", *targets]
@@ -747,9 +839,9 @@ def table(r: dict) -> str:
     out.append("")
     out.append(f"cg /stats: sse_streamed {st['sse_streamed']}, sse_inspected {st['sse_inspected']}, sse_spliced "
                f"{st['sse_spliced']}, sse_released {st['sse_released']}, expand_rounds {st['expand_rounds']}")
-    loads = [f"{api} 1. {a['side_by_side']['others_cores']:.2f} ({a['side_by_side']['steal_cores']:.2f}), "
-             f"2. {a['spliced']['others_cores']:.2f} ({a['spliced']['steal_cores']:.2f})"
-             for api, a in r["apis"].items() if "skipped" not in a]
+    loads = [f"{api} {section} {a[key]['others_cores']:.2f} ({a[key]['steal_cores']:.2f})"
+             for api, a in r["apis"].items()
+             for section, key in (("1.", "side_by_side"), ("2.", "spliced"), ("2b.", "spliced_json")) if key in a]
     out.append(f"other processes on the machine (busy cores, of {os.cpu_count()}; of which steal): "
                + "; ".join(loads + [f"3. {ip['others_cores']:.2f} ({ip['steal_cores']:.2f})"]))
     return "\n".join(out)
