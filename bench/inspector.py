@@ -35,7 +35,8 @@ Measured:
     request to its first text delta).
  3. In-process, pinned to one CPU, no sockets: events/s of ``cg.wire.sse.SSEParser`` +
     ``cg.stream.inspector.Inspector`` (and of ``cg.stream.chat_inspector.ChatInspector`` over chat
-    streams) over long generated streams, next to the parser alone and the
+    streams, and ``cg.stream.responses_inspector.ResponsesInspector`` over Responses API streams
+    where this cg has it) over long generated streams, next to the parser alone and the
     pass-through path's usage meter (``cg.stream.usage.ResponseUsage``); and memory per inspected
     stream two ways: tracemalloc around N parser+inspector pairs holding a stream open (the
     inspector's own state), and cg's RSS with N marker-bearing streams open at once (all an
@@ -301,7 +302,8 @@ def recorded_streams(n: int) -> dict[str, list[bytes]]:
         stop_reason="tool_use",
     )
     cont = anthropic_stream_events(_texts(rnd, n))
-    return {"answer": answer, "tool": tool, "expand": expand, "continuation": cont, **chat_streams(rnd, n)}
+    return {"answer": answer, "tool": tool, "expand": expand, "continuation": cont, **chat_streams(rnd, n),
+            **responses_streams(rnd, n)}
 
 
 def chat_streams(rnd: random.Random, n: int) -> dict[str, list[bytes]]:
@@ -313,6 +315,31 @@ def chat_streams(rnd: random.Random, n: int) -> dict[str, list[bytes]]:
     args = '{"id":"0123456789abcdef"}'
     expand = openai_stream_events(_texts(rnd, 5), calls=[("call_x", EXPAND_TOOL, (args[:7], args[7:]))])
     return {"chat answer": answer, "chat expand": expand, "chat continuation": openai_stream_events(_texts(rnd, n))}
+
+
+def responses_streams(rnd: random.Random, n: int) -> dict[str, list[bytes]]:
+    """Long Responses API streams: reasoning then a long answer, and a round whose lone call is cg's
+    expand (after a short message)."""
+    from cg.testing import (
+        responses_function_call,
+        responses_message,
+        responses_reasoning,
+        responses_stream_events,
+    )
+    from cg.wire.markers import EXPAND_TOOL
+
+    answer = responses_stream_events([responses_reasoning(), responses_message("".join(_texts(rnd, n)))], deltas=n)
+    call = responses_function_call(EXPAND_TOOL, '{"id":"0123456789abcdef"}', "call_x", "fc_x")
+    expand = responses_stream_events([responses_message("".join(_texts(rnd, 5))), call], deltas=5)
+    cont = responses_stream_events([responses_message("".join(_texts(rnd, n)), id="msg_2")], deltas=n, id="resp_2")
+    return {"responses answer": answer, "responses expand": expand, "responses continuation": cont}
+
+
+def has_responses_inspector() -> bool:
+    """Whether this cg has the Responses stream inspector (it lands after the other two)."""
+    import importlib.util
+
+    return importlib.util.find_spec("cg.stream.responses_inspector") is not None
 
 
 def _chunks(events: list[bytes], size: int | None) -> list[bytes]:
@@ -344,14 +371,24 @@ def _run_meter(rounds):
     return None
 
 
-def _run_inspector(rounds, chat: bool = False):
-    """Every round through one Inspector (a ChatInspector for `chat`), as the exchange drives it
-    (EXPAND -> begin_continuation)."""
+def _new_inspector(family: str):
     from cg.stream.chat_inspector import ChatInspector
-    from cg.stream.inspector import EXPAND, Inspector, State
+    from cg.stream.inspector import Inspector
+
+    if family == "responses":
+        from cg.stream.responses_inspector import ResponsesInspector
+
+        return ResponsesInspector()
+    return ChatInspector(hide_usage=True) if family == "chat" else Inspector()
+
+
+def _run_inspector(rounds, family: str = "anthropic"):
+    """Every round through one inspector of the stream family's (Inspector, ChatInspector,
+    ResponsesInspector), as the exchange drives it (EXPAND -> begin_continuation)."""
+    from cg.stream.inspector import EXPAND, State
     from cg.wire.sse import SSEParser
 
-    inspector = ChatInspector(hide_usage=True) if chat else Inspector()
+    inspector = _new_inspector(family)
     n = 0
     sent = 0
     for k, chunks in enumerate(rounds):
@@ -365,13 +402,15 @@ def _run_inspector(rounds, chat: bool = False):
                 sent += len(step.send)
         if inspector.state is not State.AWAIT:
             step = inspector.end(True, parser.close())
+        assert (inspector.state is State.AWAIT) == (k < len(rounds) - 1), "a round before the last did not expand"
     assert step.action != EXPAND
     return n
 
 
-def throughput(quick: bool, families: tuple[str, ...] = ("anthropic", "chat")) -> dict:
+def throughput(quick: bool, families: tuple[str, ...] = ("anthropic", "chat", "responses")) -> dict:
     """events/s of parser alone, pass-through meter and parser + inspector, interleaved reps; the
-    cases of the stream ``families`` asked for (anthropic, chat)."""
+    cases of the stream ``families`` asked for (anthropic, chat, responses: when this cg has its
+    inspector)."""
     n = 1000 if quick else 5000
     reps = 5 if quick else 31
     streams = recorded_streams(n)
@@ -387,9 +426,16 @@ def throughput(quick: bool, families: tuple[str, ...] = ("anthropic", "chat")) -
         ("chat", "chat: long answer, one chunk per event", [streams["chat answer"]], None, ("parser", "chat")),
         ("chat", "chat spliced: text + expand call, then a long continuation (re-serialized)",
          [streams["chat expand"], streams["chat continuation"]], None, ("parser", "chat")),
+        ("responses", "Responses: reasoning, then a long answer, one chunk per event", [streams["responses answer"]],
+         None, ("parser", "responses")),
+        ("responses", "Responses spliced: message + expand call, then a long continuation (re-serialized)",
+         [streams["responses expand"], streams["responses continuation"]], None, ("parser", "responses")),
     ]
     runners = {"parser": _run_parser, "meter": _run_meter, "inspector": _run_inspector,
-               "chat": lambda rounds: _run_inspector(rounds, chat=True)}
+               "chat": lambda rounds: _run_inspector(rounds, "chat"),
+               "responses": lambda rounds: _run_inspector(rounds, "responses")}
+    if not has_responses_inspector():
+        families = tuple(f for f in families if f != "responses")
     out = []
     for family, label, rounds, size, pipes in cases:
         if family not in families:
@@ -473,7 +519,7 @@ def memory(quick: bool, fake_stream: list[bytes]) -> dict:
 
 
 def in_process(quick: bool, fake_stream: list[bytes] | None = None,
-               families: tuple[str, ...] = ("anthropic", "chat")) -> dict:
+               families: tuple[str, ...] = ("anthropic", "chat", "responses")) -> dict:
     """Section 3, pinned to one CPU (the affinity is restored after); the memory cases only with
     ``fake_stream`` (the fake's Anthropic stream)."""
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
@@ -491,7 +537,7 @@ def in_process(quick: bool, fake_stream: list[bytes] | None = None,
 
 
 PIPES = {"parser": "SSEParser alone", "meter": "pass-through meter", "inspector": "SSEParser + Inspector",
-         "chat": "SSEParser + ChatInspector"}
+         "chat": "SSEParser + ChatInspector", "responses": "SSEParser + ResponsesInspector"}
 
 
 def throughput_lines(tp: dict) -> list[str]:

@@ -10,19 +10,24 @@ with the same one measured direct to the fake, in alternating order, in the same
 
 The requests:
 
-- chat (``POST /v1/chat/completions``, ``stream: true``): a Codex-like conversation in chat form
-  (the Codex fixture's developer prompt as the system message, its function tools as chat
-  tools, one ``exec_command`` call and its ``role: "tool"`` output). marker-free: the output is
-  three lines; marker-bearing: a 56 KB test log (``cg.testing.command_output()``), which cg
-  offloads behind a ``<<cg:ID>>`` marker; bypassed: the marker-bearing body with
-  ``x-cg-bypass: 1`` (cg's pass-through path on the same bytes).
+- chat (``POST /v1/chat/completions``, ``stream: true``, ``stream_options: {"include_usage": true}``):
+  a Codex-like conversation in chat form (the Codex fixture's developer prompt as the system
+  message, its function tools as chat tools, one ``exec_command`` call and its ``role: "tool"``
+  output). marker-free: the output is three lines; marker-bearing: a 56 KB test log
+  (``cg.testing.command_output()``), which cg offloads behind a ``<<cg:ID>>`` marker; bypassed:
+  the marker-bearing body with ``x-cg-bypass: 1`` (cg's pass-through path on the same bytes);
+  usage added: the marker-bearing body without ``stream_options``, so cg adds ``include_usage``
+  (to sum the rounds' usage) and hides the usage chunk; the fake then sends one more chunk and
+  paces it like a delta, 50 ms later, which the total shows (the real API sends it at once).
 - Responses (``POST /v1/responses``, Codex CLI's own bodies and headers from
   ``tests/fixtures/codex/``): marker-free is ``first_request`` (no tool output yet);
   marker-bearing is ``second_request_tool_output`` with its ``function_call_output`` replaced by
-  a 34 KB test log in Codex's wrapper (``Chunk ID: …\\nWall time: …\\nProcess exited with code
-  1\\nOriginal token count: N\\nOutput:\\n…``; Codex caps outputs at about 40,000 characters).
-  Measured only where this cg injects the expand tool on /v1/responses and offloads that output
-  (checked at start; otherwise the rows say why they are missing).
+  a 34 KB test log in Codex's wrapper (``Chunk ID: …\nWall time: …\nProcess exited with code
+  1\nOriginal token count: N\nOutput:\n…``; Codex caps outputs at about 40,000 characters).
+
+Checked at start, per API: cg injects the expand tool, offloads the output (``GET /cg/expand/ID``
+returns it) and answers an unstreamed expand call; and whether it inspects the stream. Where it
+does not (yet), the rows say so instead.
 
 Measured:
  1. A stream of 20 text deltas 50 ms apart (the fake's ``x-fake-events``/``x-fake-delay-ms``):
@@ -35,15 +40,20 @@ Measured:
     then its own history with the assistant turn and the original as the tool output): the
     model's own two rounds, back to back. Compared: the request to the continuation's first text
     delta, and the request to the last byte. Target: the total through cg <= the two direct
-    rounds + 10 ms.
+    rounds + 10 ms; medians of 15.
+    2b. The same unstreamed (``stream: false``, the JSON expand loop): cg's one response against
+    the client's two requests back to back (the fake answers JSON at once: no model latency, so
+    this is all overhead); medians of 30.
  3. In-process, pinned to one CPU: events/s of ``SSEParser`` + the OpenAI stream inspectors
     (bench/inspector.py's cases for ``ChatInspector``, and for ``ResponsesInspector`` when this cg
     has one), next to the parser alone. Target >= 50,000 events/s.
- 4. In-process, no sockets: a Codex-shaped session replayed turn by turn through
+ 4. In-process, no sockets: a Codex-shaped session (40 shell calls; 12 with ``--quick``: file
+    reads with ``sed -n``, ``rg``, pytest logs, diffs, builds, installs; outputs from 0.2 to 40 KB,
+    in Codex's wrapper and cut as Codex cuts them) replayed turn by turn through
     ``cg.compaction.rewrite.Rewriter`` (the production configuration), in both API shapes: per
-    turn the bytes and estimated tokens forwarded vs sent, and the input priced with a
-    provider's prompt cache (a request's longest prefix shared with the previous request is a
-    cache read at 0.1x; the rest uncached input at 1x; OpenAI charges no cache writes).
+    turn the bytes and estimated tokens forwarded vs sent, and the input priced with a prompt
+    cache (``priced``: a request's leading prompt segments equal to the previous request's are a
+    cache read at 0.1x, the rest uncached input at 1x; OpenAI charges no cache writes).
 
 Both subprocesses are killed on exit, whatever happens.
 """
