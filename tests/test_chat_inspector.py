@@ -13,7 +13,7 @@ import pytest
 import ujson
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_inspector import feed_round
+from test_inspector import cutting, feed_round, run_rounds
 
 from cg.stream.chat_inspector import ChatInspector
 from cg.stream.continuation import ExpandCall
@@ -64,20 +64,8 @@ ROUND2 = turn({"content": "Line 450."}, finish="stop", head=LATER, prompt=9999, 
 
 
 def run(rounds: list[list[bytes]], chunker=None, **kw) -> tuple[bytes, object, ChatInspector]:
-    """Round 1, then each continuation while the inspector asks for one; past the given rounds the
-    caller's failure path: release()."""
     insp = ChatInspector(**kw)
-    out = []
-    for n, events in enumerate(rounds):
-        if n:
-            insp.begin_continuation()
-        data = b"".join(events)
-        sent, action = feed_round(insp, chunker(data) if chunker else [data])
-        out.append(sent)
-        if action != EXPAND:
-            return b"".join(out), action, insp
-    out.append(insp.release())
-    return b"".join(out), DONE, insp
+    return (*run_rounds(insp, rounds, chunker), insp)
 
 
 def sdk_completion(data: bytes):
@@ -304,10 +292,7 @@ def test_rechunking_gives_the_same_client_bytes(data, name, crlf):
     rounds = [[e.replace(b"\n", b"\r\n") for e in r] if crlf else r for r in SCENARIOS[name]]
     expected, action, _ = run(rounds)
 
-    def chunker(blob: bytes) -> list[bytes]:
-        cuts = sorted(data.draw(st.lists(st.integers(0, len(blob)), max_size=40)))
-        bounds = [0, *cuts, len(blob)]
-        return [blob[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunker = cutting(data)
 
     got, got_action, _ = run(rounds, chunker=chunker)
     assert got == expected and got_action == action == DONE

@@ -129,6 +129,22 @@ def feed_round(insp: Inspector, chunks, complete=True) -> tuple[bytes, str]:
     return b"".join(out), step.action
 
 
+def run_rounds(insp, rounds, chunker=None, complete=True) -> tuple[bytes, str]:
+    """Round 1, then each continuation while ``insp`` asks for one (the last round ended with
+    ``complete``); past the given rounds the caller's failure path: release()."""
+    out = []
+    for n, events in enumerate(rounds):
+        if n:
+            insp.begin_continuation()
+        data = b"".join(events)
+        sent, action = feed_round(insp, chunker(data) if chunker else [data], complete or n < len(rounds) - 1)
+        out.append(sent)
+        if action != EXPAND:
+            return b"".join(out), action
+    out.append(insp.release())
+    return b"".join(out), DONE
+
+
 def splice(rounds, chunker=None, complete=True, **kw) -> Run:
     """Feed round 1 and then each continuation while the inspector asks for one; when it asks for
     more continuations than given, the caller's failure path: release()."""
@@ -596,6 +612,17 @@ def _crlf(events):
     return [e.replace(b"\n", b"\r\n") for e in events]
 
 
+def cutting(data: st.DataObject):
+    """A chunker that cuts a blob wherever hypothesis draws: how the network may split a stream."""
+
+    def chunker(blob: bytes) -> list[bytes]:
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(blob)), max_size=40)))
+        bounds = [0, *cuts, len(blob)]
+        return [blob[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    return chunker
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), name=st.sampled_from(sorted(SCENARIOS)), crlf=st.booleans())
 def test_rechunking_gives_the_same_client_bytes(data, name, crlf):
@@ -606,10 +633,7 @@ def test_rechunking_gives_the_same_client_bytes(data, name, crlf):
     else:  # released verbatim
         assert expected.client == b"".join(rounds[0])
 
-    def chunker(blob: bytes) -> list[bytes]:
-        cuts = sorted(data.draw(st.lists(st.integers(0, len(blob)), max_size=40)))
-        bounds = [0, *cuts, len(blob)]
-        return [blob[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunker = cutting(data)
 
     got = splice(rounds, chunker=chunker)
     assert got.client == expected.client

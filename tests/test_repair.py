@@ -211,6 +211,10 @@ def test_repair_answers():
     ("Error: context_guru_expand is not a valid tool, try one of [shell].", None, True),  # LangChain
     ("Tool context_guru_expand not found", None, True),
     ("unknown tool: context_guru_expand", False, True),
+    ("unsupported call: context_guru_expand", None, True),  # Codex CLI
+    ("Model tried to call unavailable tool 'context_guru_expand'. Available tools: bash, edit.", None,
+     True),  # the Vercel AI SDK (OpenCode)
+    ("Unknown tool name: 'context_guru_expand'. Available tools: 'greet'", None, True),  # Pydantic AI
     ("", None, True),
     ("  \n", None, True),
     ("3 passed in 0.2s", None, False),

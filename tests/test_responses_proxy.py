@@ -11,7 +11,15 @@ from test_stats_proxy import get_stats
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
-from cg.testing import FAKE_EXPAND_CALL_ID, command_output
+from cg.testing import (
+    FAKE_EXPAND_CALL_ID,
+    JSONReply,
+    SSEReply,
+    command_output,
+    responses_function_call,
+    responses_message,
+    responses_stream_events,
+)
 from cg.wire.markers import EXPAND_TOOL, marker_id
 
 TIMEOUT = 15
@@ -105,3 +113,72 @@ def test_usage_is_counted_for_responses(make_cg, fake_openai, stream):
         yield create(cg, [{"type": "message", "role": "user", "content": "hi"}])
     usage = (yield from get_stats(cg.port))["usage"]
     assert (usage["input_tokens"], usage["output_tokens"]) == (10, 5)
+
+
+@inlineCallbacks
+def test_the_sdk_streams_one_response_while_cg_expands(make_cg, fake_openai):
+    """``responses.create(stream=True)``: one created, one completed at the very end with round 1's id,
+    dense output indices and sequence numbers, never cg's call."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    ident = marker_id(BIG.encode())
+    events = yield in_thread(cg, lambda client: [event.model_dump() for event in client.responses.create(
+        model="gpt-5.5", input=history(BIG), tools=TOOLS, stream=True, extra_headers={"x-fake-expand": ident})])
+
+    types = [event["type"] for event in events]
+    assert types.count("response.created") == 1 and types.count("response.completed") == 1
+    assert types[-1] == "response.completed"
+    assert EXPAND_TOOL not in json.dumps(events)
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    done = [event for event in events if event["type"] == "response.output_item.done"]
+    assert [event["output_index"] for event in done] == [0, 1]
+    completed = events[-1]["response"]
+    assert completed["id"] == events[0]["response"]["id"]
+    assert [item["type"] for item in completed["output"]] == ["message", "message"]
+    assert completed["usage"]["output_tokens"] == 10 and completed["usage"]["input_tokens"] == 10
+    _, continuation = fake_openai.received
+    assert items_of(continuation)[-1] == {"type": "function_call_output", "call_id": FAKE_EXPAND_CALL_ID,
+                                          "output": BIG}
+    assert continuation.json()["stream"] is True
+    stats = yield from get_stats(cg.port)
+    assert (stats["sse_inspected"], stats["sse_spliced"], stats["expand"]["bounces"]) == (1, 1, 1)
+
+
+@inlineCallbacks
+def test_the_sdks_stream_helper_gets_the_final_response_cg_spliced(make_cg, fake_openai):
+    """``responses.stream(...).get_final_response()`` checks lifecycle ids and output indices."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    ident = marker_id(BIG.encode())
+
+    def final(client):
+        with client.responses.stream(model="gpt-5.5", input=history(BIG), tools=TOOLS,
+                                     extra_headers={"x-fake-expand": ident, "x-fake-events": "2"}) as stream:
+            return stream.get_final_response()
+
+    response = yield in_thread(cg, final)
+    direct = yield in_thread(type("Direct", (), {"url": fake_openai.url})(), lambda client: client.responses.create(
+        model="gpt-5.5", input="hi", extra_headers={"x-fake-events": "2"}))
+    assert [item.type for item in response.output] == ["message", "message"]
+    assert response.output_text == direct.output_text * 2  # both rounds' text, nothing of cg's call
+    assert EXPAND_TOOL not in response.model_dump_json()
+
+
+@inlineCallbacks
+def test_a_continuation_that_fails_gives_the_client_round_one_complete(make_cg, fake_openai):
+    """Before the continuation sent anything, its failure leaves the client with the first round as
+    the provider sent it: the expand call included (the client answers it, cg repairs that), and
+    the one response.completed Codex needs."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    round1 = responses_stream_events([responses_message("Let me look."), responses_function_call(
+        EXPAND_TOOL, json.dumps({"id": marker_id(BIG.encode())}), "call_e", "fc_e")])
+    fake_openai.enqueue(SSEReply(round1), JSONReply({"error": {"message": "boom"}}, status=500))
+    events = yield in_thread(cg, lambda client: [event.model_dump() for event in client.responses.create(
+        model="gpt-5.5", input=history(BIG), tools=TOOLS, stream=True)])
+
+    assert len(fake_openai.received) == 2
+    assert [event["sequence_number"] for event in events] == list(range(len(round1)))
+    assert events[-1]["type"] == "response.completed"
+    assert [item["name"] for item in events[-1]["response"]["output"] if item["type"] == "function_call"] == [
+        EXPAND_TOOL]
+    stats = yield from get_stats(cg.port)
+    assert stats["expand"]["continuations_failed"] == 1
+    assert stats["sse_released"] == {"continuation_failed": 1}

@@ -22,10 +22,12 @@ assistant message):
   is at most 2,000 characters (the originals cg offloads are far longer; clients' errors are one
   line), and is empty or reads like an error: "error", "not found / available / supported /
   allowed / recognized / defined / exist", "no such", "unknown tool", "invalid tool",
-  "unavailable", "unsupported", "is not a valid". Clients' own words this catches: Claude Code's
-  above; Codex CLI's "unsupported call: NAME"; the OpenAI Agents SDK's "Tool NAME not found in
-  agent …"; LangChain's "NAME is not a valid tool, try one of […]"; OpenCode's "Model tried to
-  call unavailable tool 'NAME'"; and any "Error: …".
+  "unavailable", "unsupported", "is not a valid". The clients' own words it catches (Claude Code's
+  and Codex CLI's seen by running them; the others read in the frameworks' sources, and tested in
+  tests/test_repair.py): Codex CLI's "unsupported call: NAME"; the Vercel AI SDK's (OpenCode's)
+  "Model tried to call unavailable tool 'NAME'. Available tools: …"; LangChain's "NAME is not a
+  valid tool, try one of […]"; Pydantic AI's "Unknown tool name: 'NAME'. Available tools: …";
+  and any "Error: …".
 
 A repaired result is content = the text, no `is_error`, every other key kept in its place
 (`cache_control` stays where the client put it). It is no longer an error, so repairing a repaired

@@ -5,7 +5,8 @@ calls (a JSON document, or a stream through the adapter's `StreamInspector`), ho
 continuation request, how to merge a JSON loop's rounds into one answer, what each round billed,
 and how an error reads. A dialect whose streams cg cannot inspect returns no inspector: those
 streams pass through. Anthropic Messages and chat completions delegate to `cg.stream.continuation`,
-`cg.stream.inspector` and `cg.stream.chat_inspector`; the Responses API to `cg.stream.responses`.
+`cg.stream.inspector` and `cg.stream.chat_inspector`; the Responses API to `cg.stream.responses`
+and `cg.stream.responses_inspector`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from cg.stream import continuation, responses
 from cg.stream.chat_inspector import ChatInspector
 from cg.stream.continuation import ExpandCall, Resolution
 from cg.stream.inspector import PING, Inspector, ReleaseReason, Step
+from cg.stream.responses_inspector import ResponsesInspector
 from cg.stream.usage import ResponseUsage, Usage
 from cg.wire import dialect
 from cg.wire.sse import Event
@@ -146,10 +148,11 @@ class _OpenAIChat(_JSONLoop):
 
 
 class _OpenAIResponses(_JSONLoop):
-    """The OpenAI Responses API: output items, not a message (`cg.stream.responses`)."""
+    """The OpenAI Responses API: output items, not a message (`cg.stream.responses`), and streams
+    through the Responses inspector."""
 
     def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
-        return None
+        return ResponsesInspector(max_held=max_held, max_rounds=max_rounds)
 
     def lone_expand_calls(self, response: dict[str, object]) -> list[ExpandCall] | None:
         return responses.lone_expand_calls(response)

@@ -73,7 +73,17 @@ from typing import cast
 import ujson
 
 from cg.stream.continuation import ExpandCall, merge_openai_usage
-from cg.stream.inspector import ABORT, DONE, EXPAND, NOTHING, ReleaseReason, RoundInspector, State, Step
+from cg.stream.inspector import (
+    ABORT,
+    DONE,
+    EXPAND,
+    NOTHING,
+    ReleaseReason,
+    RoundInspector,
+    State,
+    Step,
+    json_object,
+)
 from cg.stream.usage import StreamUsage
 from cg.wire.dialect import OPENAI
 from cg.wire.markers import EXPAND_TOOL, parse_marker_ref
@@ -98,16 +108,6 @@ class _Call:
     def __init__(self, call_id: object) -> None:
         self.id = call_id
         self.parts: list[str] = []
-
-
-def _doc(event: Event) -> dict[str, object] | None:
-    if not event.data:
-        return None
-    try:
-        doc = event.json()
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def _choice(doc: dict[str, object]) -> object:
@@ -209,10 +209,8 @@ class ChatInspector(RoundInspector):
 
     def feed(self, event: Event) -> Step:
         state = self._state
-        if state is _AWAIT:
-            raise RuntimeError("the round was decided: call begin_continuation() or release()")
-        if state is _DONE:
-            return Step(b"", DONE)
+        if state is _AWAIT or state is _DONE:
+            return self._closed()
         self._usage.observe(event)
         if event.data.startswith(b"[DONE]"):
             self._saw_end = True
@@ -222,7 +220,7 @@ class ChatInspector(RoundInspector):
                 step = self._hold(event)
                 return step if step is not NOTHING else self._expand()
             return Step(self._out(event, None))
-        doc = _doc(event)
+        doc = json_object(event)
         if doc is not None:
             if "error" in doc and "choices" not in doc:
                 if not self._committed and self._fallback is not None:
@@ -256,14 +254,10 @@ class ChatInspector(RoundInspector):
 
     def end(self, complete: bool, tail: bytes = b"") -> Step:
         """End of the upstream body: DONE only for a complete round that said ``[DONE]`` (or erred)."""
-        state = self._state
-        if state is _AWAIT:
-            raise RuntimeError("the round was decided: call begin_continuation() or release()")
-        if state is _DONE:
-            return Step(b"", DONE)
-        if not self._committed and self._fallback is not None:
-            return Step(self._fail(), DONE)
-        send = self._release("ended") if state is _HOLD else b""
+        step = self._ended_already()
+        if step is not None:
+            return step
+        send = self._release("ended") if self._state is _HOLD else b""
         if self._round == 0:
             send += tail
         self._state = _DONE
@@ -275,12 +269,8 @@ class ChatInspector(RoundInspector):
         shown = self._role_shown
         self._fallback = self._render(self._held)  # the release this round would give, not sent yet
         self._role_shown = shown
-        self._billed.append(self._usage.usage)
         self._usages.append(self._usage_doc)
-        self._round += 1
-        self.rounds += 1
-        self.spliced = True
-        self._new_round(_WATCH if self._round < self.max_rounds else _THROUGH)
+        self._next_round()
 
     # -----------------------------------------------------------------------------------------
     # Holding
@@ -339,7 +329,7 @@ class ChatInspector(RoundInspector):
     # Output
 
     def _render(self, events: list[Event]) -> bytes:
-        return b"".join([self._out(event, _doc(event)) for event in events])
+        return b"".join([self._out(event, json_object(event)) for event in events])
 
     def _out(self, event: Event, doc: dict[str, object] | None) -> bytes:
         """The bytes the client gets for ``event``, now."""

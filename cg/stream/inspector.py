@@ -90,6 +90,8 @@ __all__ = [
     "ReleaseReason",
     "State",
     "Step",
+    "frame",
+    "json_object",
 ]
 
 
@@ -234,7 +236,10 @@ def _object(text: str) -> dict[str, object] | None:
     return value if isinstance(value, dict) else None
 
 
-def _doc(event: Event) -> dict[str, object] | None:
+def json_object(event: Event) -> dict[str, object] | None:
+    """The event's data as a JSON object; None for a comment, data that is not JSON, or another value."""
+    if not event.data:
+        return None
     try:
         doc = event.json()
     except ValueError:
@@ -276,10 +281,10 @@ def _renumbered(event: Event, kind: str, doc: dict[str, object], index: int, cli
         return raw[: match.start(1)] + str(client).encode() + raw[match.end(1):]
     doc = dict(doc)
     doc["index"] = client
-    return _frame(kind, doc)
+    return frame(kind, doc)
 
 
-def _frame(name: str, doc: dict[str, object]) -> bytes:
+def frame(name: str, doc: dict[str, object]) -> bytes:
     """An event as new bytes: ``event:`` line (the SDKs drop events without one), compact JSON."""
     try:
         data = ujson.dumps(doc, ensure_ascii=False, escape_forward_slashes=False).encode()
@@ -373,6 +378,30 @@ class RoundInspector:
     def _new_round(self, state: State) -> None:
         raise NotImplementedError
 
+    def _closed(self) -> Step:
+        """What ``feed`` and ``end`` give once the round is decided (a caller's error) or all is done."""
+        if self._state is _AWAIT:
+            raise RuntimeError("the round was decided: call begin_continuation() or release()")
+        return Step(b"", DONE)
+
+    def _next_round(self) -> None:
+        """``begin_continuation``'s last part: the round billed and counted, the next one begun
+        (passing through at the round cap)."""
+        self._billed.append(self._usage.usage)
+        self._round += 1
+        self.rounds += 1
+        self.spliced = True
+        self._new_round(_WATCH if self._round < self.max_rounds else _THROUGH)
+
+    def _ended_already(self) -> Step | None:
+        """``end``'s answer when the state alone decides it: decided or done (``_closed``), or a
+        continuation that ends before committing (the previous round's release); else None."""
+        if self._state is _AWAIT or self._state is _DONE:
+            return self._closed()
+        if not self._committed and self._fallback is not None:
+            return Step(self._fail(), DONE)
+        return None
+
     def _render(self, events: list[Event]) -> bytes:
         raise NotImplementedError
 
@@ -453,10 +482,8 @@ class Inspector(RoundInspector):
     def feed(self, event: Event) -> Step:
         """One complete upstream event in; what to send the client now out."""
         state = self._state
-        if state is _AWAIT:
-            raise RuntimeError("the round was decided: call begin_continuation() or release()")
-        if state is _DONE:
-            return Step(b"", DONE)
+        if state is _AWAIT or state is _DONE:
+            return self._closed()
         kind = event.name
         self._usage.observe(event)
         if kind == "message_start" and self._round == 0:
@@ -472,7 +499,7 @@ class Inspector(RoundInspector):
         if self._collect:
             self._record(event, kind)
             if kind == "content_block_start":
-                block = _start_block(_doc(event))
+                block = _start_block(json_object(event))
                 if block.get("type") == "tool_use":
                     if block.get("name") == EXPAND_TOOL:
                         self._state = _HOLD
@@ -491,10 +518,8 @@ class Inspector(RoundInspector):
         ``tail`` (an incomplete last event) is forwarded only in round 1.
         """
         state = self._state
-        if state is _AWAIT:
-            raise RuntimeError("the round was decided: call begin_continuation() or release()")
-        if state is _DONE:
-            return Step(b"", DONE)
+        if state is _AWAIT or state is _DONE:
+            return self._closed()
         if state is _HOLD and self._decided and complete:
             return self._expand()
         if not self._committed and self._fallback is not None:
@@ -516,12 +541,8 @@ class Inspector(RoundInspector):
         next_index = self._next_index
         self._fallback = self._render(self._held)
         self._next_index = next_index
-        self._billed.append(self._usage.usage)
         self._output_before += self._usage.usage.output_tokens
-        self._round += 1
-        self.rounds += 1
-        self.spliced = True
-        self._new_round(_WATCH if self._round < self.max_rounds else _THROUGH)
+        self._next_round()
 
     # -----------------------------------------------------------------------------------------
     # Holding
@@ -530,14 +551,14 @@ class Inspector(RoundInspector):
         self._record(event, kind)
         if kind == "content_block_start":
             self._decided = False
-            start = _start_block(_doc(event))
+            start = _start_block(json_object(event))
             if start.get("type") != "tool_use":
                 return self._release_with("other_block", event, kind)
             if start.get("name") != EXPAND_TOOL:
                 return self._release_with("client_tool", event, kind)
             self._add_expand()
         elif kind == "content_block_stop":
-            block = self._by_index.get(_index(_doc(event)))
+            block = self._by_index.get(_index(json_object(event)))
             if block is not None and block.expand and block.call is None:
                 parsed = _object(block.joined("partial_json"))
                 ref = parsed.get("id") if parsed is not None else None
@@ -547,7 +568,7 @@ class Inspector(RoundInspector):
                 block.call = ExpandCall(call_id, parsed, parse_marker_ref(ref))
                 self._unfinished -= 1
         elif kind == "message_delta":
-            doc = _doc(event)
+            doc = json_object(event)
             delta = doc.get("delta") if doc is not None else None
             stop = delta.get("stop_reason") if isinstance(delta, dict) else None
             if stop != "tool_use":
@@ -595,7 +616,7 @@ class Inspector(RoundInspector):
     # Recording and output
 
     def _note_start(self, event: Event) -> None:
-        doc = _doc(event)
+        doc = json_object(event)
         message = doc.get("message") if doc is not None else None
         if isinstance(message, dict):
             self.message_start = message
@@ -606,14 +627,14 @@ class Inspector(RoundInspector):
     def _record(self, event: Event, kind: str | None) -> None:
         """Keep the round's content, for the assistant message of a continuation."""
         if kind == "content_block_start":
-            doc = _doc(event)
+            doc = json_object(event)
             block = _Block(dict(_start_block(doc)))
             self._blocks.append(block)
             index = _index(doc)
             if index is not None:
                 self._by_index[index] = block
         elif kind == "content_block_delta":
-            doc = _doc(event)
+            doc = json_object(event)
             recorded = self._by_index.get(_index(doc))
             delta = doc.get("delta") if doc is not None else None
             if recorded is not None and isinstance(delta, dict):
@@ -626,7 +647,7 @@ class Inspector(RoundInspector):
         """The bytes the client gets for ``event``, forwarded now."""
         if self._round == 0:
             if kind == "content_block_start":
-                index = _index(_doc(event))
+                index = _index(json_object(event))
                 if index is not None and index >= self._next_index:
                     self._next_index = index + 1
                 if self.max_rounds == 0:
@@ -638,11 +659,11 @@ class Inspector(RoundInspector):
             return event.raw
         self._commit()
         if kind == "message_delta":
-            doc = _doc(event)
+            doc = json_object(event)
             return event.raw if doc is None else self._final_delta(doc)
         if kind not in _NAMES:  # message_stop, error, unknown events: as they came
             return event.raw
-        doc = _doc(event)
+        doc = json_object(event)
         index = _index(doc)
         if doc is None or index is None:
             return event.raw
@@ -663,7 +684,7 @@ class Inspector(RoundInspector):
             self._fallback = None
 
     def _note_capped(self, event: Event) -> None:
-        block = _start_block(_doc(event))
+        block = _start_block(json_object(event))
         if block.get("type") == "tool_use" and block.get("name") == EXPAND_TOOL:
             self.capped = True
 
@@ -675,4 +696,4 @@ class Inspector(RoundInspector):
         usage.update(self._input_fields)
         usage["output_tokens"] = self._output_before + self._usage.usage.output_tokens
         out["usage"] = usage
-        return _frame("message_delta", out)
+        return frame("message_delta", out)

@@ -728,9 +728,11 @@ def _responses_reply(received: Received, body: dict, model_kw: dict[str, Any]) -
     """The default /v1/responses reply: a message, then (for ``x-fake-expand: REF``, until the input
     answers it) a ``context_guru_expand`` function_call asking for REF; streamed if the body asks."""
     n = int(received.header(b"x-fake-events") or 3)
-    output = [responses_message("".join(_fake_texts(n)))]
+    answered = _answers_fake_expand_call(body)
+    # Each response's items have ids of their own, as the API gives them (the SDK checks).
+    output = [responses_message("".join(_fake_texts(n)), "msg_fake_after_expand" if answered else "msg_fake")]
     asked = received.header(b"x-fake-expand")
-    if asked and not _answers_fake_expand_call(body):
+    if asked and not answered:
         arguments = _dumps({"id": asked.decode("utf-8", "replace")}).decode()
         output.append(responses_function_call("context_guru_expand", arguments, FAKE_EXPAND_CALL_ID, "fc_fake_expand"))
     if body.get("stream") is not True:
