@@ -33,7 +33,8 @@ Measured:
  1. A stream of 20 text deltas 50 ms apart (the fake's ``x-fake-events``/``x-fake-delay-ms``):
     time to first byte, to the first text delta fully received (chat: a chunk with non-empty
     ``delta.content``; Responses: ``response.output_text.delta``) and total; medians of 15
-    trials. Target: marker-bearing first text delta through cg <= direct + 5 ms.
+    trials (``--quick``: 8 deltas, 2 trials). Target: marker-bearing first text delta through cg
+    <= direct + 5 ms.
  2. A spliced round trip (the fake's ``x-fake-expand: ID``): round 1 is 5 text deltas 50 ms apart
     and a ``context_guru_expand`` call for the offloaded ID; cg answers it from its store, sends
     the continuation and splices it in. Direct, the client plays the loop (round 1 to its end,
@@ -266,6 +267,7 @@ class Bench:
         self.ports = {"direct": fake_port, "cg": cg_port}
         self.results: dict = {"apis": {}}
         self.splice_texts = 5
+        self.deltas = 8 if self.quick else 20  # section 1's stream: the smoke run's is shorter
         said = "".join(_fake_texts(self.splice_texts))
         chat_out = command_output()
         resp_out = codex_output(command_output(550), exit_code=1)
@@ -403,7 +405,8 @@ class Bench:
     async def side_by_side(self, api: str) -> None:
         n = 2 if self.quick else 15
         kinds = [kind for kind in KINDS if kind in self.bodies[api]]
-        self.say(f"1. {api}: 20 text deltas 50 ms apart: {n} trials x {len(kinds)} requests x 2 sides")
+        k = self.deltas
+        self.say(f"1. {api}: {k} text deltas 50 ms apart: {n} trials x {len(kinds)} requests x 2 sides")
         conns: dict[str, SSEConn] = {side: await sse_connect(port) for side, port in self.ports.items()}
         out = {kind: {side: {"ttfb": [], "text": [], "total": [], "cpu": 0.0} for side in self.ports} for kind in kinds}
         load = Load([None, self.fake_pid, self.cg_pid])
@@ -412,14 +415,14 @@ class Bench:
             for kind in kinds:
                 for side in order:
                     cpu0 = cpu_s(self.cg_pid)
-                    ttfb, total, status = await conns[side].request(self.req(api, side, kind, events=20, delay_ms=50))
+                    ttfb, total, status = await conns[side].request(self.req(api, side, kind, events=k, delay_ms=50))
                     o = out[kind][side]
                     o["cpu"] += cpu_s(self.cg_pid) - cpu0
                     if status != 200:
                         raise ResponseError(f"{api} {side} {kind}: status {status}")
                     texts = texts_at(api, conns[side].events)
-                    if len(texts) != 20:
-                        raise ResponseError(f"{api} {side} {kind}: {len(texts)} text deltas, not 20")
+                    if len(texts) != k:
+                        raise ResponseError(f"{api} {side} {kind}: {len(texts)} text deltas, not {k}")
                     o["ttfb"].append(ttfb)
                     o["text"].append(texts[0])
                     o["total"].append(total)
@@ -427,6 +430,7 @@ class Bench:
             conn.transport.loseConnection()
         self.results["apis"][api]["side_by_side"] = {
             "n": n,
+            "text_deltas": k,
             "others_cores": load.others(),
             "steal_cores": load.stolen(),
             "body_bytes": {kind: len(b) for kind, b in self.bodies[api].items()},
@@ -766,7 +770,7 @@ def table(r: dict) -> str:
             out.append(f"{names[api]}: streams not measured: {a['streams_skipped']}")
         else:
             s = a["side_by_side"]
-            head(f"1. {names[api]}: 20 text deltas 50 ms apart, median of {s['n']} trials")
+            head(f"1. {names[api]}: {s['text_deltas']} text deltas 50 ms apart, median of {s['n']} trials")
             for kind in KINDS:
                 if kind not in s:
                     continue
