@@ -35,7 +35,8 @@ Measured:
     request to its first text delta).
  3. In-process, pinned to one CPU, no sockets: events/s of ``cg.wire.sse.SSEParser`` +
     ``cg.stream.inspector.Inspector`` (and of ``cg.stream.chat_inspector.ChatInspector`` over chat
-    streams) over long generated streams, next to the parser alone and the
+    streams, and ``cg.stream.responses_inspector.ResponsesInspector`` over Responses API streams
+    where this cg has it) over long generated streams, next to the parser alone and the
     pass-through path's usage meter (``cg.stream.usage.ResponseUsage``); and memory per inspected
     stream two ways: tracemalloc around N parser+inspector pairs holding a stream open (the
     inspector's own state), and cg's RSS with N marker-bearing streams open at once (all an
@@ -301,25 +302,44 @@ def recorded_streams(n: int) -> dict[str, list[bytes]]:
         stop_reason="tool_use",
     )
     cont = anthropic_stream_events(_texts(rnd, n))
-    return {"answer": answer, "tool": tool, "expand": expand, "continuation": cont, **chat_streams(rnd, n)}
+    return {"answer": answer, "tool": tool, "expand": expand, "continuation": cont, **chat_streams(rnd, n),
+            **responses_streams(rnd, n)}
 
 
 def chat_streams(rnd: random.Random, n: int) -> dict[str, list[bytes]]:
     """Long chat.completion.chunk streams: an answer, and a round whose lone call is cg's expand."""
-    from cg.testing import openai_stream_events, sse_event
+    from cg.testing import openai_stream_events
     from cg.wire.markers import EXPAND_TOOL
 
     answer = openai_stream_events(_texts(rnd, n), include_usage=True)
-    expand = openai_stream_events(_texts(rnd, 5), finish_reason="tool_calls")
-    head = json.loads(expand[0].removeprefix(b"data: "))
     args = '{"id":"0123456789abcdef"}'
-    calls = [{"index": 0, "id": "call_x", "type": "function", "function": {"name": EXPAND_TOOL, "arguments": ""}},
-             {"index": 0, "function": {"arguments": args[:7]}}, {"index": 0, "function": {"arguments": args[7:]}}]
-    call_chunks = [sse_event(None, {**head, "choices": [{"index": 0, "delta": {"tool_calls": [call]},
-                                                        "finish_reason": None, "logprobs": None}]})
-                   for call in calls]
-    expand[-3:-3] = call_chunks  # before the finish, usage and [DONE] chunks
+    expand = openai_stream_events(_texts(rnd, 5), calls=[("call_x", EXPAND_TOOL, (args[:7], args[7:]))])
     return {"chat answer": answer, "chat expand": expand, "chat continuation": openai_stream_events(_texts(rnd, n))}
+
+
+def responses_streams(rnd: random.Random, n: int) -> dict[str, list[bytes]]:
+    """Long Responses API streams: reasoning then a long answer, and a round whose lone call is cg's
+    expand (after a short message)."""
+    from cg.testing import (
+        responses_function_call,
+        responses_message,
+        responses_reasoning,
+        responses_stream_events,
+    )
+    from cg.wire.markers import EXPAND_TOOL
+
+    answer = responses_stream_events([responses_reasoning(), responses_message("".join(_texts(rnd, n)))], deltas=n)
+    call = responses_function_call(EXPAND_TOOL, '{"id":"0123456789abcdef"}', "call_x", "fc_x")
+    expand = responses_stream_events([responses_message("".join(_texts(rnd, 5))), call], deltas=5)
+    cont = responses_stream_events([responses_message("".join(_texts(rnd, n)), id="msg_2")], deltas=n, id="resp_2")
+    return {"responses answer": answer, "responses expand": expand, "responses continuation": cont}
+
+
+def has_responses_inspector() -> bool:
+    """Whether this cg has the Responses stream inspector (it lands after the other two)."""
+    import importlib.util
+
+    return importlib.util.find_spec("cg.stream.responses_inspector") is not None
 
 
 def _chunks(events: list[bytes], size: int | None) -> list[bytes]:
@@ -351,14 +371,24 @@ def _run_meter(rounds):
     return None
 
 
-def _run_inspector(rounds, chat: bool = False):
-    """Every round through one Inspector (a ChatInspector for `chat`), as the exchange drives it
-    (EXPAND -> begin_continuation)."""
+def _new_inspector(family: str):
     from cg.stream.chat_inspector import ChatInspector
-    from cg.stream.inspector import EXPAND, Inspector, State
+    from cg.stream.inspector import Inspector
+
+    if family == "responses":
+        from cg.stream.responses_inspector import ResponsesInspector
+
+        return ResponsesInspector()
+    return ChatInspector(hide_usage=True) if family == "chat" else Inspector()
+
+
+def _run_inspector(rounds, family: str = "anthropic"):
+    """Every round through one inspector of the stream family's (Inspector, ChatInspector,
+    ResponsesInspector), as the exchange drives it (EXPAND -> begin_continuation)."""
+    from cg.stream.inspector import EXPAND, State
     from cg.wire.sse import SSEParser
 
-    inspector = ChatInspector(hide_usage=True) if chat else Inspector()
+    inspector = _new_inspector(family)
     n = 0
     sent = 0
     for k, chunks in enumerate(rounds):
@@ -372,32 +402,44 @@ def _run_inspector(rounds, chat: bool = False):
                 sent += len(step.send)
         if inspector.state is not State.AWAIT:
             step = inspector.end(True, parser.close())
+        assert (inspector.state is State.AWAIT) == (k < len(rounds) - 1), "a round before the last did not expand"
     assert step.action != EXPAND
     return n
 
 
-def throughput(quick: bool) -> dict:
-    """events/s of parser alone, pass-through meter and parser + inspector, interleaved reps."""
+def throughput(quick: bool, families: tuple[str, ...] = ("anthropic", "chat", "responses")) -> dict:
+    """events/s of parser alone, pass-through meter and parser + inspector, interleaved reps; the
+    cases of the stream ``families`` asked for (anthropic, chat, responses: when this cg has its
+    inspector)."""
     n = 1000 if quick else 5000
     reps = 5 if quick else 31
     streams = recorded_streams(n)
     cases = [
-        # label, rounds (lists of events), chunk size, pipelines
-        ("long answer (thinking, then text), one chunk per event", [streams["answer"]], None,
+        # family, label, rounds (lists of events), chunk size, pipelines
+        ("anthropic", "long answer (thinking, then text), one chunk per event", [streams["answer"]], None,
          ("parser", "meter", "inspector")),
-        ("long answer, 16 KiB chunks", [streams["answer"]], 16384, ("parser", "meter", "inspector")),
-        ("text, then a client tool_use (Write) with its input in deltas", [streams["tool"]], None,
+        ("anthropic", "long answer, 16 KiB chunks", [streams["answer"]], 16384, ("parser", "meter", "inspector")),
+        ("anthropic", "text, then a client tool_use (Write) with its input in deltas", [streams["tool"]], None,
          ("parser", "inspector")),
-        ("spliced: text + expand call, then a long continuation (renumbered)",
+        ("anthropic", "spliced: text + expand call, then a long continuation (renumbered)",
          [streams["expand"], streams["continuation"]], None, ("parser", "inspector")),
-        ("chat: long answer, one chunk per event", [streams["chat answer"]], None, ("parser", "chat")),
-        ("chat spliced: text + expand call, then a long continuation (re-serialized)",
+        ("chat", "chat: long answer, one chunk per event", [streams["chat answer"]], None, ("parser", "chat")),
+        ("chat", "chat spliced: text + expand call, then a long continuation (re-serialized)",
          [streams["chat expand"], streams["chat continuation"]], None, ("parser", "chat")),
+        ("responses", "Responses: reasoning, then a long answer, one chunk per event", [streams["responses answer"]],
+         None, ("parser", "responses")),
+        ("responses", "Responses spliced: message + expand call, then a long continuation (re-serialized)",
+         [streams["responses expand"], streams["responses continuation"]], None, ("parser", "responses")),
     ]
     runners = {"parser": _run_parser, "meter": _run_meter, "inspector": _run_inspector,
-               "chat": lambda rounds: _run_inspector(rounds, chat=True)}
+               "chat": lambda rounds: _run_inspector(rounds, "chat"),
+               "responses": lambda rounds: _run_inspector(rounds, "responses")}
+    if not has_responses_inspector():
+        families = tuple(f for f in families if f != "responses")
     out = []
-    for label, rounds, size, pipes in cases:
+    for family, label, rounds, size, pipes in cases:
+        if family not in families:
+            continue
         chunked = [_chunks(r, size) for r in rounds]
         events = sum(len(r) for r in rounds)
         assert _run_parser(chunked) == events
@@ -416,6 +458,7 @@ def throughput(quick: bool) -> dict:
                 finally:
                     gc.enable()
         out.append({
+            "family": family,
             "label": label,
             "events": events,
             "bytes": nbytes,
@@ -475,20 +518,45 @@ def memory(quick: bool, fake_stream: list[bytes]) -> dict:
     return {"streams": n_streams, "cases": out}
 
 
-def in_process(quick: bool, fake_stream: list[bytes]) -> dict:
-    """Section 3, pinned to one CPU (the affinity is restored after)."""
+def in_process(quick: bool, fake_stream: list[bytes] | None = None,
+               families: tuple[str, ...] = ("anthropic", "chat", "responses")) -> dict:
+    """Section 3, pinned to one CPU (the affinity is restored after); the memory cases only with
+    ``fake_stream`` (the fake's Anthropic stream)."""
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     cpu = max(affinity) if affinity else None
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     load = Load([None])
     try:
-        tp = throughput(quick)
-        mem = memory(quick, fake_stream)
+        tp = throughput(quick, families)
+        mem = memory(quick, fake_stream) if fake_stream is not None else None
     finally:
         if affinity:
             os.sched_setaffinity(0, affinity)
     return {"cpu": cpu, "throughput": tp, "memory": mem, "others_cores": load.others(), "steal_cores": load.stolen()}
+
+
+PIPES = {"parser": "SSEParser alone", "meter": "pass-through meter", "inspector": "SSEParser + Inspector",
+         "chat": "SSEParser + ChatInspector", "responses": "SSEParser + ResponsesInspector"}
+
+
+def throughput_lines(tp: dict) -> list[str]:
+    """Section 3's table of events/s, and the target line."""
+    lines = [("", "events", "KB", "events/s", "us/event", "best ev/s", "/ parser")]
+    for case in tp["cases"]:
+        lines.append((f"   {case['label']}", "", "", "", "", "", ""))
+        for pipe, eps in case["events_per_s"].items():
+            lines.append((f"     {PIPES[pipe]}", str(case["events"]), f"{case['bytes'] / 1000:.0f}",
+                          f"{eps:,}", f"{1e6 / eps:.2f}", f"{case['best_events_per_s'][pipe]:,}",
+                          f"{case['over_parser'][pipe]:.2f}x"))
+    widths = [max(len(x[i]) for x in lines) for i in range(7)]
+    out = ["  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, 7)]).rstrip() for x in lines]
+    out.append("   (events/s and us/event: medians; best: the fastest rep; / parser: median over reps of the "
+               "time over the parser's in the same rep)")
+    inspected = [eps for c in tp["cases"] for pipe, eps in c["events_per_s"].items() if pipe not in ("parser", "meter")]
+    out.append(f"   target >= {TARGET_EVENTS_S:,} events/s through the inspectors: slowest case {min(inspected):,}, "
+               f"{'met' if min(inspected) >= TARGET_EVENTS_S else 'NOT met'}")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -835,24 +903,7 @@ def table(r: dict) -> str:
     out.append("")
     out.append(f"3. in-process, pinned to CPU {ip['cpu']}: events/s, {ip['throughput']['cases'][0]['reps']} reps "
                f"interleaved, gc off while timing")
-    names = {"parser": "SSEParser alone", "meter": "pass-through meter", "inspector": "SSEParser + Inspector",
-             "chat": "SSEParser + ChatInspector"}
-    lines = [("", "events", "KB", "events/s", "us/event", "best ev/s", "/ parser")]
-    for case in ip["throughput"]["cases"]:
-        lines.append((f"   {case['label']}", "", "", "", "", "", ""))
-        for pipe, eps in case["events_per_s"].items():
-            lines.append((f"     {names[pipe]}", str(case["events"]), f"{case['bytes'] / 1000:.0f}",
-                          f"{eps:,}", f"{1e6 / eps:.2f}", f"{case['best_events_per_s'][pipe]:,}",
-                          f"{case['over_parser'][pipe]:.2f}x"))
-    widths = [max(len(x[i]) for x in lines) for i in range(7)]
-    for x in lines:
-        out.append("  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, 7)]).rstrip())
-    out.append("   (events/s and us/event: medians; best: the fastest rep; / parser: median over reps of the "
-               "time over the parser's in the same rep)")
-    inspected = [eps for c in ip["throughput"]["cases"] for pipe, eps in c["events_per_s"].items()
-                 if pipe in ("inspector", "chat")]
-    out.append(f"   target >= {TARGET_EVENTS_S:,} events/s through the inspectors: slowest case {min(inspected):,}, "
-               f"{'met' if min(inspected) >= TARGET_EVENTS_S else 'NOT met'}")
+    out += throughput_lines(ip["throughput"])
     mem = ip["memory"]
     out.append("memory per inspected stream, held open before its message_delta:")
     out.append(f"   inspector state (tracemalloc, {mem['streams']} SSEParser + Inspector pairs in-process):")

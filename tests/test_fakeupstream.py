@@ -544,8 +544,6 @@ async def test_x_fake_expand_plays_a_model_asking_for_an_original(up, http):
     # Without the header, or on another path, nothing changes.
     r5 = await http.post(up.url + "/v1/messages", json=asked)
     assert [n for n, _ in parse_sse(await r5.content())].count("content_block_start") == 1
-    r6 = await http.post(up.url + "/v1/chat/completions", json={"stream": False}, headers=shaped)
-    assert ujson.loads(await r6.content()) == cg.testing.openai_completion()
     r7 = await http.post(up.url + "/v1/messages/count_tokens", json=asked, headers=shaped)
     assert ujson.loads(await r7.content()) == {"input_tokens": 10}
 
@@ -742,6 +740,62 @@ async def test_openai_sdk_parses_the_fake_expand_call_on_the_responses_api(up):
         assert (call_item.name, call_item.call_id) == ("context_guru_expand", cg.testing.FAKE_EXPAND_CALL_ID)
         assert ujson.loads(call_item.arguments) == {"id": ref}
     assert [item.type for item in done.output] == ["message"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_openai_sdk_parses_the_fake_expand_call_on_chat_completions(up):
+    """x-fake-expand on /v1/chat/completions: the text, then a context_guru_expand tool call whose
+    arguments stream in fragments (finish_reason tool_calls); a tool message answering it ends it."""
+    ref = "0123456789abcdef"
+    asked = [{"role": "user", "content": "hi"}]
+    answered = [
+        *asked,
+        {"role": "assistant", "content": HELLO, "tool_calls": [{"id": cg.testing.FAKE_EXPAND_CALL_ID, "type": "function",
+                                                                 "function": {"name": "context_guru_expand",
+                                                                              "arguments": '{"id":"x"}'}}]},
+        {"role": "tool", "tool_call_id": cg.testing.FAKE_EXPAND_CALL_ID, "content": "original"},
+    ]
+
+    def call():
+        client = openai.OpenAI(
+            base_url=up.url + "/v1",
+            api_key="x",
+            max_retries=0,
+            timeout=TIMEOUT,
+            default_headers={"x-fake-expand": ref, "x-fake-events": "4"},
+        )
+        try:
+            chunks = list(client.chat.completions.create(model="gpt-x", messages=asked, stream=True))
+            with client.chat.completions.stream(
+                model="gpt-x", messages=asked, stream_options={"include_usage": True}
+            ) as stream:
+                final = stream.get_final_completion()
+            completion = client.chat.completions.create(model="gpt-x", messages=asked)
+            done = list(client.chat.completions.create(model="gpt-x", messages=answered, stream=True))
+            done_json = client.chat.completions.create(model="gpt-x", messages=answered)
+            return chunks, final, completion, done, done_json
+        finally:
+            client.close()
+
+    chunks, final, completion, done, done_json = await within(deferToThread(call))
+    arguments = '{"id":"' + ref + '"}'  # compact, as the API sends arguments
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == HELLO
+    calls = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or ()]
+    assert len(calls) == 3 and {tc.index for tc in calls} == {0}
+    assert (calls[0].id, calls[0].function.name) == (cg.testing.FAKE_EXPAND_CALL_ID, "context_guru_expand")
+    assert "".join(tc.function.arguments for tc in calls) == arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+    for c in (final, completion):
+        message = c.choices[0].message
+        assert (c.choices[0].finish_reason, message.content) == ("tool_calls", HELLO)
+        [tool_call] = message.tool_calls
+        assert (tool_call.id, tool_call.function.name) == (cg.testing.FAKE_EXPAND_CALL_ID, "context_guru_expand")
+        assert ujson.loads(tool_call.function.arguments) == {"id": ref}
+    assert final.usage.prompt_tokens == 10
+    assert not any(c.choices[0].delta.tool_calls for c in done if c.choices)
+    assert [c.choices[0].finish_reason for c in done if c.choices[0].finish_reason] == ["stop"]
+    assert done_json.choices[0].message.tool_calls is None
+    assert done_json.choices[0].finish_reason == "stop"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -256,8 +256,17 @@ def openai_completion(
     model: str = "gpt-4.1-mini",
     finish_reason: str = "stop",
     usage: dict | None = None,
+    calls: Sequence[tuple[str, str, str]] = (),
 ) -> dict:
-    """A non-streaming chat.completion."""
+    """A non-streaming chat.completion; ``calls`` are (id, name, arguments) tool calls after the text
+    (the finish_reason is then ``tool_calls``)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if calls:
+        message["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            for call_id, name, arguments in calls
+        ]
+        finish_reason = "tool_calls"
     return {
         "id": id,
         "object": "chat.completion",
@@ -266,7 +275,7 @@ def openai_completion(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "finish_reason": finish_reason,
                 "logprobs": None,
             }
@@ -285,8 +294,14 @@ def openai_stream_events(
     include_usage: bool = True,
     prompt_tokens: int = 10,
     completion_tokens: int = 5,
+    calls: Sequence[tuple[str, str, Sequence[str]]] = (),
 ) -> list[bytes]:
-    """A chat.completion.chunk stream: role, content fragments, finish, [usage], ``[DONE]``."""
+    """A chat.completion.chunk stream: role, content fragments, finish, [usage], ``[DONE]``.
+
+    ``calls`` are (id, name, argument fragments) tool calls streamed after the content, each as the
+    API streams one: a chunk with its id, name and empty arguments, then a chunk per fragment (the
+    finish_reason is then ``tool_calls``).
+    """
 
     def chunk(choices: list, usage: dict | None = None) -> bytes:
         body = {"id": id, "object": "chat.completion.chunk", "created": _CREATED, "model": model}
@@ -300,7 +315,11 @@ def openai_stream_events(
 
     events = [chunk(choice({"role": "assistant", "content": ""}))]
     events += [chunk(choice({"content": t})) for t in texts]
-    events.append(chunk(choice({}, finish_reason)))
+    for i, (call_id, name, parts) in enumerate(calls):
+        opened = {"index": i, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        events.append(chunk(choice({"tool_calls": [opened]})))
+        events += [chunk(choice({"tool_calls": [{"index": i, "function": {"arguments": p}}]})) for p in parts]
+    events.append(chunk(choice({}, "tool_calls" if calls else finish_reason)))
     if include_usage:
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -684,7 +703,7 @@ def _answers_fake_expand(body: dict) -> bool:
     )
 
 
-FAKE_EXPAND_CALL_ID = "call_fake_expand"  # the Responses call_id of the expand call ``x-fake-expand`` plays
+FAKE_EXPAND_CALL_ID = "call_fake_expand"  # the call_id (Responses) or tool call id (chat) of ``x-fake-expand``'s call
 
 
 def _answers_fake_expand_call(body: dict) -> bool:
@@ -693,6 +712,15 @@ def _answers_fake_expand_call(body: dict) -> bool:
     return isinstance(items, list) and any(
         isinstance(item, dict) and item.get("type") == "function_call_output" and item.get("call_id") == FAKE_EXPAND_CALL_ID
         for item in items
+    )
+
+
+def _answers_fake_expand_tool_call(body: dict) -> bool:
+    """Whether the chat ``messages`` of ``body`` hold a ``tool`` message for the ``x-fake-expand`` call."""
+    messages = body.get("messages")
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and m.get("role") == "tool" and m.get("tool_call_id") == FAKE_EXPAND_CALL_ID
+        for m in messages
     )
 
 
@@ -725,7 +753,9 @@ def default_reply(received: Received) -> Reply:
     call (id ``FAKE_EXPAND_ID``) asking for REF, ``stop_reason: "tool_use"``; a request whose last
     user message holds a ``tool_result`` for that call gets the normal reply. On /v1/responses the
     message is followed by a ``context_guru_expand`` function_call (call_id ``FAKE_EXPAND_CALL_ID``),
-    until the request's ``input`` holds a ``function_call_output`` for it.
+    until the request's ``input`` holds a ``function_call_output`` for it. On /v1/chat/completions
+    the text is followed by a ``context_guru_expand`` tool call (id ``FAKE_EXPAND_CALL_ID``),
+    ``finish_reason: "tool_calls"``, until the request's ``messages`` hold a ``tool`` message for it.
     """
     try:
         body = ujson.loads(received.body)
@@ -742,12 +772,13 @@ def default_reply(received: Received) -> Reply:
         return _responses_reply(received, body, model_kw)
     anthropic = path == b"/v1/messages" or path.startswith(b"/v1/messages/")
     openai = path == b"/v1/chat/completions"
-    asked = received.header(b"x-fake-expand") if path == b"/v1/messages" else None
-    expand = asked.decode("utf-8", "replace") if asked and not _answers_fake_expand(body) else None
+    asked = received.header(b"x-fake-expand") if path == b"/v1/messages" or openai else None
+    answered = _answers_fake_expand_tool_call(body) if openai else _answers_fake_expand(body)
+    expand = asked.decode("utf-8", "replace") if asked and not answered else None
+    call = _dumps({"id": expand}).decode() if expand else ""
     if body.get("stream") is True and (anthropic or openai):
         texts = _fake_texts(int(received.header(b"x-fake-events") or 3))
-        if expand:
-            call = _dumps({"id": expand}).decode()
+        if anthropic and expand:
             parts = ("", call[:8], call[8:])  # cut mid-string, as the API's input_json_delta may be
             blocks = [anthropic_text_block(0, texts), anthropic_expand_block(1, expand, FAKE_EXPAND_ID, parts)]
             events = anthropic_stream_events(blocks=blocks, stop_reason="tool_use", **model_kw)
@@ -756,13 +787,14 @@ def default_reply(received: Received) -> Reply:
         else:
             options = body.get("stream_options")
             include_usage = isinstance(options, dict) and options.get("include_usage") is True
-            events = openai_stream_events(texts, include_usage=include_usage, **model_kw)
+            calls = [(FAKE_EXPAND_CALL_ID, "context_guru_expand", (call[:8], call[8:]))] if expand else []
+            events = openai_stream_events(texts, include_usage=include_usage, calls=calls, **model_kw)
         return SSEReply(
             events,
             delay=float(received.header(b"x-fake-delay-ms") or 0) / 1000,
             first_delay=float(received.header(b"x-fake-first-delay-ms") or 0) / 1000,
         )
-    if expand:
+    if anthropic and expand:
         content = [
             {"type": "text", "text": HELLO},
             {"type": "tool_use", "id": FAKE_EXPAND_ID, "name": "context_guru_expand", "input": {"id": expand}},
@@ -771,7 +803,8 @@ def default_reply(received: Received) -> Reply:
     if anthropic:
         return JSONReply(anthropic_message(**model_kw))
     if openai:
-        return JSONReply(openai_completion(**model_kw))
+        made = [(FAKE_EXPAND_CALL_ID, "context_guru_expand", call)] if expand else []
+        return JSONReply(openai_completion(calls=made, **model_kw))
     return JSONReply({"ok": True})
 
 
