@@ -5,6 +5,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cg.compaction.pipeline import Memo
+from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
 
@@ -54,3 +56,21 @@ def test_common_prefix():
     long = "y" * 200_000
     assert jsonbytes.common_prefix(long + "a", long + "b") == 200_000
     assert jsonbytes.common_prefix(long, "y" * 70_000 + "z") == 70_000
+
+
+def test_a_hundred_conversations_each_parse_against_their_own_last_turn():
+    """The memo keeps each conversation's last body, bounded by bytes, not by a small count."""
+    rewriter = Rewriter(RewriteConfig())
+    turns = [[{"role": "user", "content": f"conversation {n}: " + "x" * 2000}] for n in range(100)]
+    for n, messages in enumerate(turns):
+        rewriter.parse(json.dumps(body(messages)).encode(), b"/v1/messages", f"c{n}")
+    for n, messages in enumerate(turns):
+        grown = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+        assert rewriter.parse(json.dumps(body(grown)).encode(), b"/v1/messages", f"c{n}") is not None
+    bodies = rewriter.memo.bodies
+    assert (bodies.hits, len(bodies)) == (100, 100)
+
+    small = Rewriter(RewriteConfig(), Memo(max_body_bytes=5_000))  # room for two of these bodies
+    for n, messages in enumerate(turns[:3]):
+        small.parse(json.dumps(body(messages)).encode(), b"/v1/messages", f"c{n}")
+    assert len(small.memo.bodies) == 2 and small.memo.bodies.take("c0") is None  # the oldest went first

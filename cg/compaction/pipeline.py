@@ -173,6 +173,16 @@ class _Bounded(Generic[_Key, _Value]):
         self._items.move_to_end(key)
         return item[0]
 
+    def take(self, key: _Key) -> _Value | None:
+        """Remove and return the entry (a lookup: counted as `get` counts it)."""
+        item = self._items.pop(key, None)
+        if item is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._chars -= item[1]
+        return item[0]
+
     def put(self, key: _Key, value: _Value, chars: int) -> None:
         if key in self._items:
             return
@@ -184,18 +194,23 @@ class _Bounded(Generic[_Key, _Value]):
 
 
 class Memo:
-    """Decisions already made, and where results sit in each message, so a re-sent history
-    costs a dict lookup per result and per changed message.
+    """Decisions already made, where results sit in each message, and each conversation's last
+    body, so a re-sent history costs a dict lookup per result and per changed message, and no
+    parse of what it shares with the previous turn.
 
     Decisions are keyed by (result text, tool name, config, lossy, seen earlier in the request):
     everything a decision depends on. The text itself is the key (its hash is computed once per
-    parse), so a memo hit needs no encoding or SHA-256. Both tables are bounded in entries and in
-    the text they hold, least recently used out first, and count their hits and misses.
+    parse), so a memo hit needs no encoding or SHA-256. `bodies` (conversation -> its last
+    `ParsedBody`, kept by `cg.compaction.rewrite.Rewriter`) is bounded by the bytes of the bodies
+    it holds, not by a count, so it holds a team's concurrent conversations (a 320 KB history
+    each: 100 of them are 32 MB). Every table is bounded in entries and in the text it holds,
+    least recently used out first, and counts its hits and misses.
     """
 
-    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20):
+    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20, max_body_bytes: int = 64 << 20):
         self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_entries, max_chars)
         self.spans: _Bounded[str, dict[jsonbytes.Path, jsonbytes.Span]] = _Bounded(max_entries, max_chars)
+        self.bodies: _Bounded[str, ParsedBody] = _Bounded(max_entries, max_body_bytes)
 
     def __len__(self) -> int:
         return len(self.decisions)

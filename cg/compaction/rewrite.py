@@ -5,8 +5,6 @@ injected (the model can ask for the original back); elsewhere only the reformat
 components run. Anything unexpected forwards the client's bytes unchanged.
 """
 
-from collections import OrderedDict
-
 import attrs
 
 from cg.compaction import expand
@@ -74,12 +72,9 @@ class Incoming:
 class Rewriter:
     """Rewrites request bodies with a memo shared across requests (a re-sent history is cheap)."""
 
-    def __init__(self, config: RewriteConfig, memo: Memo | None = None, conversations: int = 8):
+    def __init__(self, config: RewriteConfig, memo: Memo | None = None):
         self.config = config
         self.memo = memo if memo is not None else Memo()
-        # The last body of the most recent conversations: the next one repeats most of it.
-        self._last: OrderedDict[str, ParsedBody] = OrderedDict()
-        self._conversations = conversations
 
     def parse(self, raw: bytes, uri: bytes, conversation: str = "") -> Incoming | None:
         """The parsed request to `uri`, or None where cg leaves the body alone.
@@ -91,13 +86,11 @@ class Rewriter:
         if route is None or not raw:
             return None
         dialect, stash = route
-        body = ParsedBody.parse(raw, self._last.get(conversation))
+        # The conversation's last body: the next one repeats most of it (memo.bodies).
+        body = ParsedBody.parse(raw, self.memo.bodies.take(conversation))
         if body is None:
             return None
-        self._last[conversation] = body
-        self._last.move_to_end(conversation)
-        if len(self._last) > self._conversations:
-            self._last.popitem(last=False)
+        self.memo.bodies.put(conversation, body, len(raw))
         injection = self._injection(body, dialect)
         # Exactly where cg manages expand does it repair the client's answers to expand calls.
         repairs = find_repairs(body, dialect) if injection is not None else []

@@ -134,7 +134,9 @@ class Stats:
 
 def memo_snapshot(memo: Memo | None) -> dict[str, object]:
     """The memo's decisions table (its hit rate: how often a re-sent result cost a lookup), and
-    its spans table (where results sit in each message) below."""
+    below it its spans table (where results sit in each message) and its bodies table (each
+    conversation's last body: a hit is a request parsed against its previous turn; `chars` are
+    bytes there)."""
 
     def table(bounded: MemoTable) -> dict[str, object]:
         lookups = bounded.hits + bounded.misses
@@ -148,7 +150,7 @@ def memo_snapshot(memo: Memo | None) -> dict[str, object]:
 
     if memo is None:
         return {}
-    return {**table(memo.decisions), "spans": table(memo.spans)}
+    return {**table(memo.decisions), "spans": table(memo.spans), "bodies": table(memo.bodies)}
 
 
 @attrs.define
