@@ -12,11 +12,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
 import attrs
-from twisted.internet.interfaces import IReactorFromThreads
 from zope.interface import implementer
 
 from cg.store.base import DEFAULT_MAX_BYTES, EVICT_TO, IStore, StoreError, StoreInfo, as_store_error
-from cg.store.threaded import FLUSH_INTERVAL, KNOWN_MAX, Connection, ThreadedStore
+from cg.store.threaded import Connection, ThreadedStore
 
 # Seconds to wait before trying again to open a store that failed to open.
 REOPEN_AFTER = 30.0
@@ -340,20 +339,10 @@ class SQLiteStore(ThreadedStore):
     """
 
     path: str
-    max_bytes: int = DEFAULT_MAX_BYTES
-    reactor: IReactorFromThreads | None = None
-    clock: Callable[[], float] = time.time
-    flush_interval: float = FLUSH_INTERVAL
-    known_max: int = KNOWN_MAX
 
     def __attrs_post_init__(self) -> None:
-        if self.reactor is None:
-            from twisted.internet import reactor
-
-            self.reactor = cast(IReactorFromThreads, reactor)
         path = os.path.expanduser(self.path)
-        connect = functools.partial(_Connection, path=path, max_bytes=self.max_bytes, clock=self.clock)
-        self._start(self.reactor, self.flush_interval, self.known_max, connect)
+        self._start(functools.partial(_Connection, path=path, max_bytes=self.max_bytes, clock=self.clock))
 
     @property
     def label(self) -> str:

@@ -10,9 +10,10 @@ that what it holds changed under it, differs between backends.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import Protocol, cast
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
@@ -20,7 +21,7 @@ from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from cg.store.base import StoreError, StoreInfo, StoreStats, as_store_error
+from cg.store.base import DEFAULT_MAX_BYTES, StoreError, StoreInfo, StoreStats, as_store_error
 from cg.worker import Worker
 
 log = Logger(namespace="cg.store")
@@ -233,6 +234,7 @@ class Connection:
             self._background(db.close)
 
 
+@attrs.define(kw_only=True)
 class ThreadedStore:
     """The reactor's side of a store whose backend runs on one worker thread: the IStore.
 
@@ -240,47 +242,47 @@ class ThreadedStore:
     (puts) or None (gets), so cg keeps proxying without lossy compaction.
 
     A store that breaks while cg runs (a read fails) is unhealthy until a put writes and
-    reads back again; the transition each way is logged once. A subclass (an attrs class)
-    calls ``_start`` from its ``__attrs_post_init__`` and names itself in the log (``label``).
+    reads back again; the transition each way is logged once. A subclass (an attrs class,
+    whose own fields come first) calls ``_start`` from its ``__attrs_post_init__`` and names
+    itself in the log (``label``).
     """
 
-    stats: StoreStats
-    clock: Callable[[], float]
-    _known: Known
-    _connection: Connection
-    _worker: Worker
-    _closed: bool = False
-    _last_error: str | None = None
+    max_bytes: int = DEFAULT_MAX_BYTES
+    reactor: IReactorFromThreads | None = None
+    clock: Callable[[], float] = time.time
+    flush_interval: float = FLUSH_INTERVAL
+    known_max: int = KNOWN_MAX
+    stats: StoreStats = attrs.field(factory=StoreStats, init=False)
+    _known: Known = attrs.field(init=False)
+    _connection: Connection = attrs.field(init=False)
+    _worker: Worker = attrs.field(init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _last_error: str | None = attrs.field(default=None, init=False)
 
     @property
     def label(self) -> str:
         raise NotImplementedError
 
-    def _start(
-        self,
-        reactor: IReactorFromThreads,
-        flush_interval: float,
-        known_max: int,
-        connect: Callable[..., Connection],
-    ) -> None:
+    def _start(self, connect: Callable[..., Connection]) -> None:
         """``connect(known=, deliver=, broke=, report=)`` makes the thread side; it is opened
         on the worker thread, never here."""
-        self.stats = StoreStats()
-        self._closed = False
-        self._last_error = None
-        self._known = Known(known_max)
+        if self.reactor is None:
+            from twisted.internet import reactor
+
+            self.reactor = cast(IReactorFromThreads, reactor)
+        self._known = Known(self.known_max)
         self._connection = connect(
             known=self._known,
-            deliver=reactor.callFromThread,
+            deliver=self.reactor.callFromThread,
             broke=self._broke,
             report=self._background_error,
         )
         self._worker = Worker(
             "cg-store",
-            reactor,
+            self.reactor,
             on_error=self._job_failed,
             tick=self._connection.flush,
-            interval=flush_interval,
+            interval=self.flush_interval,
         )
         self._worker.submit_background(self._connection.open)
 
