@@ -7,7 +7,7 @@ Keys, under a prefix (``cg:``), one namespace per tenant::
 
     cg:t:TENANT:o:ID     an original (a string: its exact bytes)
     cg:t:TENANT:f:KEY    a frozen repair text
-    cg:lru:o, cg:lru:f   sorted sets: every original's / frozen text's key, scored by last use
+    cg:lru:o, cg:lru:f   sorted sets: every original's / frozen text's key, scored by last use (µs stamps that only grow)
     cg:meta              a hash: bytes_o, bytes_f (sizes kept in step) and gen (see below)
 
 TENANT is percent-encoded, so no tenant's keys are a prefix of another's. Every write is one
