@@ -165,3 +165,13 @@ def cg_log():
     globalLogPublisher.addObserver(lines)
     yield lines
     globalLogPublisher.removeObserver(lines)
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory):
+    """A real redis-server on 127.0.0.1 for this test (see redisserver.py), killed after it."""
+    from redisserver import start_redis
+
+    server = start_redis(tmp_path_factory)
+    yield server
+    server.kill()

@@ -16,6 +16,7 @@ import cg.store.sqlite
 from cg.store import (
     IStore,
     MemoryStore,
+    RedisStore,
     SQLiteDB,
     SQLiteStore,
     StoreError,
@@ -39,7 +40,7 @@ class FakeClock:
 
 @pytest.fixture
 def closing():
-    """Close every SQLiteStore a test opened (their threads hold the files)."""
+    """Close every threaded store a test opened (their threads hold the files, the connections)."""
     stores = []
     yield stores.append
     for store in stores:
@@ -61,14 +62,19 @@ def sqlite_store(db_path, closing):
     return make
 
 
-@pytest.fixture(params=["sqlite", "memory"])
-def make_store(request, sqlite_store):
-    """Both implementations must keep the same contract."""
+@pytest.fixture(params=["sqlite", "memory", "redis"])
+def make_store(request, sqlite_store, closing):
+    """Every implementation must keep the same contract (Redis: a real redis-server)."""
+    server = request.getfixturevalue("redis_server") if request.param == "redis" else None
 
     def make(max_bytes=cg.store.sqlite.DEFAULT_MAX_BYTES, clock=None):
         clock = clock or FakeClock()
         if request.param == "memory":
             return MemoryStore(max_bytes, clock=clock)
+        if request.param == "redis":
+            store = RedisStore(server.url, max_bytes=max_bytes, clock=clock)
+            closing(store)
+            return store
         return sqlite_store(max_bytes=max_bytes, clock=clock)
 
     return make
@@ -116,11 +122,14 @@ def damage(path: str, how: str) -> None:
             os.unlink(name)
 
 
-def test_both_implement_the_interface(db_path, closing):
+def test_every_store_implements_the_interface(db_path, closing):
     store = SQLiteStore(db_path)
     closing(store)
     assert verifyObject(IStore, store)
     assert verifyObject(IStore, MemoryStore())
+    redis = RedisStore("redis://127.0.0.1:1/0")  # nothing there: it fails open, at run time
+    closing(redis)
+    assert verifyObject(IStore, redis)
 
 
 # The contract, on both stores
@@ -304,18 +313,30 @@ async def test_known_is_bounded(db_path, sqlite_store):
     assert await reopened.put("", {"a": b"."}) == set()  # still stored: not rewritten
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
 @pytest_twisted.ensureDeferred
-async def test_touch_is_batched_off_the_request_path(db_path, sqlite_store):
+async def test_touch_is_batched_off_the_request_path(request, db_path, sqlite_store, closing, backend):
     clock = FakeClock()
-    store = sqlite_store(clock=clock, flush_interval=3600)
+    if backend == "sqlite":
+        store = sqlite_store(clock=clock, flush_interval=3600)
+
+        def last_use():
+            return rows(db_path, "SELECT last_used FROM originals")[0][0]
+    else:
+        server = request.getfixturevalue("redis_server")
+        store = RedisStore(server.url, clock=clock, flush_interval=3600)
+        closing(store)
+
+        def last_use():  # microseconds, in the sorted set of last uses
+            return server.admin.zscore("cg:lru:o", "cg:t::o:a") / 1e6
     await store.put("", {"a": b"."})
     put_time = clock.now
     clock.advance(60)
     store.touch("", ["a"])
     await sync(store)
-    assert rows(db_path, "SELECT last_used FROM originals") == [(put_time,)]
+    assert last_use() == put_time
     await store.close()  # pending uses are flushed on close
-    assert rows(db_path, "SELECT last_used FROM originals") == [(put_time + 60,)]
+    assert last_use() == put_time + 60
 
 
 @pytest_twisted.ensureDeferred
@@ -384,7 +405,13 @@ async def test_all_sqlite_work_runs_on_one_worker_thread(db_path, monkeypatch, s
         return conn
 
     monkeypatch.setattr(sqlite3, "connect", connect)
-    store = sqlite_store(flush_interval=0.01)
+    await every_call(sqlite_store(flush_interval=0.01))
+    assert len(threads) == 1
+    assert threading.get_ident() not in threads
+
+
+async def every_call(store):
+    """Each of the store's methods once, a timer's flush, and close."""
     await store.put("", {"a": b"."})
     store.known("", ["a"])
     store.touch("", ["a"])
@@ -395,8 +422,6 @@ async def test_all_sqlite_work_runs_on_one_worker_thread(db_path, monkeypatch, s
     await store.purge(1)
     await deferLater(reactor, 0.05, lambda: None)  # a timer flush
     await store.close()
-    assert len(threads) == 1
-    assert threading.get_ident() not in threads
 
 
 @pytest.mark.parametrize("broken", ["garbage", "under_a_file"])
@@ -568,7 +593,7 @@ def test_store_from_url(tmp_path, closing):
     closing(store)
     assert isinstance(store, SQLiteStore)
     assert (store.path, store.max_bytes) == (f"{tmp_path}/s.sqlite3", 5)
-    for bad in ("", "sqlite:", "memory:x", "redis://host", str(tmp_path)):
+    for bad in ("", "sqlite:", "memory:x", "redis://", "redis://host/x", "postgres://db/cg", str(tmp_path)):
         with pytest.raises(ValueError):
             store_from_url(bad, reactor)
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cg.store import SQLiteDB
+from cg.store import RedisAddress, RedisDB, SQLiteDB
 from cg.store.cli import main
 
 DAY = 86400.0
@@ -97,7 +97,8 @@ def test_a_corrupt_store_is_an_error_not_a_traceback(tmp_path, capsys):
     "argv",
     [
         ["--store", "memory:", "info"],
-        ["--store", "redis://x", "info"],
+        ["--store", "redis://", "info"],
+        ["--store", "redis://h/0", "--store-password-file", "/nonexistent/pw", "info"],
         ["purge", "--older-than", "-1"],
         ["purge", "--older-than", "nan"],
         [],
@@ -128,3 +129,51 @@ def test_store_option_after_the_command(store, capsys):
     assert f"store:   {store}\n" in out
     code, out, _ = run(capsys, "purge", "--store", f"sqlite:{store}", "--older-than", "5")
     assert (code, out) == (0, f"purged 2 entries from {store}\n")
+
+
+# --- on a Redis --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_store(redis_server):
+    """The same store on a real redis-server (behind a password, as a shared one should be)."""
+    redis_server.admin.execute_command("ACL", "SETUSER", "cg", "on", ">s3cret", "~*", "&*", "+@all")
+    address = RedisAddress.parse(f"redis://cg:s3cret@127.0.0.1:{redis_server.port}/0")
+    old = RedisDB(address, clock=lambda: time.time() - 10 * DAY)
+    old.put("", {"old": b"o" * 1000})
+    old.freeze("", "toolu_1", b"repair")
+    old.close()
+    new = RedisDB(address)
+    new.put("t", {"new": b"n" * 2000})
+    new.close()
+    return redis_server
+
+
+def test_redis_info_and_purge(redis_store, tmp_path, monkeypatch, capsys):
+    url = f"redis://cg@127.0.0.1:{redis_store.port}/0"
+    secret = tmp_path / "password"
+    secret.write_text("s3cret\n")
+    code, out, err = run(capsys, "info", "--store", url, "--store-password-file", str(secret))
+    assert (code, err) == (0, "")
+    assert out.startswith(f"store:   {url}\nentries: 2 (3000 bytes, 2.9 KiB)\noldest:  ")
+    assert out.endswith(" (10.0 days ago)\nfrozen:  1 (6 bytes)\n")
+
+    monkeypatch.setenv("CG_STORE_PASSWORD", "s3cret")  # the password from the environment
+    code, out, _ = run(capsys, "--store", url, "purge", "--older-than", "5")
+    assert (code, out) == (0, f"purged 2 entries from {url}\n")
+    db = RedisDB(RedisAddress.parse(url), password="s3cret")
+    assert (db.get("", "old"), db.frozen("", "toolu_1"), db.get("t", "new")) == (None, None, b"n" * 2000)
+    assert db.info().bytes == 2000
+    db.close()
+    assert run(capsys, "--store", url, "purge")[1] == f"purged 1 entries from {url}\n"
+    assert "entries: 0 (0 bytes)" in run(capsys, "--store", url, "info")[1]
+
+
+def test_redis_errors_are_one_line(redis_store, capsys):
+    code, out, err = run(capsys, "--store", f"redis://cg:wrong@127.0.0.1:{redis_store.port}/0", "info")
+    assert (code, out) == (1, "")
+    assert err.startswith(f"cg-store: redis://cg@127.0.0.1:{redis_store.port}/0: AuthenticationError: ")
+    assert ":wrong" not in err and "Traceback" not in err
+    redis_store.kill()
+    code, _, err = run(capsys, "--store", f"redis://127.0.0.1:{redis_store.port}/0", "purge")
+    assert code == 1 and "Connection refused" in err and err.count("\n") == 1

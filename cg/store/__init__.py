@@ -8,6 +8,9 @@ without lossy compaction instead of erroring to the client.
 A store whose reads fail (the file damaged, replaced or its tables dropped while cg runs) is
 *unhealthy*: it vouches for no original (``known`` answers nothing) until a put has written
 and read back again, so cg sends no marker it might not be able to answer.
+
+``sqlite:PATH`` keeps them in one machine's file; ``redis://`` (``rediss://``, ``unix://``) in a
+Redis that several cg instances share (cg.store.redis, with the ``redis`` extra installed).
 """
 
 from __future__ import annotations
@@ -16,31 +19,50 @@ import os
 
 from cg.store.base import DEFAULT_MAX_BYTES, IStore, StoreError, StoreInfo, StoreStats
 from cg.store.memory import MemoryStore
+from cg.store.redis import PASSWORD_ENV, RedisAddress, RedisDB, RedisStore, store_password
 from cg.store.sqlite import SQLiteDB, SQLiteStore
 
 __all__ = [
-    "DEFAULT_MAX_BYTES", "IStore", "MemoryStore", "SQLiteDB", "SQLiteStore", "StoreError", "StoreInfo",
-    "StoreStats", "default_store_url", "parse_store_url", "store_from_url",
+    "DEFAULT_MAX_BYTES", "PASSWORD_ENV", "IStore", "MemoryStore", "RedisAddress", "RedisDB", "RedisStore",
+    "SQLiteDB", "SQLiteStore", "StoreError", "StoreInfo", "StoreStats", "default_store_url", "parse_store_url",
+    "store_from_url", "store_label", "store_password",
 ]
+
+_USE = "use sqlite:PATH, redis://[user:password@]host:port/db, rediss://..., unix:///path/to/socket or memory:"
 
 
 def parse_store_url(url: str) -> tuple[str, str]:
-    """``sqlite:PATH`` -> ("sqlite", PATH with ~ expanded); ``memory:`` -> ("memory", "")."""
+    """``sqlite:PATH`` -> ("sqlite", PATH with ~ expanded); ``memory:`` -> ("memory", "");
+    a Redis URL -> ("redis", the URL). Raises ValueError, in one line, naming what is wrong."""
     scheme, sep, rest = url.partition(":")
     if sep and scheme == "memory" and not rest:
         return "memory", ""
     if sep and scheme == "sqlite" and rest:
         return "sqlite", os.path.expanduser(rest)
-    raise ValueError(f"unknown store URL {url!r}: use sqlite:PATH or memory:")
+    if sep and scheme in ("redis", "rediss", "unix"):
+        RedisAddress.parse(url)
+        return "redis", url
+    raise ValueError(f"unknown store URL {RedisAddress.redacted(url)!r}: {_USE}")
 
 
-def store_from_url(url: str, reactor=None, max_bytes: int = DEFAULT_MAX_BYTES) -> IStore:
+def store_label(url: str) -> str:
+    """What logs and ``cg-store`` call the store: its URL, ~ expanded, without a password."""
+    scheme, where = parse_store_url(url)
+    return RedisAddress.parse(where).label if scheme == "redis" else f"{scheme}:{where}"
+
+
+def store_from_url(
+    url: str, reactor=None, max_bytes: int = DEFAULT_MAX_BYTES, password: str | None = None
+) -> IStore:
     """The store for ``--store URL``. Raises ValueError on a malformed URL (a usage error),
-    never on a store that fails to open (that fails open, at run time)."""
+    never on a store that fails to open (that fails open, at run time). ``password`` (see
+    ``store_password``) is a Redis store's, in place of the URL's."""
     scheme, path = parse_store_url(url)
     if scheme == "memory":
         return MemoryStore(max_bytes)
-    return SQLiteStore(path, max_bytes, reactor)
+    if scheme == "redis":
+        return RedisStore(path, max_bytes=max_bytes, reactor=reactor, password=password)
+    return SQLiteStore(path, max_bytes=max_bytes, reactor=reactor)
 
 
 def default_store_url(environ: dict[str, str] | None = None) -> str:

@@ -3,38 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import time
 import urllib.request
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
 import attrs
-from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IReactorFromThreads
-from twisted.logger import Logger
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from cg.store.base import (
-    DEFAULT_MAX_BYTES,
-    EVICT_TO,
-    IStore,
-    StoreError,
-    StoreInfo,
-    StoreStats,
-    as_store_error,
-)
-from cg.worker import Worker
+from cg.store.base import DEFAULT_MAX_BYTES, EVICT_TO, IStore, StoreError, StoreInfo, as_store_error
+from cg.store.threaded import Connection, ThreadedStore
 
-log = Logger(namespace="cg.store")
-# Seconds between flushes of batched last-use times (and checks for changes made by
-# another connection, e.g. ``cg-store purge``).
-FLUSH_INTERVAL = 2.0
-# (tenant, id) pairs remembered as committed; ~200 bytes each.
-KNOWN_MAX = 50_000
 # Seconds to wait before trying again to open a store that failed to open.
 REOPEN_AFTER = 30.0
 # Seconds SQLite waits on a lock held by another connection before failing.
@@ -285,62 +267,17 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
     )
 
 
-@attrs.define
-class _Known:
-    """Bounded LRU set of (tenant, id) known to be committed. Reactor thread only."""
-
-    limit: int
-    _keys: OrderedDict[tuple[str, str], None] = attrs.Factory(OrderedDict)
-
-    def check(self, tenant: str, ids: Iterable[str]) -> set[str]:
-        found = set()
-        for id_ in ids:
-            if (tenant, id_) in self._keys:
-                self._keys.move_to_end((tenant, id_))
-                found.add(id_)
-        return found
-
-    def add(self, keys: Iterable[tuple[str, str]]) -> None:
-        for key in keys:
-            self._keys[key] = None
-            self._keys.move_to_end(key)
-        while len(self._keys) > self.limit:
-            self._keys.popitem(last=False)
-
-    def discard(self, keys: Iterable[tuple[str, str]]) -> None:
-        for key in keys:
-            self._keys.pop(key, None)
-
-    def clear(self) -> None:
-        self._keys.clear()
-
-
-@attrs.define
-class _Connection:
-    """The thread-side half of SQLiteStore: owns the connection and the pending last-use
-    times. Only jobs on the store's worker thread touch it; notices go back through
-    ``deliver`` (``reactor.callFromThread``).
-
-    ``broken`` is the store's health as this thread sees it: set by a failed read (or a
-    failed write after which a read fails too, a file that does not open, a file removed or
-    replaced under the open connection), cleared by a put that writes and then reads back
-    its originals. The reactor hears of the first through ``broke``, of the second in the
-    put's result.
-    """
+@attrs.define(kw_only=True)
+class _Connection(Connection):
+    """The thread side of SQLiteStore (see Connection), on a file that may be removed,
+    replaced or changed by another connection while cg runs."""
 
     path: str
     max_bytes: int
     clock: Callable[[], float]
-    known: _Known
-    deliver: Callable[..., None]
-    broke: Callable[[str], None]  # the store cannot be read; called through deliver
-    report: Callable[[str], None]  # a failed background write, called through deliver
-    db: SQLiteDB | None = None
     identity: tuple[int, int] | None = None  # (device, inode) of the file db has open
     open_error: str = ""
     reopen_at: float = 0.0
-    broken: bool = False
-    pending: set[tuple[str, str, str]] = attrs.Factory(set)
 
     def open(self) -> None:
         self.reopen_at = time.monotonic() + REOPEN_AFTER
@@ -351,9 +288,7 @@ class _Connection:
             self._broke(e)
             return
         self.db, self.identity = db, _identity(self.path)
-        # What is stored is known without a put: the first request after a restart
-        # need not wait for the database.
-        self._background(lambda: self.deliver(self.known.add, db.recent(self.known.limit)))
+        self._remember_recent(db)
 
     def _close(self) -> None:
         db, self.db = self.db, None
@@ -380,113 +315,10 @@ class _Connection:
             self.open()
         if self.db is None:
             raise StoreError(self.open_error)
-        if self.db.changed_elsewhere():
+        db = cast(SQLiteDB, self.db)
+        if db.changed_elsewhere():
             self.deliver(self.known.clear)
-        return self.db
-
-    def _broke(self, error: Exception) -> None:
-        self.broken = True
-        self.deliver(self.broke, str(as_store_error(error)))
-
-    @contextlib.contextmanager
-    def _reading(self) -> Iterator[None]:
-        """A read that fails breaks the store: nothing it holds can be vouched for."""
-        try:
-            yield
-        except Exception as e:
-            self._broke(e)
-            raise
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        """A write that fails breaks the store only if a read fails too: a store that is
-        locked or full still has everything it had."""
-        try:
-            yield
-        except Exception as e:
-            if not self._readable():
-                self._broke(e)
-            raise
-
-    def _readable(self) -> bool:
-        if self.db is None:
-            return False
-        try:
-            self.db.check()
-        except Exception:  # noqa: BLE001 -- whatever the cause, it does not read
-            return False
-        return True
-
-    def flush(self) -> None:
-        """Write the batched last-use times: the worker's tick, and before each write."""
-        if self.db is None or self.broken:
-            self.pending.clear()  # touches are best effort; the failure is reported already
-            return
-        with self._writing():
-            db = self._db()
-            if self.pending:
-                keys, self.pending = self.pending, set()
-                db.touch(keys)
-
-    def _background(self, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 -- fail open, whatever the cause
-            self.deliver(self.report, str(as_store_error(e)))
-
-    # Jobs: run on the worker thread, in the order the reactor submitted them.
-
-    def note(self, table: str, tenant: str, ids: tuple[str, ...]) -> None:
-        self.pending.update((table, tenant, id_) for id_ in ids)
-
-    def put(self, tenant: str, originals: dict[str, bytes]):
-        """(ids written, evicted, number evicted, whether this put made the store healthy)."""
-        self.flush()  # so eviction sees the last uses the proxy reported before this put
-        with self._writing():
-            db = self._db()
-            written, evicted, count = db.put(tenant, originals)
-        if not self.broken:
-            return written, evicted, count, False
-        with self._reading():
-            for id_, body in originals.items():
-                if db.get(tenant, id_) != body:
-                    raise StoreError(f"{id_} does not read back as written")
-        self.broken = False
-        return written, evicted, count, True
-
-    def freeze(self, tenant: str, key: str, text: bytes):
-        self.flush()
-        with self._writing():
-            return self._db().freeze(tenant, key, text)
-
-    def get(self, tenant: str, id_: str) -> bytes | None:
-        with self._reading():
-            body = self._db().get(tenant, id_)
-        if body is not None:
-            self.pending.add(("originals", tenant, id_))
-        return body
-
-    def frozen(self, tenant: str, key: str) -> bytes | None:
-        with self._reading():
-            text = self._db().frozen(tenant, key)
-        if text is not None:
-            self.pending.add(("frozen", tenant, key))
-        return text
-
-    def info(self) -> StoreInfo:
-        with self._reading():
-            return self._db().info()
-
-    def purge(self, older_than_days: float | None) -> int:
-        self.flush()
-        with self._writing():
-            return self._db().purge(older_than_days)
-
-    def stop(self) -> None:
-        self._background(self.flush)
-        if self.db is not None:
-            db, self.db = self.db, None
-            self._background(db.close)
+        return db
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -500,186 +332,18 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 @implementer(IStore)
 @attrs.define
-class SQLiteStore:
-    """IStore on a local SQLite file (WAL), all SQL on one worker thread.
+class SQLiteStore(ThreadedStore):
+    """IStore on a local SQLite file (WAL), all SQL on one worker thread (see ThreadedStore).
 
-    Construction never raises: a store that cannot open logs why and answers StoreError
-    (puts) or None (gets), so cg keeps proxying without lossy compaction. It tries to open
-    again at most every REOPEN_AFTER seconds.
-
-    A store that breaks while cg runs (a read fails) is unhealthy until a put writes and
-    reads back again; the transition each way is logged once.
+    A store that cannot open tries to open again at most every REOPEN_AFTER seconds.
     """
 
     path: str
-    max_bytes: int = DEFAULT_MAX_BYTES
-    reactor: IReactorFromThreads | None = None
-    clock: Callable[[], float] = time.time
-    flush_interval: float = FLUSH_INTERVAL
-    known_max: int = KNOWN_MAX
-    stats: StoreStats = attrs.field(factory=StoreStats, init=False)
-    _known: _Known = attrs.field(init=False)
-    _connection: _Connection = attrs.field(init=False)
-    _worker: Worker = attrs.field(init=False)
-    _closed: bool = attrs.field(default=False, init=False)
-    _last_error: str | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
-        if self.reactor is None:
-            from twisted.internet import reactor
+        path = os.path.expanduser(self.path)
+        self._start(functools.partial(_Connection, path=path, max_bytes=self.max_bytes, clock=self.clock))
 
-            self.reactor = cast(IReactorFromThreads, reactor)
-        self._known = _Known(self.known_max)
-        self._connection = _Connection(
-            path=os.path.expanduser(self.path),
-            max_bytes=self.max_bytes,
-            clock=self.clock,
-            known=self._known,
-            deliver=self.reactor.callFromThread,
-            broke=self._broke,
-            report=self._background_error,
-        )
-        self._worker = Worker(
-            "cg-store",
-            self.reactor,
-            on_error=self._job_failed,
-            tick=self._connection.flush,
-            interval=self.flush_interval,
-        )
-        self._worker.submit_background(self._connection.open)
-
-    def _submit(self, fn: Callable, *args) -> Deferred:
-        if self._closed:
-            return fail(StoreError("store is closed"))
-        return self._worker.submit(fn, *args).addErrback(
-            lambda failure: Failure(as_store_error(failure.value))
-        )
-
-    def _log(self, error: str) -> None:
-        """Log each new error once, not once per request."""
-        if error != self._last_error:
-            self._last_error = error
-            log.error("cg store {path}: {error}", path=self.path, error=error)
-
-    def _broke(self, reason: str) -> None:
-        """The store does not read (see _Connection): forget every id known, not only one read.
-
-        Which entries a failed read affects cannot be told without reading them all, and a
-        known id that is not there becomes a marker nobody can answer. Forgetting costs
-        little: the next request holds its originals again, and its put rewrites only those
-        really missing.
-        """
-        self._known.clear()
-        self.stats.unhealthy_reason = reason
-        if not self.stats.healthy:
-            self._log(reason)
-            return
-        self.stats.healthy = False
-        self.stats.unhealthy_since = self.clock()
-        self._last_error = reason
-        log.error(
-            "cg store {path} is unhealthy: {reason}; no new markers until a write and a read succeed",
-            path=self.path,
-            reason=reason,
-        )
-
-    def _recovered(self) -> None:
-        self.stats.healthy = True
-        self.stats.unhealthy_reason = self.stats.unhealthy_since = None
-        log.info("cg store {path} is healthy again", path=self.path)
-
-    def _background_error(self, error: str) -> None:
-        self.stats.write_errors += 1
-        self._log(error)
-
-    def _job_failed(self, failure: Failure) -> None:
-        """A job nobody waits for (a touch, the tick's flush) raised."""
-        self._background_error(str(as_store_error(failure.value)))
-
-    def _write_failed(self, failure: Failure) -> Failure:
-        self.stats.write_errors += 1
-        self._log(str(failure.value))
-        return failure
-
-    def _wrote(self, evicted: list, count: int) -> None:
-        self._last_error = None
-        self._known.discard(evicted)
-        self.stats.evictions += count
-
-    def put(self, tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
-        if not originals:
-            return succeed(set())
-        originals = dict(originals)  # the caller may reuse its dict before the commit
-
-        def done(result):
-            written, evicted, count, recovered = result
-            self._wrote(evicted, count)
-            if recovered:
-                self._recovered()
-            self._known.add((tenant, id_) for id_ in originals)
-            self.stats.writes += len(written)
-            return written
-
-        return self._submit(self._connection.put, tenant, originals).addCallbacks(
-            done, self._write_failed
-        )
-
-    def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
-        # Unhealthy, it vouches for nothing, even for ids a reopen found stored.
-        return self._known.check(tenant, ids) if self.stats.healthy else set()
-
-    def touch(self, tenant: str, ids: Iterable[str]) -> None:
-        if not self._closed:
-            self._worker.submit_background(self._connection.note, "originals", tenant, tuple(ids))
-
-    def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
-        self.stats.reads += 1
-
-        def done(body):
-            if body is None:
-                self.stats.misses += 1
-            else:
-                self.stats.hits += 1
-            return body
-
-        def failed(failure):
-            self.stats.read_errors += 1
-            self._log(str(failure.value))
-
-        return self._submit(self._connection.get, tenant, id).addCallbacks(done, failed)
-
-    def freeze(self, tenant: str, key: str, text: bytes) -> Deferred[bytes]:
-        def done(result):
-            stored, evicted, count = result
-            self._wrote(evicted, count)
-            return stored
-
-        return self._submit(self._connection.freeze, tenant, key, text).addCallbacks(
-            done, self._write_failed
-        )
-
-    def frozen(self, tenant: str, key: str) -> Deferred[bytes | None]:
-        def failed(failure):
-            self.stats.read_errors += 1
-            self._log(str(failure.value))
-            return failure
-
-        return self._submit(self._connection.frozen, tenant, key).addErrback(failed)
-
-    def info(self) -> Deferred[StoreInfo]:
-        return self._submit(self._connection.info)
-
-    def purge(self, older_than_days: float | None = None) -> Deferred[int]:
-        def done(count):
-            self._known.clear()  # a cache: refilled by the next puts, which rewrite nothing
-            return count
-
-        return self._submit(self._connection.purge, older_than_days).addCallbacks(
-            done, self._write_failed
-        )
-
-    def close(self) -> Deferred[None]:
-        if not self._closed:
-            self._closed = True
-            self._worker.submit_background(self._connection.stop)
-        return self._worker.stop()
+    @property
+    def label(self) -> str:
+        return self.path

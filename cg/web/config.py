@@ -31,6 +31,9 @@ class Config:
     request_head_timeout: float = 30.0
     store: str | None = None  # None: cg.store.default_store_url()
     store_max_mb: int = 1024
+    # A Redis store's password, from --store-password-file or $CG_STORE_PASSWORD (cg.store.store_password);
+    # None: the URL's, if any. Never shown.
+    store_password: str | None = attrs.field(default=None, repr=False)
     tenant: str = "none"
     expand: bool = True
     observe: bool = False

@@ -18,7 +18,7 @@ from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.record.changelog import open_changelog
 from cg.record.metrics import Metrics
 from cg.record.stats import Stats
-from cg.store import default_store_url, parse_store_url, store_from_url
+from cg.store import default_store_url, store_from_url, store_label
 from cg.web import systemd
 from cg.web.config import Config
 from cg.web.metrics import MeteredStore
@@ -129,8 +129,11 @@ class CGService(service.Service):
             trust_root=trust_root,
             on_retry=count_retry,
         )
-        self.store_url = ":".join(parse_store_url(config.store or default_store_url()))  # ~ expanded
-        self.store = store_from_url(self.store_url, reactor, max_bytes=config.store_max_mb << 20)
+        store_url = config.store or default_store_url()
+        self.store_url = store_label(store_url)  # ~ expanded, no password
+        self.store = store_from_url(
+            store_url, reactor, max_bytes=config.store_max_mb << 20, password=config.store_password
+        )
         self.stats.store = self.store.stats
         # What the proxy and the size refresh call: the same store, its calls timed for /metrics.
         self.metered_store = MeteredStore(self.store, self.stats.metrics.store_operation)

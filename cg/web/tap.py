@@ -1,11 +1,13 @@
 """`twistd cg`: the command line, documented by `twistd cg --help`."""
 
+import os
+
 from twisted.copyright import version as twisted_version
 from twisted.python import usage
 
 from cg import __version__
 from cg.compaction.components import DEFAULT_COMPONENTS
-from cg.store import parse_store_url
+from cg.store import PASSWORD_ENV, default_store_url, parse_store_url, store_password
 from cg.web.config import Config, parse_size
 from cg.web.service import CGService
 from cg.web.tenant import parse_tenant
@@ -85,9 +87,17 @@ class Options(usage.Options):
             "store",
             None,
             None,
-            "Where originals live: sqlite:PATH or memory: (tests); a bare path is refused, write "
-            "sqlite:PATH. [default: sqlite: under $STATE_DIRECTORY, else "
-            "~/.local/state/cg/store.sqlite3]",
+            "Where originals live: sqlite:PATH; redis://[user:password@]host:port/db, rediss://... (TLS) "
+            "or unix:///path/to/socket?db=N, a Redis several cg share (the redis extra); memory: "
+            "(tests). A bare path is refused, write sqlite:PATH. [default: sqlite: under "
+            "$STATE_DIRECTORY, else ~/.local/state/cg/store.sqlite3]",
+        ],
+        [
+            "store-password-file",
+            None,
+            None,
+            f"Read a Redis store's password from this file (read once, at start), so that it is not "
+            f"on the command line; without it, ${PASSWORD_ENV} is used when the URL has none.",
         ],
         ["store-max-mb", None, _DEFAULTS.store_max_mb, "Store size; least recently used out first.", int],
         [
@@ -169,6 +179,7 @@ class Options(usage.Options):
         super().__init__()
         self["listen"] = []
         self["disable"] = []
+        self.store_password: str | None = None  # postOptions: from --store-password-file or the environment
 
     def opt_listen(self, description):
         self["listen"].append(description)
@@ -219,6 +230,12 @@ class Options(usage.Options):
             raise usage.UsageError("--workers must be 1 or more")
         if self["workers"] > 1 and str(self["store"] or "").startswith("memory:"):
             raise usage.UsageError("--workers: a memory: store is one process's; use sqlite: or redis:")
+        try:
+            self.store_password = store_password(
+                self["store"] or default_store_url(), self["store-password-file"], os.environ
+            )
+        except ValueError as error:
+            raise usage.UsageError(f"--store-password-file: {error}") from error
         if self["max-expand-rounds"] < 0:
             raise usage.UsageError("--max-expand-rounds must be 0 or more")
         if not self["request-head-timeout"] > 0:
@@ -238,6 +255,7 @@ class Options(usage.Options):
             request_head_timeout=self["request-head-timeout"],
             store=self["store"],
             store_max_mb=self["store-max-mb"],
+            store_password=self.store_password,
             tenant=self["tenant"],
             expand=self["expand"] == "on",
             observe=self["mode"] == "observe",

@@ -1,0 +1,423 @@
+"""What every store with blocking I/O shares (SQLite, Redis): one worker thread, and health.
+
+A backend (``Backend``) is synchronous: it reads and writes its database and raises when it
+cannot. ``Connection`` runs it on the store's worker thread and keeps the store's health as that
+thread sees it; ``ThreadedStore`` is the reactor's side, the ``IStore`` itself: it submits jobs,
+counts, logs and answers ``known`` from memory. Only how a backend is opened, and how it notices
+that what it holds changed under it, differs between backends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, cast
+
+import attrs
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IReactorFromThreads
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from cg.store.base import DEFAULT_MAX_BYTES, StoreError, StoreInfo, StoreStats, as_store_error
+from cg.worker import Worker
+
+log = Logger(namespace="cg.store")
+# Seconds between flushes of batched last-use times (and checks for changes made by
+# another connection, e.g. ``cg-store purge`` or another cg).
+FLUSH_INTERVAL = 2.0
+# (tenant, id) pairs remembered as committed; ~200 bytes each.
+KNOWN_MAX = 50_000
+
+# (tenant, id) of originals a write evicted, and how many entries it evicted in all.
+Evicted = tuple[list[tuple[str, str]], int]
+
+
+class Backend(Protocol):
+    """A store's database, used synchronously on one thread (or by ``cg-store``)."""
+
+    def put(self, tenant: str, originals: dict[str, bytes]) -> tuple[set[str], list[tuple[str, str]], int]:
+        """Write the new originals and refresh the others' last use: (ids written, evicted...)."""
+
+    def freeze(self, tenant: str, key: str, text: bytes) -> tuple[bytes, list[tuple[str, str]], int]:
+        """Keep ``text`` unless something is there: (what is stored, evicted...)."""
+
+    def touch(self, keys: Iterable[tuple[str, str, str]]) -> None:
+        """Last use to now for ("originals" | "frozen", tenant, id-or-key) triples."""
+
+    def check(self) -> None:
+        """A cheap read: raises if the store cannot be read."""
+
+    def get(self, tenant: str, id_: str) -> bytes | None: ...
+
+    def frozen(self, tenant: str, key: str) -> bytes | None: ...
+
+    def recent(self, limit: int) -> list[tuple[str, str]]:
+        """(tenant, id) of the ``limit`` most recently used originals, oldest first."""
+
+    def info(self) -> StoreInfo: ...
+
+    def purge(self, older_than_days: float | None) -> int: ...
+
+    def close(self) -> None: ...
+
+
+@attrs.define
+class Known:
+    """Bounded LRU set of (tenant, id) known to be committed. Reactor thread only."""
+
+    limit: int
+    _keys: OrderedDict[tuple[str, str], None] = attrs.Factory(OrderedDict)
+
+    def check(self, tenant: str, ids: Iterable[str]) -> set[str]:
+        found = set()
+        for id_ in ids:
+            if (tenant, id_) in self._keys:
+                self._keys.move_to_end((tenant, id_))
+                found.add(id_)
+        return found
+
+    def add(self, keys: Iterable[tuple[str, str]]) -> None:
+        for key in keys:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+        while len(self._keys) > self.limit:
+            self._keys.popitem(last=False)
+
+    def discard(self, keys: Iterable[tuple[str, str]]) -> None:
+        for key in keys:
+            self._keys.pop(key, None)
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+
+@attrs.define(kw_only=True)
+class Connection:
+    """The thread-side half of a ThreadedStore: owns the backend and the pending last-use
+    times. Only jobs on the store's worker thread touch it; notices go back through
+    ``deliver`` (``reactor.callFromThread``).
+
+    ``broken`` is the store's health as this thread sees it: set by a failed read (or a
+    failed write after which a read fails too, a backend that does not open, or one whose
+    data was replaced under it), cleared by a put that writes and then reads back its
+    originals. The reactor hears of the first through ``broke``, of the second in the put's
+    result.
+
+    A subclass opens the backend (``open``) and hands it out in step with what happened to
+    it meanwhile (``_db``), raising StoreError when there is none.
+    """
+
+    known: Known
+    deliver: Callable[..., None]
+    broke: Callable[[str], None]  # the store cannot be read; called through deliver
+    report: Callable[[str], None]  # a failed background write, called through deliver
+    db: Backend | None = None
+    broken: bool = False
+    pending: set[tuple[str, str, str]] = attrs.Factory(set)
+
+    def open(self) -> None:
+        raise NotImplementedError
+
+    def _db(self) -> Backend:
+        raise NotImplementedError
+
+    def _remember_recent(self, db: Backend) -> None:
+        """What is stored is known without a put: the first request after a restart need not
+        wait for the database."""
+        self._background(lambda: self.deliver(self.known.add, db.recent(self.known.limit)))
+
+    def _broke(self, error: Exception) -> None:
+        self.broken = True
+        self.deliver(self.broke, str(as_store_error(error)))
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A read that fails breaks the store: nothing it holds can be vouched for."""
+        try:
+            yield
+        except Exception as e:
+            self._broke(e)
+            raise
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write that fails breaks the store only if a read fails too: a store that is
+        locked or full still has everything it had."""
+        try:
+            yield
+        except Exception as e:
+            if not self._readable():
+                self._broke(e)
+            raise
+
+    def _readable(self) -> bool:
+        if self.db is None:
+            return False
+        try:
+            self.db.check()
+        except Exception:  # noqa: BLE001 -- whatever the cause, it does not read
+            return False
+        return True
+
+    def flush(self) -> None:
+        """Write the batched last-use times: the worker's tick, and before each write."""
+        if self.db is None or self.broken:
+            self.pending.clear()  # touches are best effort; the failure is reported already
+            return
+        with self._writing():
+            db = self._db()
+            if self.pending:
+                keys, self.pending = self.pending, set()
+                db.touch(keys)
+
+    def _background(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 -- fail open, whatever the cause
+            self.deliver(self.report, str(as_store_error(e)))
+
+    # Jobs: run on the worker thread, in the order the reactor submitted them.
+
+    def note(self, table: str, tenant: str, ids: tuple[str, ...]) -> None:
+        self.pending.update((table, tenant, id_) for id_ in ids)
+
+    def put(self, tenant: str, originals: dict[str, bytes]) -> tuple[set[str], list[tuple[str, str]], int, bool]:
+        """(ids written, evicted, number evicted, whether this put made the store healthy)."""
+        self.flush()  # so eviction sees the last uses the proxy reported before this put
+        with self._writing():
+            db = self._db()
+            written, evicted, count = db.put(tenant, originals)
+        if not self.broken:
+            return written, evicted, count, False
+        with self._reading():
+            for id_, body in originals.items():
+                if db.get(tenant, id_) != body:
+                    raise StoreError(f"{id_} does not read back as written")
+        self.broken = False
+        return written, evicted, count, True
+
+    def freeze(self, tenant: str, key: str, text: bytes) -> tuple[bytes, list[tuple[str, str]], int]:
+        self.flush()
+        with self._writing():
+            return self._db().freeze(tenant, key, text)
+
+    def get(self, tenant: str, id_: str) -> bytes | None:
+        with self._reading():
+            body = self._db().get(tenant, id_)
+        if body is not None:
+            self.pending.add(("originals", tenant, id_))
+        return body
+
+    def frozen(self, tenant: str, key: str) -> bytes | None:
+        with self._reading():
+            text = self._db().frozen(tenant, key)
+        if text is not None:
+            self.pending.add(("frozen", tenant, key))
+        return text
+
+    def info(self) -> StoreInfo:
+        with self._reading():
+            return self._db().info()
+
+    def purge(self, older_than_days: float | None) -> int:
+        self.flush()
+        with self._writing():
+            return self._db().purge(older_than_days)
+
+    def stop(self) -> None:
+        self._background(self.flush)
+        if self.db is not None:
+            db, self.db = self.db, None
+            self._background(db.close)
+
+
+@attrs.define(kw_only=True)
+class ThreadedStore:
+    """The reactor's side of a store whose backend runs on one worker thread: the IStore.
+
+    Construction never raises: a store that cannot open logs why and answers StoreError
+    (puts) or None (gets), so cg keeps proxying without lossy compaction.
+
+    A store that breaks while cg runs (a read fails) is unhealthy until a put writes and
+    reads back again; the transition each way is logged once. A subclass (an attrs class,
+    whose own fields come first) calls ``_start`` from its ``__attrs_post_init__`` and names
+    itself in the log (``label``).
+    """
+
+    max_bytes: int = DEFAULT_MAX_BYTES
+    reactor: IReactorFromThreads | None = None
+    clock: Callable[[], float] = time.time
+    flush_interval: float = FLUSH_INTERVAL
+    known_max: int = KNOWN_MAX
+    stats: StoreStats = attrs.field(factory=StoreStats, init=False)
+    _known: Known = attrs.field(init=False)
+    _connection: Connection = attrs.field(init=False)
+    _worker: Worker = attrs.field(init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+    _last_error: str | None = attrs.field(default=None, init=False)
+
+    @property
+    def label(self) -> str:
+        raise NotImplementedError
+
+    def _start(self, connect: Callable[..., Connection]) -> None:
+        """``connect(known=, deliver=, broke=, report=)`` makes the thread side; it is opened
+        on the worker thread, never here."""
+        if self.reactor is None:
+            from twisted.internet import reactor
+
+            self.reactor = cast(IReactorFromThreads, reactor)
+        self._known = Known(self.known_max)
+        self._connection = connect(
+            known=self._known,
+            deliver=self.reactor.callFromThread,
+            broke=self._broke,
+            report=self._background_error,
+        )
+        self._worker = Worker(
+            "cg-store",
+            self.reactor,
+            on_error=self._job_failed,
+            tick=self._connection.flush,
+            interval=self.flush_interval,
+        )
+        self._worker.submit_background(self._connection.open)
+
+    def _submit(self, fn: Callable[..., object], *args: object) -> Deferred:
+        if self._closed:
+            return fail(StoreError("store is closed"))
+        return self._worker.submit(fn, *args).addErrback(
+            lambda failure: Failure(as_store_error(failure.value))
+        )
+
+    def _log(self, error: str) -> None:
+        """Log each new error once, not once per request."""
+        if error != self._last_error:
+            self._last_error = error
+            log.error("cg store {store}: {error}", store=self.label, error=error)
+
+    def _broke(self, reason: str) -> None:
+        """The store does not read (see Connection): forget every id known, not only one read.
+
+        Which entries a failed read affects cannot be told without reading them all, and a
+        known id that is not there becomes a marker nobody can answer. Forgetting costs
+        little: the next request holds its originals again, and its put rewrites only those
+        really missing.
+        """
+        self._known.clear()
+        self.stats.unhealthy_reason = reason
+        if not self.stats.healthy:
+            self._log(reason)
+            return
+        self.stats.healthy = False
+        self.stats.unhealthy_since = self.clock()
+        self._last_error = reason
+        log.error(
+            "cg store {store} is unhealthy: {reason}; no new markers until a write and a read succeed",
+            store=self.label,
+            reason=reason,
+        )
+
+    def _recovered(self) -> None:
+        self.stats.healthy = True
+        self.stats.unhealthy_reason = self.stats.unhealthy_since = None
+        log.info("cg store {store} is healthy again", store=self.label)
+
+    def _background_error(self, error: str) -> None:
+        self.stats.write_errors += 1
+        self._log(error)
+
+    def _job_failed(self, failure: Failure) -> None:
+        """A job nobody waits for (a touch, the tick's flush) raised."""
+        self._background_error(str(as_store_error(failure.value)))
+
+    def _write_failed(self, failure: Failure) -> Failure:
+        self.stats.write_errors += 1
+        self._log(str(failure.value))
+        return failure
+
+    def _wrote(self, evicted: list[tuple[str, str]], count: int) -> None:
+        self._last_error = None
+        self._known.discard(evicted)
+        self.stats.evictions += count
+
+    def put(self, tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
+        if not originals:
+            return succeed(set())
+        originals = dict(originals)  # the caller may reuse its dict before the commit
+
+        def done(result: tuple[set[str], list[tuple[str, str]], int, bool]) -> set[str]:
+            written, evicted, count, recovered = result
+            self._wrote(evicted, count)
+            if recovered:
+                self._recovered()
+            self._known.add((tenant, id_) for id_ in originals)
+            self.stats.writes += len(written)
+            return written
+
+        return self._submit(self._connection.put, tenant, originals).addCallbacks(
+            done, self._write_failed
+        )
+
+    def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
+        # Unhealthy, it vouches for nothing, even for ids a reopen found stored.
+        return self._known.check(tenant, ids) if self.stats.healthy else set()
+
+    def touch(self, tenant: str, ids: Iterable[str]) -> None:
+        if not self._closed:
+            self._worker.submit_background(self._connection.note, "originals", tenant, tuple(ids))
+
+    def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
+        self.stats.reads += 1
+
+        def done(body: bytes | None) -> bytes | None:
+            if body is None:
+                self.stats.misses += 1
+            else:
+                self.stats.hits += 1
+            return body
+
+        def failed(failure: Failure) -> None:
+            self.stats.read_errors += 1
+            self._log(str(failure.value))
+
+        return self._submit(self._connection.get, tenant, id).addCallbacks(done, failed)
+
+    def freeze(self, tenant: str, key: str, text: bytes) -> Deferred[bytes]:
+        def done(result: tuple[bytes, list[tuple[str, str]], int]) -> bytes:
+            stored, evicted, count = result
+            self._wrote(evicted, count)
+            return stored
+
+        return self._submit(self._connection.freeze, tenant, key, text).addCallbacks(
+            done, self._write_failed
+        )
+
+    def frozen(self, tenant: str, key: str) -> Deferred[bytes | None]:
+        def failed(failure: Failure) -> Failure:
+            self.stats.read_errors += 1
+            self._log(str(failure.value))
+            return failure
+
+        return self._submit(self._connection.frozen, tenant, key).addErrback(failed)
+
+    def info(self) -> Deferred[StoreInfo]:
+        return self._submit(self._connection.info)
+
+    def purge(self, older_than_days: float | None = None) -> Deferred[int]:
+        def done(count: int) -> int:
+            self._known.clear()  # a cache: refilled by the next puts, which rewrite nothing
+            return count
+
+        return self._submit(self._connection.purge, older_than_days).addCallbacks(
+            done, self._write_failed
+        )
+
+    def close(self) -> Deferred[None]:
+        if not self._closed:
+            self._closed = True
+            self._worker.submit_background(self._connection.stop)
+        return self._worker.stop()
