@@ -12,6 +12,7 @@ import re
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from test_systemd import TWISTD, WAIT, _announced_port, _env, _output, assert_clean_stop, linux_only, spawn  # noqa: F401
@@ -96,6 +97,11 @@ def test_workers_share_the_socket_and_a_dead_one_is_replaced(spawn, fake_provide
     for pid in pids:
         with Only(pid, pids):
             assert _worker_pid(port) == pid
+        # What a worker serves (the store's password too) never sits in its environment.
+        assert b"store.sqlite3" not in (Path("/proc") / str(pid) / "environ").read_bytes()
+    # The workers share the parent's stdout (the journal, a terminal): they leave it blocking.
+    flags = int(re.search(r"flags:\s+(\d+)", (Path("/proc") / str(proc.pid) / "fdinfo" / "1").read_text())[1], 8)
+    assert not flags & os.O_NONBLOCK
 
     first, second = pids
     os.kill(first, signal.SIGKILL)
@@ -156,6 +162,7 @@ def test_sigterm_lets_every_worker_finish_its_stream(spawn, fake_provider, tmp_p
 @pytest.mark.parametrize("argv, message", [
     (["--workers", "0"], "--workers must be 1 or more"),
     (["--workers", "2", "--store", "memory:"], "a memory: store is one process's"),
+    (["--workers", "2", "--listen", "ssl:8443:privateKey=k.pem"], "only tcp:, unix: and systemd:"),
 ])
 def test_a_bad_workers_option_is_refused(argv, message):
     with pytest.raises(usage.UsageError, match=message):

@@ -230,6 +230,12 @@ class Options(usage.Options):
             raise usage.UsageError("--workers must be 1 or more")
         if self["workers"] > 1 and str(self["store"] or "").startswith("memory:"):
             raise usage.UsageError("--workers: a memory: store is one process's; use sqlite: or redis:")
+        if self["workers"] > 1:
+            # A worker adopts the bound socket as it is: the parent's TLS wrapping would not follow.
+            for description in self["listen"]:
+                if description.split(":", 1)[0] not in ("tcp", "unix", "systemd"):
+                    raise usage.UsageError(f"--workers: --listen {description}: only tcp:, unix: and "
+                                           "systemd: endpoints can be shared by workers")
         try:
             self.store_password = store_password(
                 self["store"] or default_store_url(), self["store-password-file"], os.environ

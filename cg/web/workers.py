@@ -15,8 +15,10 @@ Metrics: the workers run in prometheus-client's multiprocess mode, so one scrape
 sums them all. The directory is `PROMETHEUS_MULTIPROC_DIR` when set (emptied at start), else a
 private one the parent makes and removes; a worker that ends is marked dead there.
 
-A worker runs `python -m cg.web.workers`; what it serves comes in the `CG_WORKER` environment
-variable: its configuration, its index and the count, and the socket fds it inherited.
+A worker runs `python -m cg.web.workers`. What it serves (its configuration, the store's
+password included, its index and the count, the socket fds it inherited) comes as one JSON line
+on a pipe from the parent (fd 3), never in its environment or argv, where other processes could
+read it; the same pipe's end tells the worker its parent is gone. Its sockets are fds 4….
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 import attrs
 from prometheus_client import multiprocess
 from twisted.application import service
-from twisted.internet import defer, protocol
+from twisted.internet import abstract, defer, fdesc, protocol
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.interfaces import IProcessTransport
@@ -47,8 +49,8 @@ from cg.web.service import CGService, bind_now, listening_url
 
 log = Logger(namespace="cg.web.workers")
 
-_ENV = "CG_WORKER"
-_FIRST_FD = 3  # a worker's sockets, in --listen order
+_PARENT_FD = 3  # a worker's pipe from its parent: what to serve, then its end when the parent dies
+_FIRST_FD = 4  # a worker's sockets, in --listen order
 _RESTART_DELAY = 1.0
 _MAX_RESTART_DELAY = 30.0
 _YOUNG = 10.0  # a worker that dies younger than this doubles the next restart's delay
@@ -156,14 +158,14 @@ class WorkerPool(service.Service):
         spec = {"config": attrs.asdict(self.config), "index": index, "of": self.config.workers,
                 "sockets": sockets}
         env = {k: v for k, v in os.environ.items() if k not in _SYSTEMD_VARIABLES}
-        env[_ENV] = json.dumps(spec)
         if self._metrics_dir is not None:
             env[_METRICS_DIR] = str(self._metrics_dir)
-        fds: dict[int, object] = {0: "w", 1: 1, 2: 2}  # stdin: a pipe that closes when the parent dies
+        fds: dict[int, object] = {0: 0, 1: 1, 2: 2, _PARENT_FD: "w"}
         fds.update((fd, port.fileno()) for (fd, _), port in zip(sockets, self.ports))
         worker = _Worker(self, index, self.reactor.seconds())
         worker.process = self.reactor.spawnProcess(worker, self.executable, [self.executable, "-m", "cg.web.workers"],
-                                  env=env, childFDs=fds)
+                                                   env=env, childFDs=fds)
+        worker.process.writeToChild(_PARENT_FD, json.dumps(spec).encode() + b"\n")
         worker.pid = worker.process.pid
         self.workers[index] = worker
 
@@ -226,26 +228,50 @@ class WorkerPool(service.Service):
                 worker.signal("KILL")
 
 
-class _ParentWatch(protocol.Protocol):
-    """A worker's stdin: the parent's pipe, closed when the parent dies (then the worker stops)."""
+class _ParentWatch(abstract.FileDescriptor):
+    """The read end of the parent's pipe: its end (the parent died) stops the worker. Only this
+    pipe is made non-blocking: stdout is the parent's too (the journal's socket, a terminal)."""
 
-    def __init__(self, stop):
+    def __init__(self, fd: int, stop, reactor) -> None:
+        super().__init__(reactor)
+        self.fd = fd
         self.stop = stop
+        fdesc.setNonBlocking(fd)
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def doRead(self):
+        return fdesc.readFromFD(self.fd, lambda data: None)
 
     def connectionLost(self, reason=None):
+        super().connectionLost(reason)
         self.stop("its parent is gone")
 
 
+def _read_spec(fd: int) -> dict[str, object]:
+    """The parent's JSON line: blocking, before the reactor runs."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            raise SystemExit("cg worker: its parent was gone before it said what to serve")
+        data += chunk
+    spec = json.loads(data)
+    if not isinstance(spec, dict):
+        raise SystemExit("cg worker: its parent sent no configuration")
+    return spec
+
+
 def main() -> None:
-    """A worker process: the CGService of `CG_WORKER`, on the sockets it inherited.
+    """A worker process: the CGService its parent describes on fd 3, on the sockets it inherited.
 
     It stops (draining, as `twistd cg` does) on the first SIGTERM or SIGINT (systemd and a
     terminal send them to every process, the parent forwards them too: later ones are no news) or
     when its parent is gone.
     """
-    spec = json.loads(os.environ.pop(_ENV))
+    spec: Any = _read_spec(_PARENT_FD)
     from twisted.internet import reactor as installed
-    from twisted.internet import stdio
 
     reactor: Any = installed  # the running reactor's type: mypy knows only its interfaces
 
@@ -265,7 +291,7 @@ def main() -> None:
         signal.signal(signum, lambda number, frame: reactor.callFromThread(stop, signal.Signals(number).name))
     cg.privilegedStartService()
     reactor.callWhenRunning(cg.startService)
-    reactor.callWhenRunning(stdio.StandardIO, _ParentWatch(stop))
+    reactor.callWhenRunning(lambda: _ParentWatch(_PARENT_FD, stop, reactor).startReading())
     reactor.addSystemEventTrigger("before", "shutdown", cg.stopService)
     reactor.run(installSignalHandlers=False)
 
