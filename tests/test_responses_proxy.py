@@ -46,7 +46,8 @@ def in_thread(cg, call):
 
 
 def create(cg, items: list[dict], **kw):
-    return in_thread(cg, lambda client: client.responses.create(model="gpt-5.5", input=items, tools=TOOLS, **kw))
+    return in_thread(cg, lambda client: client.responses.create(model="gpt-5.5", input=items, tools=TOOLS, store=False,
+                                                                **kw))
 
 
 def items_of(received) -> list[dict]:
@@ -122,7 +123,8 @@ def test_the_sdk_streams_one_response_while_cg_expands(make_cg, fake_openai):
     cg = make_cg(openai_upstream=fake_openai.url, expand=True)
     ident = marker_id(BIG.encode())
     events = yield in_thread(cg, lambda client: [event.model_dump() for event in client.responses.create(
-        model="gpt-5.5", input=history(BIG), tools=TOOLS, stream=True, extra_headers={"x-fake-expand": ident})])
+        model="gpt-5.5", input=history(BIG), tools=TOOLS, store=False, stream=True,
+        extra_headers={"x-fake-expand": ident})])
 
     types = [event["type"] for event in events]
     assert types.count("response.created") == 1 and types.count("response.completed") == 1
@@ -150,7 +152,7 @@ def test_the_sdks_stream_helper_gets_the_final_response_cg_spliced(make_cg, fake
     ident = marker_id(BIG.encode())
 
     def final(client):
-        with client.responses.stream(model="gpt-5.5", input=history(BIG), tools=TOOLS,
+        with client.responses.stream(model="gpt-5.5", input=history(BIG), tools=TOOLS, store=False,
                                      extra_headers={"x-fake-expand": ident, "x-fake-events": "2"}) as stream:
             return stream.get_final_response()
 
@@ -172,7 +174,7 @@ def test_a_continuation_that_fails_gives_the_client_round_one_complete(make_cg, 
         EXPAND_TOOL, json.dumps({"id": marker_id(BIG.encode())}), "call_e", "fc_e")])
     fake_openai.enqueue(SSEReply(round1), JSONReply({"error": {"message": "boom"}}, status=500))
     events = yield in_thread(cg, lambda client: [event.model_dump() for event in client.responses.create(
-        model="gpt-5.5", input=history(BIG), tools=TOOLS, stream=True)])
+        model="gpt-5.5", input=history(BIG), tools=TOOLS, store=False, stream=True)])
 
     assert len(fake_openai.received) == 2
     assert [event["sequence_number"] for event in events] == list(range(len(round1)))
@@ -182,3 +184,13 @@ def test_a_continuation_that_fails_gives_the_client_round_one_complete(make_cg, 
     stats = yield from get_stats(cg.port)
     assert stats["expand"]["continuations_failed"] == 1
     assert stats["sse_released"] == {"continuation_failed": 1}
+
+
+@inlineCallbacks
+def test_a_response_the_provider_may_store_gets_no_expand_tool(make_cg, fake_openai):
+    """Its id may be the client's next previous_response_id: after a splice it would name an
+    unfinished round. Lossless reformat only."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    yield in_thread(cg, lambda client: client.responses.create(model="gpt-5.5", input=history(BIG), tools=TOOLS))
+    forwarded = fake_openai.received[0].body
+    assert EXPAND_TOOL.encode() not in forwarded and b"<<cg:" not in forwarded

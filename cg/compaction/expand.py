@@ -8,7 +8,11 @@ forces a tool: removing a tool would invalidate the cache), unless the client
 already has a tool of that name. Exactly there cg may run lossy compaction.
 
 The Responses API declares it as a top-level `function` tool, with `strict: false` spelled out
-(the API's default is strict, which this schema does not meet), as Codex declares its own.
+(the API's default is strict, which this schema does not meet), as Codex declares its own, and
+only in requests that say `"store": false` (Codex CLI does). A stored response may be the
+`previous_response_id` of the client's next turn, and after an expand the id the client holds
+names the provider's first round, which ends with an expand call the provider never saw
+answered: the next turn would fail. Other Responses requests get lossless reformat only.
 Requests without a top-level `tools` array get none: among them Codex's "lite" models, which
 declare their tools inside an `additional_tools` input item. How the provider answers a
 function added to one of that item's namespaces is not known, so cg leaves those requests to
@@ -59,7 +63,8 @@ def injection(body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]
     """The edit that appends the expand tool to `tools`, or None where cg does not inject.
 
     None when `tools` is absent or empty (side requests such as title generation
-    send `tools: []`, and are left alone) or already holds a tool of that name.
+    send `tools: []`, and are left alone) or already holds a tool of that name, and for a
+    Responses request the provider may store.
     """
     declaration = _TOOLS.get(dialect)
     if declaration is None:
@@ -67,6 +72,8 @@ def injection(body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]
     tools = body.value.get("tools")
     if not isinstance(tools, list) or not tools:
         return None
+    if dialect == RESPONSES and body.value.get("store") is not False:
+        return None  # see the module docstring
     if any(_tool_name(tool) == EXPAND_TOOL for tool in tools):
         return None
     end = body.spans[("tools",)][1] - 1  # the closing bracket
