@@ -256,8 +256,27 @@ async def test_an_original_the_server_dropped_answers_as_evicted(redis_server, r
     assert await store.get("", "a") is None
     assert (store.stats.misses, store.stats.healthy) == (1, True)
     assert await store.put("", {"d": b"." * 300}) == {"d"}  # evicting a key already gone is fine
-    assert (await store.info()).entries == 2
+    info = await store.info()  # a's 300 bytes left the count: b, c and d fit under the cap
+    assert (info.entries, info.bytes) == (3, 900)
     assert await store.get("", "d") == b"." * 300
+
+
+@pytest_twisted.ensureDeferred
+async def test_entries_the_server_dropped_do_not_shrink_the_store(redis_server, redis_store):
+    """Their sizes leave the count as they were counted (not as STRLEN of nothing): the store
+    keeps filling to its cap instead of evicting everything on every put."""
+    clock = FakeClock()
+    store = redis_store(max_bytes=10_000, clock=clock)
+    names = [f"k{n}" for n in range(10)]
+    for name in names:
+        await store.put("", {name: b"." * 900})
+        clock.advance(1)
+    redis_server.admin.delete(*(f"cg:t::o:{name}" for name in names[:9]))
+    for name in ("x1", "x2", "x3", "x4", "x5"):
+        await store.put("", {name: b"." * 900})
+        clock.advance(1)
+    kept = [name for name in (names[9], "x1", "x2", "x3", "x4", "x5") if await store.get("", name) is not None]
+    assert kept == [names[9], "x1", "x2", "x3", "x4", "x5"]
 
 
 @pytest_twisted.ensureDeferred

@@ -195,6 +195,18 @@ def store_password(url: str, password_file: str | None, environ: Mapping[str, st
 # stamp above every earlier one (meta's ``last``): least recently used means used first as
 # Redis saw it, whatever the clocks of the machines cg runs on. Entries are deleted in that
 # order, originals first, until the total is back under ``target``; ``protect`` keys are skipped.
+# Each entry's size as counted in bytes_o/bytes_f, kept in meta ('s:' .. key), so that an entry
+# gone under cg (the server's own eviction, an operator's DEL) is subtracted as it was counted.
+_SIZES = """
+local function sized(key, size)
+  redis.call('HSET', meta, 's:' .. key, size)
+end
+local function forget(key)
+  local size = tonumber(redis.call('HGET', meta, 's:' .. key) or redis.call('STRLEN', key))
+  redis.call('HDEL', meta, 's:' .. key)
+  return size
+end
+"""
 _PRELUDE = """#!lua
 local meta, lru_o, lru_f = KEYS[1], KEYS[2], KEYS[3]
 local now = tonumber(ARGV[1])
@@ -206,7 +218,7 @@ end
 local function stamped()
   redis.call('HSET', meta, 'last', string.format('%.0f', last))
 end
-"""
+""" + _SIZES
 
 _WRITE = _PRELUDE + """
 local max, target, fresh = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
@@ -226,7 +238,7 @@ local function evict(protect_o, protect_f)
         if protect[key] then
           skip = skip + 1
         else
-          local size = redis.call('STRLEN', key)
+          local size = forget(key)
           count = count + redis.call('DEL', key)
           redis.call('ZREM', lru, key)
           if size > 0 then redis.call('HINCRBY', meta, field, -size) end
@@ -262,6 +274,7 @@ for i = 4, #KEYS do
   protect[key] = true
   if redis.call('SET', key, body, 'NX') then
     redis.call('HINCRBY', meta, 'bytes_o', #body)
+    sized(key, #body)
     written[#written + 1] = key
   end
   redis.call('ZADD', lru_o, stamp(), key)
@@ -277,6 +290,7 @@ _FREEZE = _WRITE + """
 local key, text = KEYS[4], ARGV[5]
 if redis.call('SET', key, text, 'NX') then
   redis.call('HINCRBY', meta, 'bytes_f', #text)
+  sized(key, #text)
 end
 redis.call('ZADD', lru_f, stamp(), key)
 local stored = redis.call('GET', key)
@@ -300,6 +314,7 @@ stamped()
 # -> entries deleted (at most a batch of each kind: run again until it says 0)
 _PURGE = """#!lua
 local meta = KEYS[1]
+""" + _SIZES + """
 local cutoff, limit, fresh = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local count = 0
 local kinds = {{KEYS[2], 'bytes_o'}, {KEYS[3], 'bytes_f'}}
@@ -307,7 +322,7 @@ for k = 1, 2 do
   local lru, field = kinds[k][1], kinds[k][2]
   local batch = redis.call('ZRANGEBYSCORE', lru, '-inf', cutoff, 'LIMIT', 0, limit)
   for _, key in ipairs(batch) do
-    local size = redis.call('STRLEN', key)
+    local size = forget(key)
     redis.call('DEL', key)
     redis.call('ZREM', lru, key)
     if size > 0 then redis.call('HINCRBY', meta, field, -size) end
