@@ -65,11 +65,7 @@ from overhead import (
     HOST,
     HTTPConn,
     ResponseError,
-    _cg_argv,
     _child_env,
-    _free_port,
-    _spawn,
-    _tail,
     _with_timeout,
     busy_s,
     clock,
@@ -85,6 +81,7 @@ from overhead import (
     sleep,
     start_fake,
 )
+from overhead import start_cg as _start_cg
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
@@ -203,22 +200,7 @@ def body_of(events: list[tuple[float, bytes]]) -> bytes:
 
 def start_cg(tmp: Path, env: dict, upstream_port: int) -> tuple[subprocess.Popen, int]:
     """overhead.start_cg, with a store of its own in ``tmp``; waits for /healthz."""
-    log = tmp / "cg.log"
-    extra = ["--store", f"sqlite:{tmp / 'store.sqlite3'}"]
-    for _attempt in range(3):
-        port = _free_port()
-        proc = _spawn(_cg_argv(port, f"http://{HOST}:{upstream_port}") + extra, log, env)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if http_get(port, "/healthz", timeout=1)[0] == 200:
-                    return proc, port
-            except OSError:
-                pass
-            time.sleep(0.05)
-        if proc.poll() is None:
-            break
-    raise SystemExit(f"cg did not answer /healthz:\n{_tail(log)}")
+    return _start_cg(tmp, env, upstream_port, ("--store", f"sqlite:{tmp / 'store.sqlite3'}"))
 
 
 def steal_s() -> float:

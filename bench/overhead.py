@@ -172,10 +172,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cg_argv(port: int, upstream: str) -> list[str]:
+def _cg_argv(port: int, upstream: str, twistd_options: tuple[str, ...] = ()) -> list[str]:
+    """cg's command line; ``twistd_options`` (e.g. ``--profile``) need twistd next to this
+    interpreter (``python -m twisted`` runs ``twist``, which has none)."""
     twistd = Path(sys.executable).with_name("twistd")
     if twistd.exists():
-        head = [sys.executable, str(twistd), "-n", "--pidfile=", "cg"]
+        head = [sys.executable, str(twistd), "-n", "--pidfile=", *twistd_options, "cg"]
+    elif twistd_options:
+        raise SystemExit(f"{' '.join(twistd_options)}: needs {twistd}")
     else:
         head = [sys.executable, "-m", "twisted", "cg"]
     return head + [
@@ -213,12 +217,21 @@ def _dechunk(data: bytes) -> bytes:
         pos = eol + 4 + size
 
 
-def start_cg(tmp: Path, env: dict, upstream_port: int) -> tuple[subprocess.Popen, int]:
-    """cg on a free port (picked here: ``tcp:0`` would not tell us which); waits for /healthz."""
-    log = tmp / "cg.log"
+def start_cg(
+    tmp: Path,
+    env: dict,
+    upstream_port: int,
+    extra: tuple[str, ...] = (),
+    log_name: str = "cg.log",
+    twistd_options: tuple[str, ...] = (),
+) -> tuple[subprocess.Popen, int]:
+    """cg on a free port (picked here: ``tcp:0`` would not tell us which), with ``extra``
+    options after cg's own; waits for /healthz."""
+    log = tmp / log_name
     for _attempt in range(3):
         port = _free_port()
-        proc = _spawn(_cg_argv(port, f"http://{HOST}:{upstream_port}"), log, env)
+        argv = _cg_argv(port, f"http://{HOST}:{upstream_port}", twistd_options) + list(extra)
+        proc = _spawn(argv, log, env)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and proc.poll() is None:
             try:
@@ -889,16 +902,25 @@ def _align(rows: list[tuple]) -> list[str]:
     ]
 
 
+class Rows(list):
+    """A table's rows for ``_align``: direct and via cg side by side, with the difference and
+    the ratio (``row``), and headings (``head``)."""
+
+    def __init__(self):
+        super().__init__([("", "direct", "via cg", "cg - direct", "cg / direct")])
+
+    def row(self, label, d, c, spec=".2f") -> None:
+        delta = "-" if d is None or c is None else f"{c - d:+{spec}}"
+        self.append((label, _fmt(d, spec), _fmt(c, spec), delta, _ratio(c, d)))
+
+    def head(self, label) -> None:
+        self.append((label,))
+
+
 def main_rows(r: dict) -> list[tuple]:
     """Sections 1 to 4: direct and via cg side by side."""
-    rows = [("", "direct", "via cg", "cg - direct", "cg / direct")]
-
-    def row(label, d, c, spec=".2f"):
-        delta = "-" if d is None or c is None else f"{c - d:+{spec}}"
-        rows.append((label, _fmt(d, spec), _fmt(c, spec), delta, _ratio(c, d)))
-
-    def head(label):
-        rows.append((label,))
+    rows = Rows()
+    row, head = rows.row, rows.head
 
     def loop_rows(label, v, what="", total=True):
         d, g = v["direct"], v["cg"]
@@ -1089,12 +1111,14 @@ def drive(run, timeout: float, tmp: Path, fake, cg, **others):
     return outcome[0], 0
 
 
-def parse_args(argv, description: str, quick_help: str, logs_help: str) -> argparse.Namespace:
-    """The flags every benchmark here takes."""
+def parse_args(argv, description: str, quick_help: str, logs_help: str, more=None) -> argparse.Namespace:
+    """The flags every benchmark here takes; ``more(parser)`` adds a benchmark's own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--json", metavar="PATH", help="write the raw numbers (every sample) here")
     parser.add_argument("--keep-logs", action="store_true", help=logs_help)
+    if more is not None:
+        more(parser)
     return parser.parse_args(argv)
 
 

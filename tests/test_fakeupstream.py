@@ -235,6 +235,21 @@ async def test_numbers_connections_and_requests_on_them(up):
 
 
 @pytest_twisted.ensureDeferred
+async def test_record_off_answers_and_keeps_no_request(http):
+    """As ``python -m cg.testing`` serves benchmarks: large bodies are answered, never held."""
+    fake = FakeUpstream(record=False)
+    fake.listen(reactor, port=0, interface="127.0.0.1")
+    try:
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x" * 300_000}]}
+        response = await http.post(fake.url + "/v1/messages", json=body, headers={"x-fake-events": "2"})
+        names = [n for n, _ in parse_sse(await response.content())]
+        assert names[0] == "message_start" and names[-1] == "message_stop"
+        assert fake.received == []
+    finally:
+        await fake.stop()
+
+
+@pytest_twisted.ensureDeferred
 async def test_queue_is_fifo_across_paths_then_default_replies(up, http):
     up.enqueue(JSONReply({"n": 1}), JSONReply({"n": 2}, status=201))
     r1 = await http.get(up.url + "/anything")

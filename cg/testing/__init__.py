@@ -1046,11 +1046,15 @@ class FakeUpstream:
     ``responses_request_problems``; thinking blocks are checked against every one the fake has
     sent, JSON or SSE). A request that fails is recorded, its reasons appended to ``rejections``,
     and answered 400 in the provider's error shape without using a queued reply.
+
+    ``record`` (on by default) keeps every request in ``received``; off, nothing is kept, as in a
+    benchmark's fake process that nobody reads and that would otherwise hold every body it was sent.
     """
 
     default_reply: Callable[[Received], Reply] = default_reply
     reset_reused_connections: int = 0
     strict: bool = False
+    record: bool = True
     rejections: list[str] = field(factory=list, init=False)
     _thinking: dict[str, object] = field(factory=dict, init=False)  # signature -> text, as sent
     _redacted: set[str] = field(factory=set, init=False)  # redacted_thinking data, as sent
@@ -1117,7 +1121,8 @@ class FakeUpstream:
             nth_on_connection=channel.requests_seen,
             finished=request.notifyFinish().addCallbacks(lambda _: "done", _client_left),
         )
-        self.received.append(received)
+        if self.record:
+            self.received.append(received)
         if received.nth_on_connection >= 2 and self.reset_reused_connections > 0:
             self.reset_reused_connections -= 1
             Reset().play(request, self)
@@ -1193,7 +1198,8 @@ class FakeUpstream:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Serve the fake with default replies until SIGTERM/SIGINT (for benchmark processes)."""
+    """Serve the fake with default replies until SIGTERM/SIGINT (for benchmark processes; it keeps
+    no request, so a long run of large bodies does not grow it)."""
     parser = argparse.ArgumentParser(prog="python -m cg.testing", description=main.__doc__)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--interface", default="127.0.0.1")
@@ -1201,7 +1207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Imported here: importing cg.testing must not install the global reactor.
     from twisted.internet import reactor
 
-    port = FakeUpstream().listen(reactor, args.port, args.interface)
+    port = FakeUpstream(record=False).listen(reactor, args.port, args.interface)
     print(f"listening {_port_number(port)}", flush=True)
     reactor.run()
 
