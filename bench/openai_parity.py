@@ -53,8 +53,8 @@ Measured:
     in Codex's wrapper and cut as Codex cuts them) replayed turn by turn through
     ``cg.compaction.rewrite.Rewriter`` (the production configuration), in both API shapes: per
     turn the bytes and estimated tokens forwarded vs sent, and the input priced with a prompt
-    cache (``priced``: a request's leading prompt segments equal to the previous request's are a
-    cache read at 0.1x, the rest uncached input at 1x; OpenAI charges no cache writes).
+    cache as ``cg-estimate`` prices it (``cg.record.pricing.PromptCache``: OpenAI's automatic prefix
+    cache, read at the model's cached-input price, the rest uncached; OpenAI charges no cache writes).
 
 Both subprocesses are killed on exit, whatever happens.
 """
@@ -555,37 +555,6 @@ class Bench:
 # 4. Savings on a Codex-shaped session (in-process)
 
 
-def priced(tokens: int, cached: int, read: float = 0.1, write: float = 1.0) -> float:
-    """A request's input in units of the uncached input price: ``cached`` tokens read from the
-    prompt cache at ``read``, the rest at ``write`` (OpenAI: 0.1 and 1.0, no cache-write surcharge;
-    Anthropic's 5-minute cache: 0.1 and 1.25 for the tokens it writes)."""
-    return cached * read + (tokens - cached) * write
-
-
-def cached_tokens(prefix_tokens: int) -> int:
-    """What OpenAI's prompt cache serves of a shared prefix: nothing under 1,024 tokens, then whole
-    128-token blocks."""
-    return 0 if prefix_tokens < 1024 else prefix_tokens // 128 * 128
-
-
-def prompt_order(raw: bytes, api: str) -> list[bytes]:
-    """The request as the provider renders its prompt, as a list of segments: the tools and
-    instructions first, then each input item or message in order (each serialized alone). A
-    cache hit covers the leading segments equal to the previous request's."""
-    body = json.loads(raw)
-    head = serialize({k: body.get(k) for k in ("tools", "instructions")})
-    return [head, *(serialize(x) for x in body["messages" if api == CHAT else "input"])]
-
-
-def shared_prefix(a: list[bytes], b: list[bytes]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 SHELL_KINDS = {  # a turn's command: its weight in the random mix (Codex reads files with sed -n and rg)
     "sed": 24, "rg": 12, "pytest": 12, "diff": 8, "status": 8, "ls": 6, "json": 5, "npm": 3, "pip": 3, "patch": 12,
     "build": 7,
@@ -682,8 +651,13 @@ def savings(quick: bool) -> dict:
     """Section 4: each API's session replayed through one Rewriter (production config), turn by turn."""
     from cg.compaction.rewrite import Rewriter
     from cg.compaction.tokens import estimate_tokens
+    from cg.record.pricing import PromptCache, prices
+    from cg.record.replay import segments
     from cg.web.config import Config
     from cg.web.service import rewrite_config
+
+    price = prices().price("gpt-5.5", "openai")
+    read = price.cache_read / price.input  # a cached token, in uncached-input-token units
 
     turns = 12 if quick else 40
     calls = session(turns)
@@ -691,9 +665,9 @@ def savings(quick: bool) -> dict:
     for api in APIS:
         rewriter = Rewriter(rewrite_config(Config(expand=True)))
         rows = []
-        prev: dict[str, list[bytes] | None] = {"direct": None, "cg": None}
-        prev_tokens: dict[str, list[int]] = {}
-        for raw in session_bodies(api, calls):
+        # The provider's prompt cache, as cg-estimate prices it (cg.record.pricing); one per side.
+        caches = {side: PromptCache(False, price.min_cache_tokens, price.cache_ttl) for side in ("direct", "cg")}
+        for turn, raw in enumerate(session_bodies(api, calls)):
             rewrite = rewriter.rewrite(raw, APIS[api].encode())
             sent = {"direct": raw, "cg": rewrite.body if rewrite is not None else raw}
             changes = rewrite.changes if rewrite is not None else []
@@ -701,14 +675,11 @@ def savings(quick: bool) -> dict:
                    "changed": len({(c.message_index, c.block_index, c.part_index) for c in changes}),
                    "offloaded": len({c.marker_id for c in changes if c.lossy and c.marker_id})}
             for side, body in sent.items():
-                segments = prompt_order(body, api)
-                tokens = [estimate_tokens(s.decode()) for s in segments]
-                shared = shared_prefix(segments, prev[side]) if prev[side] is not None else 0
-                cached = cached_tokens(sum(tokens[:shared]))
+                billed = caches[side].bill(turn * 30.0, segments(json.loads(body), "chat" if api == CHAT else "responses"))
                 total = estimate_tokens(body.decode())
-                row[side] = {"bytes": len(body), "tokens": total, "cached": min(cached, total),
-                             "cost": priced(total, min(cached, total))}
-                prev[side], prev_tokens[side] = segments, tokens
+                cached = min(billed.cache_read, total)
+                row[side] = {"bytes": len(body), "tokens": total, "cached": cached,
+                             "cost": (total - cached) + cached * read}
             rows.append(row)
         totals = {side: {key: sum(r[side][key] for r in rows) for key in ("bytes", "tokens", "cached", "cost")}
                   for side in ("direct", "cg")}
@@ -845,9 +816,9 @@ def table(r: dict) -> str:
         out += _align(lines)
         out.append(f"     forwarded: {c['bytes'] / d['bytes']:.2f}x the bytes, {c['tokens'] / d['tokens']:.2f}x the tokens; "
                    f"cache-priced input cost {a['cost_ratio']:.2f}x direct")
-    out.append("   (tokens: cg's estimator; cached: the leading prompt segments, tools first, equal to the previous "
-               "request's, >= 1,024 tokens, in 128-token blocks; cost in uncached-input-token units: cached x 0.1 + "
-               "the rest x 1)")
+    out.append("   (tokens: cg's estimator; cached: OpenAI's automatic prefix cache as cg-estimate prices it "
+               "(cg.record.pricing: prompt blocks, tools first, >= 1,024 tokens, in 128-token steps, turns 30 s apart); "
+               "cost in uncached-input-token units: cached x the model's read price / input price + the rest x 1)")
 
     st = r["cg_stats"]
     out.append("")

@@ -100,12 +100,14 @@ def usage_record(
     cache_write_tokens: int,
     output_tokens: int,
     expand_rounds: int = 0,
+    model: str | None = None,
 ) -> dict:
     """The usage the provider billed for one request (one line per request).
 
     ``input_tokens`` is uncached input only (Anthropic's ``input_tokens``; for OpenAI,
     ``prompt_tokens`` minus the cached ones), so the four token counts add up to what was
-    billed. ``expand_rounds``: expand calls cg answered itself within this request.
+    billed. ``expand_rounds``: expand calls cg answered itself within this request. ``model``: the
+    request's, so that cg-report prices the line (cg.record.pricing); None when it named none.
     """
     return {
         "kind": "usage",
@@ -119,6 +121,7 @@ def usage_record(
         "cache_write_tokens": cache_write_tokens,
         "output_tokens": output_tokens,
         "expand_rounds": expand_rounds,
+        "model": model,
     }
 
 

@@ -23,6 +23,8 @@ from typing import Any, BinaryIO, overload
 import attrs
 import ujson
 
+from cg.record.pricing import ANTHROPIC, OPENAI, Tokens, prices
+
 NOTE = (
     "Cumulative counts a compaction again on every turn that re-sends it, so it grows with the "
     "length of a conversation; unique counts each compaction once: use unique."
@@ -104,6 +106,8 @@ class Tally:
     compaction_requests: set[tuple[str, int]] = attrs.Factory(set)
     usage_lines: int = 0
     usage: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(_USAGE_FIELDS, 0))
+    # (model, provider) -> billed tokens, for the cost (cg.record.pricing, as cg-estimate prices)
+    billed: dict[tuple[str | None, str], Tokens] = attrs.Factory(dict)
     components: dict[str, _Component] = attrs.Factory(dict)
     results: int = 0
     results_tokens_before: int = 0
@@ -194,6 +198,28 @@ class Tally:
         self.usage_requests.add((session, seq))
         for key, value in counts.items():
             self.usage[key] += value
+        model = record.get("model")
+        provider = ANTHROPIC if record.get("dialect") == ANTHROPIC else OPENAI
+        priced_by = (model if isinstance(model, str) else None, provider)
+        # The change log does not split cache writes by lifetime: priced as 5-minute writes.
+        tokens = Tokens(input=counts["input_tokens"], cache_read=counts["cache_read_tokens"],
+                        cache_write_5m=counts["cache_write_tokens"], output=counts["output_tokens"])
+        self.billed[priced_by] = self.billed.get(priced_by, Tokens()) + tokens
+
+    def cost(self) -> dict[str, Any]:
+        """The billed usage at list prices (cg/record/prices.json), by model."""
+        table = prices()
+        by_model: list[dict[str, Any]] = []
+        notes: set[str] = set()
+        for (model, provider), tokens in sorted(self.billed.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+            price = table.price(model, provider)
+            if price.note:
+                notes.add(price.note)
+            by_model.append({"model": model, "priced_as": price.key, "input_tokens": tokens.input,
+                             "cache_read_tokens": tokens.cache_read, "cache_write_tokens": tokens.cache_write,
+                             "output_tokens": tokens.output, "usd": round(price.cost(tokens), 6)})
+        return {"usd": round(sum(float(m["usd"]) for m in by_model), 6), "by_model": by_model, "notes": sorted(notes),
+                "sources": table.sources()}
 
     def summary(self) -> dict[str, Any]:
         """The report as one JSON-ready object. Keys are only ever added."""
@@ -249,6 +275,7 @@ class Tally:
                 "cache_write_read_ratio": round(write / read, 4) if read else None,
             },
             "note": NOTE,
+            "cost": self.cost(),
         }
 
 
@@ -288,7 +315,7 @@ def _when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _table(rows: list[tuple[str, ...]], align: str) -> list[str]:
+def text_table(rows: list[tuple[str, ...]], align: str) -> list[str]:
     """Rows of cells as text columns; ``align`` is one of "<" or ">" per column."""
     cells = [[str(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(align))]
@@ -306,7 +333,7 @@ def render(s: dict[str, Any]) -> str:
         out.append(f"could not read {problem}")
     out.append("")
     ratio = s["cumulative_over_unique"]
-    out += _table(
+    out += text_table(
         [
             ("Deleted tokens", "cumulative", "unique"),
             ("  total", _n(s["cumulative_deleted_tokens"]), _n(s["unique_deleted_tokens"])),
@@ -321,7 +348,7 @@ def render(s: dict[str, Any]) -> str:
         "<>>",
     )
     pct = s["results_savings_pct"]
-    out += [""] + _table(
+    out += [""] + text_table(
         [
             ("Tool results rewritten", _n(s["results"]), "(in each request: a re-sent one counts again)"),
             ("  tokens as sent", _n(s["results_tokens_before"]), ""),
@@ -332,7 +359,7 @@ def render(s: dict[str, Any]) -> str:
     requests = _n(s["requests"])
     if s["requests_from"] == "compactions":
         requests += " (no usage lines: requests that had a compaction)"
-    out += [""] + _table(
+    out += [""] + text_table(
         [
             ("Cumulative / unique", "-" if ratio is None else f"{ratio:.1f}x"),
             ("Distinct marker ids", _n(s["distinct_markers"])),
@@ -355,7 +382,7 @@ def render(s: dict[str, Any]) -> str:
                     _n(c["unique_deleted_tokens"]),
                 )
             )
-        out += _table(rows, "<<>>>>")
+        out += text_table(rows, "<<>>>>")
         out.append("(components that ran and changed nothing leave no line: /stats counts their runs)")
         out.append("")
     u = s["usage"]
@@ -376,10 +403,13 @@ def render(s: dict[str, Any]) -> str:
             ratio = "0 (nothing written to the cache)"
         else:
             ratio = f"1:{read / write:,.1f} ({u['cache_write_read_ratio']})"
-        out += _table(rows, "<>>")
+        out += text_table(rows, "<>>")
         out.append(f"Cache write:read  {ratio}")
         if u["expand_rounds"]:
             out.append(f"expand calls cg answered: {u['expand_rounds']:,}")
+        cost = s["cost"]
+        out.append(f"Cost at list prices: ${cost['usd']:,.4f} (cg/record/prices.json; cache writes as 5-minute ones)")
+        out += [f"  note: {note}" for note in cost["notes"]]
     else:
         out.append("Billed usage: no usage lines")
     out += ["", NOTE]

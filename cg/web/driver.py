@@ -83,6 +83,7 @@ class Forward:
     tenant: str = ""
     rewrite: Rewrite | None = None
     originals: dict[str, bytes] = attrs.Factory(dict)
+    model: str | None = None  # the request's, for the change log's usage line
 
 
 class ExchangeDriver:
@@ -96,6 +97,7 @@ class ExchangeDriver:
         self.stats = proxy.stats
         self.seq = next(proxy.seqs)
         self.tenant = ""  # whose originals expand calls may read
+        self.model: str | None = None
         self.originals: dict[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
         reads = self.reads = dialect.response_shape(request.uri)
         self.decode = reads is not None
@@ -166,7 +168,7 @@ class ExchangeDriver:
         return Forward(body, self.seq)
 
     def _prepared(self, forward: Forward):
-        self.tenant, self.originals = forward.tenant, forward.originals
+        self.tenant, self.originals, self.model = forward.tenant, forward.originals, forward.model
         body = None if not forward.body and self.request.method in _BODYLESS else forward.body
         self.feed(Prepared(body, forward.rewrite, forward.session, forward.seq))
 
@@ -335,7 +337,7 @@ class ExchangeDriver:
         if record.continuation_failed is not None:
             log.warn("expand continuation failed ({why}): the client gets the rounds so far",
                      why=record.continuation_failed)
-        self.proxy.billed(record)
+        self.proxy.billed(record, self.model)
         self.proxy.ended(self)
         compacted = record.compacted
         log.info(

@@ -146,7 +146,9 @@ class ProxyResource(resource.Resource):
         session = session_key(_header_getter(request), incoming.body.value if incoming else None)
         if incoming is None:
             return defer.succeed(Forward(body, seq, session))
-        unchanged = Forward(body, seq, session, self.tenant_of(request.requestHeaders))
+        model = incoming.body.value.get("model")
+        unchanged = Forward(body, seq, session, self.tenant_of(request.requestHeaders),
+                            model=model if isinstance(model, str) else None)
         texts = self._repair_texts(incoming, unchanged.tenant) if incoming.repairs else defer.succeed({})
         return texts.addCallback(lambda texts: self._finish(unchanged, incoming, texts))
 
@@ -247,7 +249,7 @@ class ProxyResource(resource.Resource):
         return attrs.evolve(unchanged, body=rewrite.body, rewrite=attrs.evolve(rewrite, originals={}, parsed={}),
                             originals=originals)
 
-    def billed(self, record: ExchangeRecord) -> None:
+    def billed(self, record: ExchangeRecord, model: str | None = None) -> None:
         """A response's billed usage (every round of it): into /stats and the change log."""
         usage = record.usage
         if usage is None:  # nothing billed, or nothing cg could read
@@ -259,7 +261,7 @@ class ProxyResource(resource.Resource):
                 path=dialect.split_path(record.target.encode("latin-1")).decode("latin-1"),
                 input_tokens=usage.input_tokens, cache_read_tokens=usage.cache_read_tokens,
                 cache_write_tokens=usage.cache_write_tokens, output_tokens=usage.output_tokens,
-                expand_rounds=record.expand_rounds,
+                expand_rounds=record.expand_rounds, model=model,
             )
         )
 

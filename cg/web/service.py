@@ -12,8 +12,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from cg import __version__
-from cg.compaction.components import DEFAULT_COMPONENTS
-from cg.compaction.pipeline import CompactConfig
+from cg.compaction import options
 from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.record.changelog import open_changelog
 from cg.record.metrics import Metrics
@@ -53,17 +52,8 @@ def _restore_sighup(previous):
 
 
 def rewrite_config(config: Config) -> RewriteConfig:
-    components = tuple(c for c in DEFAULT_COMPONENTS if c.name not in config.disabled_components)
-    return RewriteConfig(
-        compact=CompactConfig(
-            components=components,
-            # Its converter, frozenset, makes mypy's attrs plugin type this parameter Iterable[_T_co]
-            # with _T_co unbound, which nothing matches (python/mypy#8625).
-            keep_tools=frozenset(config.keep_tools),
-            offload_min_tokens=config.offload_min_tokens,
-        ),
-        expand=config.expand,
-    )
+    return options.rewrite_config(config.expand, config.offload_min_tokens, config.keep_tools,
+                                  config.disabled_components)
 
 
 def _why_not_listening(description: str, failure) -> str:

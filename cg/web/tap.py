@@ -6,7 +6,7 @@ from twisted.copyright import version as twisted_version
 from twisted.python import usage
 
 from cg import __version__
-from cg.compaction.components import DEFAULT_COMPONENTS
+from cg.compaction import options
 from cg.store import PASSWORD_ENV, default_store_url, parse_store_url, store_password
 from cg.web.config import Config, parse_size
 from cg.web.service import CGService
@@ -14,10 +14,14 @@ from cg.web.tenant import parse_tenant
 from cg.web.upstream import split_base
 from cg.web.workers import WorkerPool
 
-_COMPONENTS = [c.name for c in DEFAULT_COMPONENTS]
-
 _DEFAULTS = Config()
 DEFAULT_LISTEN = _DEFAULTS.listen[0]
+
+
+def _option(spec: tuple, *coerce) -> list:
+    """A shared option (cg.compaction.options: name, default, help) as optParameters lists it."""
+    name, default, text = spec
+    return [name, None, default, text, *coerce]
 
 
 class Options(usage.Options):
@@ -107,13 +111,7 @@ class Options(usage.Options):
             "Who may read whose originals: none, credential (a hash of the API key) or "
             "header:NAME (set by a gateway in front of cg).",
         ],
-        [
-            "expand",
-            None,
-            "on",
-            "on: add the context_guru_expand tool to requests that declare tools, and only there "
-            "run lossy compaction (offload, dedup). off: reformat only.",
-        ],
+        _option(options.EXPAND),
         [
             "mode",
             None,
@@ -121,13 +119,7 @@ class Options(usage.Options):
             "forward: send the rewritten request. observe: decide everything and record what "
             "would be saved, but forward the original bytes.",
         ],
-        [
-            "offload-min-tokens",
-            None,
-            _DEFAULTS.offload_min_tokens,
-            "Offload tool results larger than this (estimated tokens).",
-            int,
-        ],
+        _option(options.OFFLOAD_MIN_TOKENS, int),
         [
             "max-expand-rounds",
             None,
@@ -158,12 +150,7 @@ class Options(usage.Options):
             "Append one JSON line per compaction and per request's billed usage to this file "
             "(read it with cg-report); reopened on SIGHUP, for logrotate.",
         ],
-        [
-            "keep-tools",
-            None,
-            ",".join(_DEFAULTS.keep_tools),
-            "Comma-separated tools whose results are never offloaded.",
-        ],
+        _option(options.KEEP_TOOLS),
     ]
 
     optFlags = [
@@ -196,16 +183,12 @@ class Options(usage.Options):
         raise SystemExit(0)
 
     def opt_disable(self, component):
-        if component not in _COMPONENTS:
-            raise usage.UsageError(f"--disable takes one of {', '.join(_COMPONENTS)}")
-        self["disable"].append(component)
+        try:
+            self["disable"].append(options.check_disable(component))
+        except ValueError as error:
+            raise usage.UsageError(str(error)) from error
 
-    opt_disable.__doc__ = (
-        "Switch off a compaction component; repeatable. Components, in order: "
-        + ", ".join(_COMPONENTS)
-        + " (textclean and jsonformat reformat losslessly; dedup and offload are lossy, "
-        "resolvable through context_guru_expand)."
-    )
+    opt_disable.__doc__ = options.DISABLE_HELP
 
     def postOptions(self):
         if not self["listen"]:
@@ -266,7 +249,7 @@ class Options(usage.Options):
             expand=self["expand"] == "on",
             observe=self["mode"] == "observe",
             offload_min_tokens=self["offload-min-tokens"],
-            keep_tools=tuple(t for t in self["keep-tools"].split(",") if t),
+            keep_tools=options.keep_tools(self["keep-tools"]),
             disabled_components=tuple(self["disable"]),
             changelog=self["changelog"],
             max_expand_rounds=self["max-expand-rounds"],

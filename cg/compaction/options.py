@@ -1,0 +1,69 @@
+"""The compaction options of the command line, defined once: ``twistd cg`` (cg.web.tap) and
+``cg-estimate`` (cg.record.estimate) both take them, with these names, defaults, help texts and
+checks, and build the rewrite's configuration with ``rewrite_config``."""
+
+from collections.abc import Iterable
+
+from cg.compaction.components import DEFAULT_COMPONENTS, Offload
+from cg.compaction.pipeline import CompactConfig
+from cg.compaction.rewrite import RewriteConfig
+
+COMPONENTS = tuple(c.name for c in DEFAULT_COMPONENTS)
+_OFFLOAD = Offload()
+
+# (name, default, help) of the options that take a value; --disable is repeatable (below).
+EXPAND = (
+    "expand",
+    "on",
+    "on: add the context_guru_expand tool to requests that declare tools, and only there "
+    "run lossy compaction (offload, dedup). off: reformat only.",
+)
+OFFLOAD_MIN_TOKENS = (
+    "offload-min-tokens",
+    _OFFLOAD.min_tokens,
+    "Offload tool results larger than this (estimated tokens).",
+)
+KEEP_TOOLS = (
+    "keep-tools",
+    ",".join(sorted(_OFFLOAD.keep_tools)),
+    "Comma-separated tools whose results are never offloaded.",
+)
+DISABLE_HELP = (
+    "Switch off a compaction component; repeatable. Components, in order: "
+    + ", ".join(COMPONENTS)
+    + " (textclean and jsonformat reformat losslessly; dedup and offload are lossy, "
+    "resolvable through context_guru_expand)."
+)
+
+
+def check_disable(component: str) -> str:
+    """``component`` if --disable takes it; else ValueError with the message to show."""
+    if component not in COMPONENTS:
+        raise ValueError(f"--disable takes one of {', '.join(COMPONENTS)}")
+    return component
+
+
+def check_expand(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise ValueError("--expand must be one of on, off")
+    return value == "on"
+
+
+def keep_tools(value: str) -> tuple[str, ...]:
+    return tuple(t for t in value.split(",") if t)
+
+
+def rewrite_config(expand: bool = True, offload_min_tokens: int = _OFFLOAD.min_tokens,
+                   keep: Iterable[str] = _OFFLOAD.keep_tools, disabled: Iterable[str] = ()) -> RewriteConfig:
+    """The rewrite cg runs with these options."""
+    off = set(disabled)
+    return RewriteConfig(
+        compact=CompactConfig(
+            components=tuple(c for c in DEFAULT_COMPONENTS if c.name not in off),
+            # Its converter, frozenset, makes mypy's attrs plugin type this parameter Iterable[_T_co]
+            # with _T_co unbound, which nothing matches (python/mypy#8625).
+            keep_tools=frozenset(keep),
+            offload_min_tokens=offload_min_tokens,
+        ),
+        expand=expand,
+    )

@@ -1,0 +1,300 @@
+"""``cg-estimate [PATH…]``: what cg would have saved on your own Claude Code and Codex sessions.
+
+Reads the clients' local transcripts (cg.record.transcripts), rebuilds the requests each
+session sent, replays them through cg's rewrite offline and prices them direct and via cg with
+the provider's prompt-cache rules (cg.record.replay, cg.record.pricing). Nothing is sent
+anywhere, nothing is stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import ujson
+
+from cg.compaction import options
+from cg.record import transcripts
+from cg.record.pricing import Tokens, prices
+from cg.record.replay import DEFAULT_EXPAND_RATE, Sent, Turn, replay
+
+ASSUMPTIONS = (
+    "Requests are rebuilt from the transcripts: the system prompt and tools (which transcripts do not "
+    "hold) are the client's envelope as recorded for one version; see docs/how-to/estimate-savings.md.",
+    "Tokens are cg's estimate, block by block; cache reads, writes and lifetimes are simulated from the "
+    "transcript's own timestamps; each session has a cache of its own.",
+    "Output tokens are the transcript's and the same both ways: cg does not change what the model writes.",
+    "Expected expand rounds = offloads x the expand rate; each is priced as one more request via cg.",
+)
+
+
+class Refusal(Exception):
+    """Something to say in one line instead of a report."""
+
+
+def parse_since(value: str, now: float | None = None) -> float:
+    """``2026-11-30`` (a UTC date or ISO time) or ``7d``/``12h``/``30m``: epoch seconds."""
+    found = re.fullmatch(r"(\d+)([dhm])", value.strip())
+    if found:
+        seconds = int(found[1]) * {"d": 86400, "h": 3600, "m": 60}[found[2]]
+        return (time.time() if now is None else now) - seconds
+    when = transcripts.parse_time(value if "T" in value else value + "T00:00:00Z")
+    if when is None:
+        raise argparse.ArgumentTypeError(f"not a date (2026-11-30) or a duration (7d, 12h): {value!r}")
+    return when
+
+
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="cg-estimate",
+        description="What cg would have saved on your own Claude Code and Codex CLI sessions: their "
+        "local transcripts replayed through cg's rewrite offline and priced direct and via cg with "
+        "the provider's prompt-cache rules. Nothing is sent anywhere.",
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATH",
+                        help="a transcript file, or a directory holding them (a HOME, ~/.claude/projects, "
+                        "~/.codex/sessions) [default: ~/.claude/projects and ~/.codex/sessions]")
+    parser.add_argument("--since", type=parse_since, metavar="WHEN",
+                        help="only sessions active since WHEN: a date (2026-11-30) or a duration (7d, 12h)")
+    parser.add_argument("--project", metavar="TEXT", help="only sessions whose working directory contains TEXT")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (stable keys)")
+    parser.add_argument("--plot", metavar="FILE", help="draw cumulative cost direct vs via cg over each session's "
+                        "requests to FILE (.png or .svg; needs the plot extra: pip install 'cg[plot]')")
+    parser.add_argument("--expand-rate", type=float, default=DEFAULT_EXPAND_RATE, metavar="R",
+                        help="expected expand rounds per offloaded result [default: %(default)s]")
+    parser.add_argument("--ttl", choices=("5m", "1h"), default="5m",
+                        help="the cache lifetime Claude Code's breakpoints are taken to ask for [default: 5m]")
+    name, default, text = options.EXPAND
+    parser.add_argument(f"--{name}", default=default, type=_checked(options.check_expand), help=text)
+    for spec, convert in ((options.OFFLOAD_MIN_TOKENS, int), (options.KEEP_TOOLS, options.keep_tools)):
+        parser.add_argument(f"--{spec[0]}", type=convert, default=spec[1], help=f"{spec[2]} [default: %(default)s]")
+    parser.add_argument("--disable", action="append", default=[], type=_checked(options.check_disable),
+                        metavar="COMPONENT", help=options.DISABLE_HELP)
+    return parser.parse_args(argv)
+
+
+def _checked(check: Any) -> Any:
+    def convert(value: str) -> Any:
+        try:
+            return check(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    return convert
+
+
+class Progress:
+    """A one-line bar on stderr, only when stderr is a terminal."""
+
+    def __init__(self, total: int, stream: TextIO):
+        self.total, self.stream = total, stream
+        self.on = total > 1 and stream.isatty()
+        self.started = time.monotonic()
+
+    def step(self, done: int, label: str) -> None:
+        if not self.on:
+            return
+        width = 30
+        filled = width * done // self.total
+        elapsed = time.monotonic() - self.started
+        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {elapsed:.0f}s {label[:30]:<30}")
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.on:
+            self.stream.write("\r" + " " * 80 + "\r")
+            self.stream.flush()
+
+
+def _tokens(t: Tokens) -> dict[str, int]:
+    return {"input": t.input, "cache_read": t.cache_read, "cache_write_5m": t.cache_write_5m,
+            "cache_write_1h": t.cache_write_1h, "output": t.output}
+
+
+def summarize(session: transcripts.Session, turns: list[Turn]) -> dict[str, Any]:
+    direct = sum((t.direct for t in turns), Tokens())
+    via = sum((t.cg for t in turns), Tokens())
+    cost_direct = sum(t.cost_direct for t in turns)
+    cost_cg = sum(t.cost_cg for t in turns)
+    billed = [r.billed for r in session.requests if r.billed is not None]
+    return {
+        "client": session.client,
+        "session": session.id,
+        "file": session.file,
+        "project": session.project,
+        "started": session.started,
+        "ended": session.ended,
+        "requests": len(turns),
+        "models": sorted({t.price.key for t in turns}),
+        "input_tokens_direct": direct.prompt,
+        "input_tokens_cg": via.prompt,
+        "output_tokens": direct.output,
+        "tokens_direct": _tokens(direct),
+        "tokens_cg": _tokens(via),
+        "cost_direct": round(cost_direct, 6),
+        "cost_cg": round(cost_cg, 6),
+        "ratio": round(cost_cg / cost_direct, 4) if cost_direct else None,
+        "offloads": sum(t.offloads for t in turns),
+        "expand_rounds": round(sum(t.expand_rounds for t in turns), 2),
+        "expand_cost": round(sum(t.expand_cost for t in turns), 6),
+        "billed_by_transcript": _tokens(sum(billed, Tokens())) if billed else None,
+        "cumulative_direct": _cumulative(t.cost_direct for t in turns),
+        "cumulative_cg": _cumulative(t.cost_cg for t in turns),
+        "notes": list(session.notes),
+    }
+
+
+def _cumulative(costs: Any) -> list[float]:
+    out, total = [], 0.0
+    for cost in costs:
+        total += cost
+        out.append(round(total, 6))
+    return out
+
+
+def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
+    roots = [Path(p).expanduser() for p in args.paths] or [p for p in transcripts.default_dirs().values() if p.is_dir()]
+    if not roots:
+        dirs = " or ".join(str(p) for p in transcripts.default_dirs().values())
+        raise Refusal(f"no transcripts: neither {dirs} exists (give a PATH)")
+    files: list[tuple[str, Path]] = []
+    for root in roots:
+        if not root.exists():
+            raise Refusal(f"no such file or directory: {root}")
+        files += transcripts.find(root)
+    config = options.rewrite_config(args.expand, args.offload_min_tokens, args.keep_tools, args.disable)
+    table = prices()
+    sessions: list[dict[str, Any]] = []
+    notes: set[str] = set()
+    unreadable: list[str] = []
+    progress = Progress(len(files), stderr)
+    for done, (client, path) in enumerate(files, 1):
+        progress.step(done, path.name)
+        try:
+            found = list(transcripts.read([(client, path)], "1h" if args.ttl == "1h" else None))
+        except OSError as error:
+            unreadable.append(f"{path}: {error.strerror or error}")
+            continue
+        for session in found:
+            if args.project and args.project not in session.project:
+                continue
+            if args.since is not None and (session.ended or 0) < args.since:
+                continue
+            turns = replay([Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests], config, table,
+                           args.expand_rate, session.id)
+            if not turns:
+                continue
+            notes.update(t.price.note for t in turns if t.price.note)
+            sessions.append(summarize(session, turns))
+    progress.end()
+    if not sessions:
+        where = ", ".join(str(r) for r in roots)
+        what = "matching --since/--project " if args.since is not None or args.project else ""
+        raise Refusal(f"no Claude Code or Codex session {what}with a request could be read under {where}")
+    sessions.sort(key=lambda s: s["started"] or 0)
+    cost_direct = sum(s["cost_direct"] for s in sessions)
+    cost_cg = sum(s["cost_cg"] for s in sessions)
+    total = {
+        "sessions": len(sessions),
+        "requests": sum(s["requests"] for s in sessions),
+        "input_tokens_direct": sum(s["input_tokens_direct"] for s in sessions),
+        "input_tokens_cg": sum(s["input_tokens_cg"] for s in sessions),
+        "output_tokens": sum(s["output_tokens"] for s in sessions),
+        "cost_direct": round(cost_direct, 6),
+        "cost_cg": round(cost_cg, 6),
+        "ratio": round(cost_cg / cost_direct, 4) if cost_direct else None,
+        "offloads": sum(s["offloads"] for s in sessions),
+        "expand_rounds": round(sum(s["expand_rounds"] for s in sessions), 2),
+    }
+    return {
+        "sessions": sessions,
+        "total": total,
+        "config": {"expand": args.expand, "offload_min_tokens": args.offload_min_tokens,
+                   "keep_tools": list(args.keep_tools), "disable": list(args.disable),
+                   "expand_rate": args.expand_rate, "ttl": args.ttl},
+        "prices": {"sources": table.sources(), "notes": sorted(notes)},
+        "unreadable": unreadable,
+        "assumptions": list(ASSUMPTIONS),
+    }
+
+
+def _usd(x: float) -> str:
+    return f"${x:,.2f}" if x >= 1 else f"${x:,.4f}"
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def render(report: dict[str, Any]) -> str:
+    from cg.record.report import text_table
+
+    rows: list[tuple[str, ...]] = [("client", "session", "started (UTC)", "project", "requests", "input tokens",
+                                    "cost direct", "cost via cg", "ratio", "offloads", "expand rounds")]
+    for s in report["sessions"]:
+        rows.append((s["client"], s["session"][:8], _when(s["started"]), Path(s["project"]).name or "-",
+                     f"{s['requests']:,}", f"{s['input_tokens_direct']:,}", _usd(s["cost_direct"]), _usd(s["cost_cg"]),
+                     "-" if s["ratio"] is None else f"{s['ratio']:.3f}", f"{s['offloads']:,}",
+                     f"{s['expand_rounds']:.1f}"))
+    t = report["total"]
+    rows.append(("total", f"{t['sessions']} session(s)", "", "", f"{t['requests']:,}", f"{t['input_tokens_direct']:,}",
+                 _usd(t["cost_direct"]), _usd(t["cost_cg"]), "-" if t["ratio"] is None else f"{t['ratio']:.3f}",
+                 f"{t['offloads']:,}", f"{t['expand_rounds']:.1f}"))
+    out = text_table(rows, "<<<<>>>>>>>")
+    out.insert(-1, "")
+    out.append("")
+    for note in report["prices"]["notes"]:
+        out.append(f"note: {note}")
+    for problem in report["unreadable"]:
+        out.append(f"could not read {problem}")
+    out.append("prices: " + "; ".join(f"{k} {v}" for k, v in report["prices"]["sources"].items())
+               + " (cg/record/prices.json)")
+    out += [f"- {a}" for a in report["assumptions"]]
+    return "\n".join(out) + "\n"
+
+
+def entry() -> int:
+    """The console script: exit quietly when the reader of a pipe goes away."""
+    try:
+        return main()
+    except BrokenPipeError:
+        return 1
+
+
+def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    args = _arguments(argv)
+    if args.plot:
+        from cg.record import plot
+
+        if not plot.available():
+            print(f"cg-estimate: --plot needs matplotlib: pip install 'cg[plot]' ({plot.HOW})", file=stderr)
+            return 2
+    try:
+        report = estimate(args, stderr)
+    except Refusal as refusal:
+        print(f"cg-estimate: {refusal}", file=stderr)
+        return 1
+    if args.json:
+        stdout.write(ujson.dumps(report, ensure_ascii=False, escape_forward_slashes=False, indent=2) + "\n")
+    else:
+        stdout.write(render(report))
+    if args.plot:
+        from cg.record import plot
+
+        try:
+            plot.draw(report, args.plot)
+        except (OSError, ValueError) as error:
+            print(f"cg-estimate: could not draw {args.plot}: {error}", file=stderr)
+            return 1
+        print(f"cg-estimate: drew {args.plot}", file=stderr)
+    return 0

@@ -1,0 +1,188 @@
+"""Replay a session's requests through cg's rewrite, offline, and price them direct and via cg.
+
+``replay(requests, config)`` is a pure function of its arguments: (time, body, path) in order
+in, a ``Turn`` per request out, with the provider's prompt cache (cg.record.pricing) run on the
+bodies as sent direct and as cg would have forwarded them. No network, no store: cg's rewrite
+(cg.compaction.rewrite) is pure, and the originals it would store are not needed to price.
+
+What it states rather than measures:
+
+- Output tokens are the same both ways (cg does not change what the model writes): each turn
+  carries the transcript's own count, priced alike on both sides.
+- Expand rounds: cg counts each result it offloads once (``offloads``); how often the model
+  asks for one back is not in a transcript of a run without cg, so ``expand_rate`` (a fraction
+  of offloads, default 0.1) is the expected number of rounds per offload. An expected round is
+  priced on the cg side as one more request at the point of the offload: the prompt so far read
+  from the cache, plus the original written as uncached input.
+- Tokens are cg's estimator's (cg.compaction.tokens), segment by segment in prompt order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from cg.compaction.rewrite import RewriteConfig, Rewriter
+from cg.compaction.tokens import estimate_tokens
+from cg.record.pricing import (
+    ANTHROPIC,
+    OPENAI,
+    TTL_1H,
+    TTL_5M,
+    Price,
+    PriceTable,
+    PromptCache,
+    Segment,
+    Tokens,
+    digest,
+    prices,
+)
+
+DEFAULT_EXPAND_RATE = 0.1
+
+_SHAPES = {"/v1/messages": ANTHROPIC, "/v1/chat/completions": "chat", "/v1/responses": "responses"}
+
+
+@attrs.frozen
+class Sent:
+    """One request to replay: when it was sent, where, its body; the model's output tokens."""
+
+    time: float
+    path: str
+    body: bytes
+    output_tokens: int = 0
+
+
+@attrs.frozen
+class Turn:
+    """One request priced both ways."""
+
+    time: float
+    model: str | None
+    price: Price
+    direct: Tokens
+    cg: Tokens
+    offloads: int  # results cg offloaded for the first time in this request
+    expand_rounds: float  # expected rounds this request's offloads bring
+    expand_cost: float  # their expected cost (USD), part of cost_cg
+
+    @property
+    def cost_direct(self) -> float:
+        return self.price.cost(self.direct)
+
+    @property
+    def cost_cg(self) -> float:
+        return self.price.cost(self.cg) + self.expand_cost
+
+
+def _dump(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _ttl(block: object) -> float | None:
+    if not isinstance(block, dict):
+        return None
+    control = block.get("cache_control")
+    if not isinstance(control, dict):
+        return None
+    return TTL_1H if control.get("ttl") == "1h" else TTL_5M
+
+
+class _Sizer:
+    """Segments with tokens, each distinct segment estimated once per session."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[bytes, int] = {}
+
+    def segment(self, kind: str, value: object, breakpoint: float | None = None) -> Segment:
+        if isinstance(value, dict) and "cache_control" in value:  # a breakpoint is not content
+            value = {k: v for k, v in value.items() if k != "cache_control"}
+        raw = _dump(value)
+        key = digest(kind.encode(), raw)
+        tokens = self._tokens.get(key)
+        if tokens is None:
+            tokens = self._tokens[key] = estimate_tokens(raw.decode("utf-8"))
+        return Segment(key, tokens, breakpoint)
+
+
+def segments(body: dict[str, Any], shape: str, sizer: _Sizer | None = None) -> list[Segment]:
+    """A body's prompt in the provider's order, one segment per block: Anthropic tools, system,
+    then each message's content blocks; OpenAI tools, instructions, then each message or item."""
+    sizer = sizer or _Sizer()
+    out: list[Segment] = []
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else []:
+        out.append(sizer.segment("tool", tool, _ttl(tool) if shape == ANTHROPIC else None))
+    if shape == ANTHROPIC:
+        system = body.get("system")
+        if isinstance(system, list):
+            out += [sizer.segment("system", b, _ttl(b)) for b in system]
+        elif system:
+            out.append(sizer.segment("system", system))
+        for message in body.get("messages") or []:
+            if not isinstance(message, dict):
+                continue
+            role = str(message.get("role"))
+            content = message.get("content")
+            if isinstance(content, list):
+                out += [sizer.segment(role, b, _ttl(b)) for b in content]
+            else:
+                out.append(sizer.segment(role, content))
+        return out
+    if body.get("instructions"):
+        out.append(sizer.segment("instructions", body["instructions"]))
+    items = body.get("messages" if shape == "chat" else "input")
+    if isinstance(items, str):
+        items = [items]
+    out += [sizer.segment("item", item) for item in items or []]
+    return out
+
+
+def _provider(path: str) -> str:
+    return ANTHROPIC if _SHAPES.get(path) == ANTHROPIC else OPENAI
+
+
+def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table: PriceTable | None = None,
+           expand_rate: float = DEFAULT_EXPAND_RATE, conversation: str = "") -> list[Turn]:
+    """Each request of one conversation priced direct and via cg (``config``: cg's rewrite
+    options; None: its defaults), in order."""
+    table = table or prices()
+    rewriter = Rewriter(config or RewriteConfig())
+    sizer = _Sizer()
+    caches: dict[tuple[str, str], tuple[PromptCache, PromptCache]] = {}
+    seen: set[str] = set()
+    turns: list[Turn] = []
+    for request in requests:
+        shape = _SHAPES.get(request.path)
+        try:
+            direct_body = json.loads(request.body)
+        except ValueError:
+            continue
+        if shape is None or not isinstance(direct_body, dict):
+            continue
+        model = direct_body.get("model") if isinstance(direct_body.get("model"), str) else None
+        price = table.price(model, _provider(request.path))
+        incoming = rewriter.parse(request.body, request.path.encode(), conversation)
+        rewrite = None if incoming is None else rewriter.finish(incoming)
+        cg_body = json.loads(rewrite.body) if rewrite is not None else direct_body
+        key = (price.key, price.provider)
+        if key not in caches:
+            caches[key] = (PromptCache(price.explicit_cache, price.min_cache_tokens, price.cache_ttl),
+                           PromptCache(price.explicit_cache, price.min_cache_tokens, price.cache_ttl))
+        direct_cache, cg_cache = caches[key]
+        output = Tokens(output=request.output_tokens)
+        direct = direct_cache.bill(request.time, segments(direct_body, shape, sizer)) + output
+        cg_segments = segments(cg_body, shape, sizer)
+        cg = cg_cache.bill(request.time, cg_segments) + output
+        new = {c.marker_id: c.tokens_before for c in (rewrite.changes if rewrite else [])
+               if c.lossy and c.marker_id and c.step == 0 and c.marker_id not in seen}
+        seen.update(new)
+        rounds = expand_rate * len(new)
+        prompt = sum(s.tokens for s in cg_segments)
+        expand_cost = expand_rate * sum(price.cost(Tokens(input=original, cache_read=prompt)) for original in new.values())
+        turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, expand_cost))
+    return turns
+

@@ -1,0 +1,367 @@
+"""Rebuild the requests a coding agent sent from its own local transcripts.
+
+Pure apart from reading files. Two readers:
+
+- Claude Code (``~/.claude/projects/<project>/<session>.jsonl``): one JSON object a line. User
+  lines hold the prompt or the tool results, assistant lines one content block each (lines of
+  one response share ``message.id``) with the response's model and billed usage; ``attachment``
+  lines are what Claude Code adds to the next request (agent and skill listings, reminders).
+  Each response is one request: the history before it, rebuilt as a Messages-API body.
+- Codex CLI (``~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl``): a ``session_meta`` line (the base
+  instructions), ``turn_context`` lines (the model), ``response_item`` lines (exactly the input
+  items Codex re-sends, in order) and a ``token_usage_record`` per response. Each run of model
+  output items (reasoning, calls, assistant messages) after input items is one response; its
+  request is every item before it, rebuilt as a Responses body.
+
+What a transcript lacks (Claude Code's system prompt and tools, Codex's tools and request
+options) comes from ``envelopes.json``: the envelope the named client version sent, scrubbed
+(docs/how-to/estimate-savings.md says what is approximated and why).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from cg.record.pricing import Tokens
+
+CLAUDE_CODE, CODEX = "claude-code", "codex"
+MESSAGES, RESPONSES = "/v1/messages", "/v1/responses"
+
+_ENVELOPES: dict[str, Any] | None = None
+
+
+def envelopes() -> dict[str, Any]:
+    global _ENVELOPES
+    if _ENVELOPES is None:
+        _ENVELOPES = json.loads(resources.files("cg.record").joinpath("envelopes.json").read_text("utf-8"))
+    return _ENVELOPES
+
+
+def serialize(value: object) -> bytes:
+    """As both clients serialize a body: compact, non-ASCII raw."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+@attrs.frozen
+class Request:
+    """One request a session sent, rebuilt: when, where to, the body, what the response cost."""
+
+    time: float  # seconds since the epoch
+    path: str
+    body: bytes
+    model: str | None = None
+    output_tokens: int = 0
+    billed: Tokens | None = None  # the usage the transcript recorded for it (the direct run's)
+
+
+@attrs.frozen
+class Session:
+    client: str
+    id: str
+    file: str
+    project: str  # the working directory the session ran in
+    requests: tuple[Request, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def started(self) -> float | None:
+        return self.requests[0].time if self.requests else None
+
+    @property
+    def ended(self) -> float | None:
+        return self.requests[-1].time if self.requests else None
+
+
+def parse_time(value: object) -> float | None:
+    """An ISO 8601 timestamp (``2026-12-01T16:58:36.553Z``) as epoch seconds, else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
+
+
+def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    with open(path, "rb") as stream:
+        for line in stream:
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                yield doc
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Claude Code
+
+
+def _attachment_text(attachment: object) -> str | None:
+    """An attachment as the text Claude Code puts in the request (approximately: its text fields
+    joined); None for one that adds nothing (an empty reminder)."""
+    if not isinstance(attachment, dict):
+        return None
+    parts: list[str] = []
+    for key in ("content", "addedLines", "text", "prompt"):
+        value = attachment.get(key)
+        if isinstance(value, str) and value:
+            parts.append(value)
+        elif isinstance(value, list):
+            parts += [v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in value if v]
+    return "\n".join(parts) if parts else None
+
+
+def _blocks(content: object) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [dict(b) for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _claude_usage(usage: object) -> Tokens | None:
+    if not isinstance(usage, dict):
+        return None
+    detail = usage.get("cache_creation")
+    written = _count(usage.get("cache_creation_input_tokens"))
+    one_hour = _count(detail.get("ephemeral_1h_input_tokens")) if isinstance(detail, dict) else 0
+    return Tokens(input=_count(usage.get("input_tokens")), cache_read=_count(usage.get("cache_read_input_tokens")),
+                  cache_write_5m=max(0, written - one_hour), cache_write_1h=min(one_hour, written),
+                  output=_count(usage.get("output_tokens")))
+
+
+def claude_body(messages: list[dict[str, Any]], model: str, ttl: str | None = None) -> dict[str, Any]:
+    """A Messages-API body as Claude Code builds one around ``messages`` (its envelope: system,
+    tools, options), with its cache breakpoint on the last block of the last message."""
+    env = envelopes()[CLAUDE_CODE]
+    control: dict[str, str] = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
+    out = [dict(m) for m in messages]
+    at = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") != "system"), None)
+    if at is not None:  # the breakpoint: on the last block of the last user or assistant message
+        blocks = _blocks(out[at].get("content"))
+        if blocks and blocks[-1].get("type") not in ("thinking", "redacted_thinking"):
+            blocks[-1] = {**blocks[-1], "cache_control": control}
+            out[at] = {**out[at], "content": blocks}
+    system = [dict(b) for b in env["system"]]
+    if ttl:
+        system = [{**b, "cache_control": control} if "cache_control" in b else b for b in system]
+    return {"model": model, "messages": out, "system": system, "tools": env["tools"], **env["after"]}
+
+
+def read_claude_code(path: Path, ttl: str | None = None) -> list[Session]:
+    """The sessions of one Claude Code transcript file (usually one; sub-agents' side chains are
+    left out and noted)."""
+    history: list[dict[str, Any]] = []
+    pending: list[str] = []  # attachment texts for the next user message
+    requests: list[Request] = []
+    notes: list[str] = []
+    session_id, project = path.stem, ""
+    last_time: float | None = None
+    current: dict[str, Any] | None = None  # the assistant response being assembled: its id, blocks
+    sidechain = 0
+
+    def close_response() -> None:
+        nonlocal current
+        if current is None:
+            return
+        history.append({"role": "assistant", "content": current["blocks"]})
+        current = None
+
+    for doc in _lines(path):
+        kind = doc.get("type")
+        if doc.get("isSidechain"):
+            sidechain += 1
+            continue
+        if isinstance(doc.get("sessionId"), str):
+            session_id = doc["sessionId"]
+        if isinstance(doc.get("cwd"), str) and not project:
+            project = doc["cwd"]
+        when = parse_time(doc.get("timestamp"))
+        if kind == "attachment":
+            text = _attachment_text(doc.get("attachment"))
+            if text:
+                pending.append(text)
+            last_time = when or last_time
+            continue
+        message = doc.get("message")
+        if kind not in ("user", "assistant") or not isinstance(message, dict):
+            continue
+        if doc.get("parentUuid") is None and history and kind == "user":
+            close_response()
+            history.clear()  # a new chain: /compact's summary, or a fresh conversation in the file
+        if kind == "user":
+            close_response()
+            blocks = _blocks(message.get("content"))
+            if not history:  # Claude Code's first message opens with a context reminder (the date...)
+                blocks = [{"type": "text", "text": envelopes()[CLAUDE_CODE]["first_reminder"]}, *blocks]
+            blocks = [{"type": "text", "text": f"<system-reminder>\n{t}\n</system-reminder>"} for t in pending] + blocks
+            pending.clear()
+            if history and history[-1]["role"] == "user":  # consecutive user lines: one message
+                history[-1] = {"role": "user", "content": _blocks(history[-1]["content"]) + blocks}
+            else:
+                history.append({"role": "user", "content": blocks})
+            last_time = when or last_time
+            continue
+        response_id = message.get("id")
+        if current is not None and current["id"] == response_id:
+            current["blocks"] += _blocks(message.get("content"))
+            continue
+        close_response()
+        if pending:  # what came after the user's message goes as a system message (Claude Code's beta)
+            history.append({"role": "system", "content": "\n\n".join(pending)})
+            pending.clear()
+        current = {"id": response_id, "blocks": _blocks(message.get("content"))}
+        model = message.get("model") if isinstance(message.get("model"), str) else None
+        if model == "<synthetic>" or not history:
+            continue  # Claude Code's own placeholder for an error: nothing was sent for it
+        usage = _claude_usage(message.get("usage"))
+        sent = last_time if last_time is not None else when
+        if sent is None:
+            notes.append("a response without a timestamp was left out")
+            continue
+        body = claude_body(history, model or "claude-sonnet-4-5", ttl)
+        requests.append(Request(sent, MESSAGES, serialize(body), model,
+                                usage.output if usage else 0, usage))
+    if sidechain:
+        notes.append(f"{sidechain} sub-agent (side chain) line(s) left out")
+    if not requests:
+        return []
+    return [Session(CLAUDE_CODE, session_id, str(path), project, tuple(requests), tuple(notes))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Codex CLI
+
+# Items a response adds to the history (everything else in it is input the client sent).
+_OUTPUT_ITEMS = frozenset({"reasoning", "function_call", "custom_tool_call", "local_shell_call",
+                           "web_search_call", "image_generation_call", "tool_search_call"})
+# Rollout-only keys Codex does not send to a custom provider.
+_ROLLOUT_ONLY = ("internal_chat_message_metadata_passthrough",)
+
+
+def _is_output(item: dict[str, Any]) -> bool:
+    if item.get("type") == "message":
+        return item.get("role") == "assistant"
+    return item.get("type") in _OUTPUT_ITEMS
+
+
+def codex_body(items: list[dict[str, Any]], model: str, session_id: str) -> dict[str, Any]:
+    """A Responses body as Codex builds one around ``items`` (its envelope's tools and options)."""
+    env = envelopes()[CODEX]
+    return {"model": model, "stream": True, "input": items, "tools": env["tools"], **env["after"],
+            "prompt_cache_key": session_id, "text": env["text"]}
+
+
+def read_codex(path: Path) -> list[Session]:
+    """The session of one Codex rollout file."""
+    items: list[dict[str, Any]] = []
+    requests: list[Request] = []
+    notes: list[str] = []
+    session_id, project, model = path.stem, "", str(envelopes()[CODEX]["model"])
+    last_input_time: float | None = None
+    in_response = False
+    open_request: int | None = None  # the request whose response is being read (for its usage)
+    for doc in _lines(path):
+        kind, payload = doc.get("type"), doc.get("payload")
+        if not isinstance(payload, dict):
+            continue
+        when = parse_time(doc.get("timestamp"))
+        if kind == "session_meta":
+            session_id = str(payload.get("id") or session_id)
+            project = str(payload.get("cwd") or project)
+            base = payload.get("base_instructions")
+            text = base.get("text") if isinstance(base, dict) else None
+            if isinstance(text, str) and not items:
+                ident = uuid.uuid5(uuid.NAMESPACE_URL, f"codex-base-instructions:{session_id}")
+                items.append({"type": "message", "id": f"msg_{ident}", "role": "developer",
+                              "content": [{"type": "input_text", "text": text}]})
+        elif kind == "turn_context" and isinstance(payload.get("model"), str):
+            model = payload["model"]
+        elif kind == "compacted":
+            replacement = payload.get("replacement_history")
+            if isinstance(replacement, list):
+                items = [i for i in replacement if isinstance(i, dict)]
+                notes.append("a compaction replaced the history")
+        elif kind == "token_usage_record" and open_request is not None:
+            usage = payload.get("usage")
+            if isinstance(usage, dict):
+                cached = _count(usage.get("cached_input_tokens"))
+                billed = Tokens(input=max(0, _count(usage.get("input_tokens")) - cached), cache_read=cached,
+                                output=_count(usage.get("output_tokens")))
+                requests[open_request] = attrs.evolve(requests[open_request], output_tokens=billed.output,
+                                                      billed=billed)
+            open_request = None
+        elif kind == "response_item":
+            item = {k: v for k, v in payload.items() if k not in _ROLLOUT_ONLY}
+            if _is_output(item):
+                if not in_response:
+                    in_response = True
+                    sent = last_input_time if last_input_time is not None else when
+                    if sent is not None:
+                        requests.append(Request(sent, RESPONSES, serialize(codex_body(list(items), model, session_id)),
+                                                model))
+                        open_request = len(requests) - 1
+            else:
+                in_response = False
+                last_input_time = when or last_input_time
+            items.append(item)
+    if not requests:
+        return []
+    return [Session(CODEX, session_id, str(path), project, tuple(requests), tuple(notes))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding them
+
+
+def default_dirs() -> dict[str, Path]:
+    """Where the clients keep their transcripts for this user ($CLAUDE_CONFIG_DIR, $CODEX_HOME)."""
+    home = Path.home()
+    claude = Path(os.environ.get("CLAUDE_CONFIG_DIR") or home / ".claude") / "projects"
+    codex = Path(os.environ.get("CODEX_HOME") or home / ".codex") / "sessions"
+    return {CLAUDE_CODE: claude, CODEX: codex}
+
+
+def find(root: Path) -> list[tuple[str, Path]]:
+    """(client, file) for every transcript under ``root``: a Claude Code projects directory, a Codex
+    sessions directory, a HOME holding either, or one file."""
+    if root.is_file():
+        return [(_kind_of(root), root)]
+    out: list[tuple[str, Path]] = []
+    for client, sub in ((CLAUDE_CODE, ".claude/projects"), (CODEX, ".codex/sessions")):
+        if (root / sub).is_dir():
+            out += [(client, p) for p in sorted((root / sub).rglob("*.jsonl"))]
+    if not out:
+        out = [(_kind_of(p), p) for p in sorted(root.rglob("*.jsonl"))]
+    return out
+
+
+def _kind_of(path: Path) -> str:
+    """Codex's rollout files start with a session_meta line; anything else is read as Claude Code's."""
+    try:
+        with open(path, "rb") as stream:
+            first = stream.readline(1 << 20)
+        doc = json.loads(first)
+    except (OSError, ValueError):
+        return CLAUDE_CODE
+    return CODEX if isinstance(doc, dict) and doc.get("type") == "session_meta" else CLAUDE_CODE
+
+
+def read(files: Iterable[tuple[str, Path]], ttl: str | None = None) -> Iterator[Session]:
+    for client, path in files:
+        yield from (read_codex(path) if client == CODEX else read_claude_code(path, ttl))
