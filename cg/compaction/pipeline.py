@@ -202,12 +202,14 @@ class Memo:
     everything a decision depends on. The text itself is the key (its hash is computed once per
     parse), so a memo hit needs no encoding or SHA-256. `bodies` (conversation -> its last
     `ParsedBody`, kept by `cg.compaction.rewrite.Rewriter`) is bounded by the bytes of the bodies
-    it holds, not by a count, so it holds a team's concurrent conversations (a 320 KB history
-    each: 100 of them are 32 MB). Every table is bounded in entries and in the text it holds,
-    least recently used out first, and counts its hits and misses.
+    it holds, not by a count. Its default is small: a parsed body costs ~14 times its bytes in
+    memory, and holding all 100 of a gateway's conversations (33 MB of bodies) cost 446 MiB of
+    RSS to save 0.2 ms of CPU per request (docs/performance.md, Gateway). Every table is bounded
+    in entries and in the text it holds, least recently used out first, and counts its hits and
+    misses.
     """
 
-    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20, max_body_bytes: int = 64 << 20):
+    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20, max_body_bytes: int = 4 << 20):
         self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_entries, max_chars)
         self.spans: _Bounded[str, dict[jsonbytes.Path, jsonbytes.Span]] = _Bounded(max_entries, max_chars)
         self.bodies: _Bounded[str, ParsedBody] = _Bounded(max_entries, max_body_bytes)
