@@ -88,6 +88,9 @@ def _start(spawn, upstream: str, tmp_path):  # noqa: F811
                   f"--store=sqlite:{tmp_path / 'store.sqlite3'}", "--drain-timeout=5"], _env(), name="twistd")
     (pids,) = _wait_for(proc, r"with 2 workers \(pids (\d+), (\d+)\)")
     _wait_for(proc, r"worker \d/2 listening on", count=2)
+    # Both stores open (its first line, or a later one, counts the originals): a worker stopped
+    # while it creates the SQLite file would hold its write lock through the test.
+    _wait_for(proc, r"\d+ originals", count=2)
     return proc, _announced_port(proc), [int(pid) for pid in pids]
 
 

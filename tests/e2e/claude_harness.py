@@ -84,8 +84,9 @@ def claude_binary(prefix: Path) -> Path:
     return prefix / "node_modules" / ".bin" / "claude"
 
 
-def claude_version(binary: Path, timeout: float = 60.0) -> str | None:
-    """``claude --version``'s output, or None when the binary is missing or does not run."""
+def cli_version(binary: Path, timeout: float = 60.0) -> str | None:
+    """``BINARY --version``'s output (Claude Code's, Codex CLI's), or None when the binary is
+    missing or does not run; run in a throwaway HOME."""
     if not os.access(binary, os.X_OK):
         return None
     try:
@@ -102,7 +103,7 @@ class InstallError(Exception):
 
 def install_claude(prefix: Path | None = None, timeout: float = NPM_INSTALL_TIMEOUT) -> tuple[Path, str, bool]:
     """Make sure the CLI is installed under ``prefix``; returns (binary, version, installed_now)."""
-    return install_npm_cli(npm_dir() if prefix is None else prefix, package_spec(), claude_binary, claude_version, timeout)
+    return install_npm_cli(npm_dir() if prefix is None else prefix, package_spec(), claude_binary, cli_version, timeout)
 
 
 def install_npm_cli(
@@ -633,6 +634,18 @@ def numbered_output(lines: int, needle_at: int, needle: str) -> tuple[str, str]:
         for n in range(1, lines + 1)
     ]
     return command, "\n".join(out) + "\n"
+
+
+NEEDLE_LINES, NEEDLE_AT = 500, 250  # ~27 KB of output: over cg's offload threshold, under both CLIs' own cuts
+
+
+def needle_scenario(make, token: str, listing_id: str, expand_id: str, **kw):
+    """(`make`'s expand scenario for a listing with a needle line in its middle, the output the
+    command prints, that needle line): the expand e2e tests' common start, for either CLI."""
+    needle = f"cg-e2e-needle-{token}"
+    command, output = numbered_output(NEEDLE_LINES, NEEDLE_AT, needle)
+    scenario = make(command, listing_id, expand_id, re.compile(rf"{needle} \d+"), **kw)
+    return scenario, output, f"{needle} {NEEDLE_AT * 7}"
 
 
 def turn_blocks(run: ClaudeRun) -> list[dict]:

@@ -32,8 +32,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
 from json.decoder import scanstring
 from pathlib import Path
@@ -44,7 +42,7 @@ from claude_harness import (
     CliRun,
     InstallError,
     _bare_env,
-    _run_bounded,
+    cli_version,
     install_npm_cli,
     numbered_output,
     run_cli,
@@ -106,22 +104,10 @@ def codex_binary(prefix: Path) -> Path:
     return prefix / "node_modules" / ".bin" / "codex"
 
 
-def codex_version(binary: Path, timeout: float = 60.0) -> str | None:
-    """``codex --version``'s output (``codex-cli 0.171.0``), or None when it is missing or fails."""
-    if not os.access(binary, os.X_OK):
-        return None
-    try:
-        with tempfile.TemporaryDirectory(prefix="cg-e2e-codex-home-") as home:
-            done = _run_bounded([str(binary), "--version"], timeout, env=_bare_env(Path(home)))
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else None
-
-
 def install_codex(prefix: Path | None = None, timeout: float = NPM_INSTALL_TIMEOUT) -> tuple[Path, str, bool]:
     """Make sure the pinned CLI is installed under ``prefix``; returns (binary, version, installed_now)."""
     prefix = npm_dir() if prefix is None else prefix
-    binary, version, installed_now = install_npm_cli(prefix, package_spec(), codex_binary, codex_version, timeout)
+    binary, version, installed_now = install_npm_cli(prefix, package_spec(), codex_binary, cli_version, timeout)
     if not version.endswith(codex_version_pin()):
         raise InstallError(f"{binary} is {version!r}, not {codex_version_pin()}: remove {prefix} to reinstall")
     return binary, version, installed_now

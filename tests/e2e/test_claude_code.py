@@ -4,7 +4,6 @@ Skipped unless CG_E2E is set and npm is on PATH (``tox -e e2e``). The CLI is ins
 $CG_E2E_NPM_DIR (default ~/.cache/cg-e2e/claude-code) and reused by later runs.
 """
 
-import re
 import secrets
 
 from claude_harness import (
@@ -14,7 +13,7 @@ from claude_harness import (
     ToolUse,
     bash_round_trip,
     claude_env,
-    numbered_output,
+    needle_scenario,
     run_claude,
     turn_blocks,
 )
@@ -106,19 +105,12 @@ async def test_bash_tool_round_trip(claude_bin, claude_home, workdir, fake, make
 # sends the model a 2 KB preview instead, so the output stays under that (~27 KB, ~6,000 tokens):
 # still well over --offload-min-tokens.
 
-LINES, NEEDLE_AT = 500, 250
 PROMPT = "Run the cg e2e listing command and tell me what its middle line says."
 
 
 def _expand_scenario(token: str, **kw) -> tuple[OffloadExpand, str, str]:
     """(the scenario, the output the command prints, the needle line in its middle)."""
-    needle = f"cg-e2e-needle-{token}"
-    command, output = numbered_output(LINES, NEEDLE_AT, needle)
-    line = f"{needle} {NEEDLE_AT * 7}"
-    scenario = OffloadExpand(
-        command, f"toolu_cge2e_bash_{token}", f"toolu_cge2e_expand_{token}", re.compile(rf"{needle} \d+"), **kw
-    )
-    return scenario, output, line
+    return needle_scenario(OffloadExpand, token, f"toolu_cge2e_bash_{token}", f"toolu_cge2e_expand_{token}", **kw)
 
 
 async def _run_expand(claude_bin, claude_home, workdir, fake, make_cg, scenario: OffloadExpand):

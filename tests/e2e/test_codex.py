@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 import pytest
 import pytest_twisted
+from claude_harness import needle_scenario
 from codex_harness import (
     EXPAND_TOOL,
     MODEL,
@@ -29,7 +30,6 @@ from codex_harness import (
     command_output,
     describe_tap,
     exec_args,
-    numbered_output,
     outside,
     rollout_items,
     run_codex,
@@ -209,19 +209,12 @@ async def test_shell_round_trip(codex, workdir):
 # Codex cuts a tool output above ~40,000 characters itself (gpt-5.5: 10,000 tokens at 4 bytes a
 # token), so the output stays under that (~27 KB, ~6,700 tokens): well over offload_min_tokens.
 
-LINES, NEEDLE_AT = 500, 250
 PROMPT = "Run the cg e2e listing command and tell me what its middle line says."
 
 
 def _expand_scenario(token: str, **kw) -> tuple[OffloadExpand, str, str]:
     """(the scenario, the output the command prints, the needle line in its middle)."""
-    needle = f"cg-e2e-needle-{token}"
-    command, output = numbered_output(LINES, NEEDLE_AT, needle)
-    line = f"{needle} {NEEDLE_AT * 7}"
-    scenario = OffloadExpand(
-        command, f"call_cge2e_listing_{token}", f"call_cge2e_expand_{token}", re.compile(rf"{needle} \d+"), **kw
-    )
-    return scenario, output, line
+    return needle_scenario(OffloadExpand, token, f"call_cge2e_listing_{token}", f"call_cge2e_expand_{token}", **kw)
 
 
 def _original(s: Session, scenario: OffloadExpand, output: str) -> str:
