@@ -44,6 +44,7 @@ the profile, not for the numbers). All subprocesses are killed on exit, whatever
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
@@ -79,6 +80,7 @@ from overhead import (
     start_fake,
 )
 from rewrite import FIXTURE, KINDS, Gen, calls_of, serialize, turn
+from store import start_redis
 from twisted.internet import defer, reactor, task
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
@@ -231,15 +233,17 @@ def children(pid: int) -> list[int]:
 class CG:
     """A cg under test: its process (the parent, with ``--workers``), its port, its store."""
 
-    def __init__(self, tmp: Path, env: dict, fake_port: int, name: str, workers: int, profile: Path | None):
+    def __init__(self, tmp: Path, env: dict, fake_port: int, name: str, workers: int, profile: Path | None,
+                 store: str | None = None):
         self.tmp, self.env, self.fake_port = tmp, env, fake_port
+        self.store = store or f"sqlite:{tmp / f'{name}.sqlite3'}"
         self.name, self.workers, self.profile = name, workers, profile
         self.starts = 0
         self.start()
 
     def start(self) -> None:
         self.starts += 1
-        extra = ("--store", f"sqlite:{self.tmp / f'{self.name}.sqlite3'}")
+        extra = ("--store", self.store)
         if self.workers > 1:
             extra += ("--workers", str(self.workers))
         opts: tuple[str, ...] = ()
@@ -501,7 +505,7 @@ class Bench:
     async def tight(self) -> None:
         rounds, duration, warm = (1, 3.0, 1.0) if self.quick else (3, 8.0, 1.5)
         before = {name: cg.worker_stats() for name, cg in self.cgs.items()}
-        self.results["tight"] = await self.rounds("tight", ["direct", *self.cgs], rounds, duration, warm)
+        self.results["tight"] = await self.rounds("tight", ["direct", "cg", "cg2"], rounds, duration, warm)
         after = {name: cg.worker_stats() for name, cg in self.cgs.items()}
         self.results["tight_requests_by_worker"] = {
             name: {pid: doc.get("requests", 0) - before[name].get(pid, {}).get("requests", 0)
@@ -517,7 +521,8 @@ class Bench:
         before = _memo(cg.stats())
         # --workers 2 idles from here on: stop it, so that it takes nothing from the rest.
         self.cgs.pop("cg2").stop()
-        self.results["paced"] = await self.rounds("paced", ["direct", "cg"], rounds, duration, THINK_S + 1.0,
+        sides = ["direct", "cg", *(["cg-redis"] if "cg-redis" in self.cgs else [])]
+        self.results["paced"] = await self.rounds("paced", sides, rounds, duration, THINK_S + 1.0,
                                                   think=THINK_S, stagger=THINK_S)
         gc.collect()
         await sleep(0.5)
@@ -667,6 +672,10 @@ def verdicts(r: dict) -> list[tuple[str, bool | None, str]]:
     storm = s["cg"]["ttfb_p99_ms"] - s["direct"]["ttfb_p99_ms"]
     out.append((f"restart storm: added TTFB p99 <= {TARGETS['storm_added_p99_ms']:g} ms",
                 storm <= TARGETS["storm_added_p99_ms"], f"{storm:+.0f} ms"))
+    if "cg-redis" in p:
+        gap = p["cg-redis"]["ttfb_p50_ms"] - p["cg"]["ttfb_p50_ms"]
+        out.append(("paced: the Redis store's added TTFB p50 within 1 ms of SQLite's", gap <= 1.0,
+                    f"{gap:+.2f} ms"))
     h = r["head"]
     head = h["cg"]["head_p50_ms"] - h["direct"]["head_p50_ms"]
     out.append((f"the response head as soon as upstream's (cg's p50 within 10 ms of direct's; the first event "
@@ -707,6 +716,10 @@ def table(r: dict) -> str:
     row("   TTFB p50 ms", d["ttfb_p50_ms"], c["ttfb_p50_ms"])
     row("   TTFB p99 ms", d["ttfb_p99_ms"], c["ttfb_p99_ms"])
     row("   cg CPU ms per request", None, c["cg_cpu_ms_per_request"])
+    if "cg-redis" in p:
+        x = p["cg-redis"]
+        row("   TTFB p50 ms (--store redis://)", d["ttfb_p50_ms"], x["ttfb_p50_ms"])
+        row("   TTFB p99 ms (--store redis://)", d["ttfb_p99_ms"], x["ttfb_p99_ms"])
     h = r["head"]
     head(f"3. the response head, the fake's first event {HEAD_DELAY_MS} ms after its head (median of {h['cg']['n']})")
     row("   time to the response head ms", h["direct"]["head_p50_ms"], h["cg"]["head_p50_ms"])
@@ -759,6 +772,8 @@ def table(r: dict) -> str:
 
 def _more(parser) -> None:
     parser.add_argument("--conversations", type=int, metavar="N", help="conversations (default 100; --quick 20)")
+    parser.add_argument("--redis", action="store_true",
+                        help="also run the paced loop through a cg on --store redis:// (starts a redis-server)")
     parser.add_argument("--profile", metavar="DIR",
                         help="run cg (1 worker) under twistd's cProfile; one .prof file per start in DIR")
 
@@ -782,6 +797,10 @@ def main(argv=None) -> int:
     with run_dir("cg-bench-gateway-", args.keep_logs) as tmp:
         fake, fake_port = start_fake(tmp, env)
         cgs = {"cg": CG(tmp, env, fake_port, "cg", 1, profile), "cg2": CG(tmp, env, fake_port, "cg2", 2, None)}
+        if args.redis:
+            redis, redis_port = start_redis(str(tmp))
+            atexit.register(redis.kill)
+            cgs["cg-redis"] = CG(tmp, env, fake_port, "cg-redis", 1, None, f"redis://127.0.0.1:{redis_port}/0")
         print(f"fake upstream pid {fake.pid} port {fake_port}; "
               + "; ".join(f"{n} pids {c.all_pids()} port {c.port}" for n, c in cgs.items()), file=sys.stderr)
         bench = Bench(args, fake, fake_port, cgs)
