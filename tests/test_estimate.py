@@ -162,6 +162,24 @@ def test_replay_prices_both_ways_and_counts_offloads_once():
     assert [t.cost_cg for t in replay(sent, rewrite_config(), expand_rate=0.5)] == [t.cost_cg for t in turns]
 
 
+def test_replay_counts_an_offload_after_a_lossless_step():
+    """A coloured log is cleaned (textclean, step 0) then offloaded (step 1): one offload, priced
+    at the size the client sent; the bodies' sizes both ways."""
+    log = "\n".join(f"\x1b[32mPASSED\x1b[0m tests/test_{i}.py::test_case_{i} some words here" for i in range(3000))
+    bash = {"name": "Bash", "description": "Run a command", "input_schema": {"type": "object"}}
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 100, "tools": [bash], "messages": [
+        {"role": "user", "content": "run the tests"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash",
+                                           "input": {"command": "pytest"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": log,
+                                      "cache_control": {"type": "ephemeral"}}]}]}
+    raw = json.dumps(body).encode()
+    (turn,) = replay([Sent(0.0, "/v1/messages", raw)], rewrite_config(), expand_rate=1.0)
+    assert turn.offloads == 1 and turn.expand_rounds == 1.0
+    assert turn.bytes_direct == len(raw) and 0 < turn.bytes_cg < len(raw) // 5
+    assert turn.expand_cost > turn.price.cost(Tokens(input=len(log) // 8))  # the original as sent
+
+
 def test_segments_ignore_where_the_breakpoint_sits():
     a = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]}
     b = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}

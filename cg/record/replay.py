@@ -15,6 +15,9 @@ What it states rather than measures:
   priced on the cg side as one more request at the point of the offload: the prompt so far read
   from the cache, plus the original written as uncached input.
 - Tokens are cg's estimator's (cg.compaction.tokens), segment by segment in prompt order.
+- Offloads: results cg replaces with an excerpt or a pointer (a lossy rewrite), each counted in the
+  request where it first is, at the size the client sent (before any lossless step such as
+  textclean). Bytes: each body as sent and as cg would forward it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from cg.compaction.pipeline import Change
 from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.compaction.tokens import estimate_tokens
 from cg.record.pricing import (
@@ -68,6 +72,8 @@ class Turn:
     offloads: int  # results cg offloaded for the first time in this request
     expand_rounds: float  # expected rounds this request's offloads bring
     expand_cost: float  # their expected cost (USD), part of cost_cg
+    bytes_direct: int = 0  # the body as the client sent it
+    bytes_cg: int = 0  # the body as cg would have forwarded it
 
     @property
     def cost_direct(self) -> float:
@@ -141,6 +147,21 @@ def segments(body: dict[str, Any], shape: str, sizer: _Sizer | None = None) -> l
     return out
 
 
+def _first_offloads(changes: Iterable[Change], seen: set[str]) -> dict[str, int]:
+    """The results offloaded (a lossy rewrite with a marker) for the first time in this request,
+    each with its size as the client sent it: the ``tokens_before`` of its first step (a lossless
+    step such as textclean may come before the lossy one)."""
+    sent: dict[tuple[int, int | None, int | None], int] = {}
+    new: dict[str, int] = {}
+    for change in changes:
+        where = (change.message_index, change.block_index, change.part_index)
+        if change.step == 0:
+            sent[where] = change.tokens_before
+        if change.lossy and change.marker_id and change.marker_id not in seen and change.marker_id not in new:
+            new[change.marker_id] = sent.get(where, change.tokens_before)
+    return new
+
+
 def _provider(path: str) -> str:
     return ANTHROPIC if _SHAPES.get(path) == ANTHROPIC else OPENAI
 
@@ -177,12 +198,12 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         direct = direct_cache.bill(request.time, segments(direct_body, shape, sizer)) + output
         cg_segments = segments(cg_body, shape, sizer)
         cg = cg_cache.bill(request.time, cg_segments) + output
-        new = {c.marker_id: c.tokens_before for c in (rewrite.changes if rewrite else [])
-               if c.lossy and c.marker_id and c.step == 0 and c.marker_id not in seen}
+        new = _first_offloads(rewrite.changes if rewrite else [], seen)
         seen.update(new)
         rounds = expand_rate * len(new)
         prompt = sum(s.tokens for s in cg_segments)
         expand_cost = expand_rate * sum(price.cost(Tokens(input=original, cache_read=prompt)) for original in new.values())
-        turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, expand_cost))
+        turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, expand_cost,
+                          len(request.body), len(rewrite.body) if rewrite is not None else len(request.body)))
     return turns
 

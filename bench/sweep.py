@@ -1,0 +1,325 @@
+"""The offload threshold and excerpt shape, measured: cg's rewrite replayed with each setting and
+priced with the provider's prompt cache (issue 13, §3).
+
+    python bench/sweep.py [--quick] [--json PATH] [--sessions N]
+
+In-process and pure: no sockets, no store. For each ``--offload-min-tokens`` in THRESHOLDS and
+each excerpt shape in SHAPES (the head and tail lines Offload keeps; error-like lines from the
+middle, at most 20, in every shape), the same sessions go through ``cg.record.replay.replay``
+(what ``cg-estimate`` runs), cache-priced direct and via cg:
+
+- generated sessions (bench/sessions.py): Claude Code's envelope (its system prompt, 24 tools,
+  ``claude-opus-4-8``, priced as the table's latest ``claude-opus``), 40 to 80 requests each, every
+  request the history plus one new turn from bench/rewrite.py's generators, idle gaps between
+  requests drawn from ``sessions.GAPS`` (75% 2-45 s, 18% 1-4.5 min, 7% 5.5-30 min: past the
+  5-minute cache lifetime);
+- the transcripts in ``tests/fixtures/transcripts/`` through cg-estimate's readers (one short
+  Claude Code session priced as Opus, one Codex session priced as gpt-5), reported apart.
+
+Per setting: results offloaded (for the first time), expected expand rounds, MB forwarded (the
+bodies as cg would send them, summed over requests) against direct's, and the cost via cg and
+its ratio to direct under two expand-rate rules (``RULES``): flat (replay's default, 0.1 per
+offload whatever the setting) and grows (more expanding as the threshold falls and the excerpt
+shrinks). Also the break-even rate: the expand rate at which this setting would cost what
+today's default does at 0.1. An expected round is priced by replay's rule (one more request at
+the offload: the prompt so far read from the cache, the original as uncached input), so the
+cost is linear in the rate: each setting is replayed once, at rate 1, and priced for every rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import attrs
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this checkout's cg, whatever is installed: it reads the checkout's fixtures too
+
+from rewrite import machine  # noqa: E402
+from sessions import GAPS, LIMIT, TURNS, generated_sessions  # noqa: E402
+
+from cg.compaction.components import Context, JsonFormat, Offload, TextClean  # noqa: E402
+from cg.compaction.options import rewrite_config  # noqa: E402
+from cg.compaction.rewrite import RewriteConfig  # noqa: E402
+from cg.record import transcripts  # noqa: E402
+from cg.record.replay import DEFAULT_EXPAND_RATE, Sent, Turn, replay  # noqa: E402
+
+TRANSCRIPTS = REPO / "tests" / "fixtures" / "transcripts" / "home"
+THRESHOLDS = (500, 1000, 2000, 4000, 8000)
+SHAPES = {"20/10": (20, 10), "40/20": (40, 20), "80/40": (80, 40)}  # head/tail lines
+DEFAULT = (Offload().min_tokens, f"{Offload().head_lines}/{Offload().tail_lines}")
+SESSIONS = 20
+
+
+def flat(threshold: int, head: int, tail: int) -> float:
+    """Replay's default: a tenth of offloaded results asked back, whatever the setting."""
+    return DEFAULT_EXPAND_RATE
+
+
+def grows(threshold: int, head: int, tail: int) -> float:
+    """0.1 at today's default (2,000 tokens, 40/20 lines), times sqrt(2000 / threshold) (a result
+    offloaded at a lower threshold is a smaller one, more of it elided relative to what the model
+    needs: 0.2 at 500, 0.05 at 8,000), times sqrt(60 / (head + tail)) (a smaller excerpt shows
+    less: x1.41 at 20/10, x0.71 at 80/40); at most 1."""
+    return min(1.0, DEFAULT_EXPAND_RATE * math.sqrt(2000 / threshold) * math.sqrt(60 / (head + tail)))
+
+
+RULES = {"flat": flat, "grows": grows}
+
+# What a model needs from an offloaded result to go on without expanding it (what failed, how
+# many, where, which files): a test run's summary line, its FAILED lines and its failure
+# locations, a diff's file headers, an install's outcome, the exit code.
+KEY_LINE = re.compile(
+    r"(?m)^(?:=+ .*\b(?:passed|failed)\b.* in [\d.]+s =+|FAILED \S+.*|\S+:\d+: \w*(?:Error|Exception)"
+    r"|diff --git .*|added \d+ packages.*|Successfully installed .*|Exit code \d+)$"
+)
+
+
+def tool_results(turns: tuple[tuple[bytes, bytes], ...]) -> list[tuple[str, str]]:
+    """(tool name, text as textclean and jsonformat leave it: as Offload gets it) of each tool
+    result in these turns."""
+    out = []
+    for assistant, user in turns:
+        names = {b["id"]: b["name"] for b in json.loads(assistant)["content"] if b.get("type") == "tool_use"}
+        for block in json.loads(user)["content"]:
+            content = block.get("content")
+            text = content if isinstance(content, str) else "\n".join(
+                part.get("text", "") for part in content or [] if isinstance(part, dict))
+            for lossless in (TextClean(), JsonFormat()):
+                rewritten = lossless.apply(text, _context(None, text))
+                text = rewritten.text if rewritten else text
+            out.append((names.get(block.get("tool_use_id"), "?"), text))
+    return out
+
+
+def _context(tool: str | None, text: str) -> Context:
+    return Context(tool, 0, 0, None, text.encode(), "0123456789abcdef", frozenset())
+
+
+KINDS = (("test run", re.compile(r"^(?:=|FAILED |\S+:\d+: )")), ("diff", re.compile(r"^diff --git ")),
+         ("install", re.compile(r"^(?:added|Successfully)")), ("exit code", re.compile(r"^Exit code ")))
+
+
+def _kind(line: str) -> str:
+    return next(name for name, pattern in KINDS if pattern.match(line))
+
+
+@attrs.define
+class Excerpts:
+    """What the model sees of the results that hold key lines (``KEY_LINE``), under one setting:
+    how many there are, how many are offloaded, and how many of those lose a key line (their
+    excerpt lacks one: the model must expand, or go on without it), by the kind of line lost."""
+
+    with_keys: int = 0
+    offloaded: int = 0
+    losing: int = 0
+    lost_by_kind: dict[str, int] = attrs.Factory(dict)
+
+    def add(self, results: list[tuple[str, str]], offload: Offload) -> None:
+        for tool, text in results:
+            keys = KEY_LINE.findall(text)
+            if not keys:
+                continue
+            self.with_keys += 1
+            outcome = offload.apply(text, _context(tool, text))
+            if outcome is None:
+                continue
+            self.offloaded += 1
+            lost = {_kind(key) for key in keys if key[: offload.max_line_chars] not in outcome.text}
+            self.losing += bool(lost)
+            for kind in lost:
+                self.lost_by_kind[kind] = self.lost_by_kind.get(kind, 0) + 1
+
+
+def config(threshold: int, head: int, tail: int) -> RewriteConfig:
+    """cg's rewrite as ``twistd cg --offload-min-tokens threshold`` runs it, with this excerpt."""
+    base = rewrite_config(offload_min_tokens=threshold)
+    return attrs.evolve(base, compact=attrs.evolve(base.compact, offload_head_lines=head, offload_tail_lines=tail))
+
+
+def _offload(rewrite: RewriteConfig) -> Offload:
+    (offload,) = (c for c in rewrite.compact.configured if isinstance(c, Offload))
+    return offload
+
+
+@attrs.define
+class Tally:
+    """One setting's figures over a set of sessions; the cost via cg split so any rate prices it."""
+
+    requests: int = 0
+    direct: float = 0.0  # USD, direct
+    cg: float = 0.0  # USD via cg without expand rounds
+    expand_at_1: float = 0.0  # USD the expand rounds cost at one round per offload
+    offloads: int = 0
+    bytes_direct: int = 0
+    bytes_cg: int = 0
+    input_direct: int = 0
+    input_cg: int = 0
+
+    def add(self, turns: list[Turn]) -> None:
+        for t in turns:
+            self.requests += 1
+            self.direct += t.cost_direct
+            self.cg += t.price.cost(t.cg)
+            self.expand_at_1 += t.expand_cost
+            self.offloads += t.offloads
+            self.bytes_direct += t.bytes_direct
+            self.bytes_cg += t.bytes_cg
+            self.input_direct += t.direct.prompt
+            self.input_cg += t.cg.prompt
+
+    def cost(self, rate: float) -> float:
+        return self.cg + rate * self.expand_at_1
+
+    def ratio(self, rate: float) -> float:
+        return self.cost(rate) / self.direct if self.direct else float("nan")
+
+
+def settings(quick: bool) -> list[tuple[int, str]]:
+    if quick:
+        return [(t, s) for t in (1000, 2000, 4000) for s in ("20/10", "40/20")]
+    return [(t, s) for t in THRESHOLDS for s in SHAPES]
+
+
+def run(quick: bool, n_sessions: int) -> dict:
+    grid = settings(quick)
+    configs = {key: config(key[0], *SHAPES[key[1]]) for key in grid}
+    generated = {key: Tally() for key in grid}
+    fixtures = {key: Tally() for key in grid}
+    excerpts = {key: Excerpts() for key in grid}
+    started = time.monotonic()
+    turns_range = (12, 20) if quick else TURNS
+    gaps = []
+    compactions = 0
+    n_requests = 0
+    for session in generated_sessions(n_sessions, turns_range):
+        sent = [Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests]
+        gaps += [b.time - a.time for a, b in zip(sent, sent[1:])]
+        compactions += session.compactions
+        n_requests += len(sent)
+        results = tool_results(session.turns)
+        for key in grid:
+            generated[key].add(replay(sent, configs[key], expand_rate=1.0, conversation=session.id))
+            excerpts[key].add(results, _offload(configs[key]))
+        print(f"  {session.id}: {len(sent)} requests, {time.monotonic() - started:.0f} s", file=sys.stderr)
+    found = list(transcripts.read(transcripts.find(TRANSCRIPTS)))
+    for session in found:
+        sent = [Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests]
+        for key in grid:
+            fixtures[key].add(replay(sent, configs[key], expand_rate=1.0, conversation=session.id))
+    elapsed = time.monotonic() - started
+    gaps.sort()
+    return {
+        "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "quick": quick,
+        "seconds": round(elapsed, 1),
+        "generated": {"sessions": n_sessions, "requests": n_requests, "turns": list(turns_range),
+                      "gaps": [list(g) for g in GAPS], "history_limit_bytes": LIMIT, "compactions": compactions,
+                      "gap_median_s": round(gaps[len(gaps) // 2], 1) if gaps else None,
+                      "gaps_over_5m": sum(g > 300 for g in gaps)},
+        "fixtures": {"sessions": [f"{s.client} {s.id}" for s in found]},
+        "default": list(DEFAULT),
+        "rules": {name: {f"{t}|{s}": rule(t, *SHAPES[s]) for t, s in grid} for name, rule in RULES.items()},
+        "settings": [_row(key, generated[key], fixtures[key], excerpts[key], generated.get(_default_key(grid)))
+                     for key in grid],
+    }
+
+
+def _default_key(grid: list[tuple[int, str]]) -> tuple[int, str]:
+    return DEFAULT if DEFAULT in grid else grid[0]
+
+
+def _row(key: tuple[int, str], g: Tally, f: Tally, e: Excerpts, base: Tally | None) -> dict:
+    threshold, shape = key
+    row: dict = {"offload_min_tokens": threshold, "excerpt": shape, "requests": g.requests,
+                 "cost_direct": round(g.direct, 4), "cost_cg_no_expand": round(g.cg, 4),
+                 "expand_cost_per_unit_rate": round(g.expand_at_1, 4), "offloads": g.offloads,
+                 "bytes_direct": g.bytes_direct, "bytes_cg": g.bytes_cg,
+                 "input_tokens_direct": g.input_direct, "input_tokens_cg": g.input_cg}
+    for name, rule in RULES.items():
+        rate = rule(threshold, *SHAPES[shape])
+        row[name] = {"rate": round(rate, 4), "expand_rounds": round(rate * g.offloads, 1),
+                     "cost_cg": round(g.cost(rate), 4), "ratio": round(g.ratio(rate), 4),
+                     "fixtures_ratio": round(f.ratio(rate), 4)}
+    if base is not None and g.expand_at_1:
+        # the rate at which this setting costs what the default does at replay's default rate
+        row["break_even_rate"] = round((base.cost(DEFAULT_EXPAND_RATE) - g.cg) / g.expand_at_1, 3)
+    row["fixtures"] = {"cost_direct": round(f.direct, 4), "offloads": f.offloads}
+    row["excerpts"] = attrs.asdict(e)
+    return row
+
+
+def _rate(rate: float | None) -> str:
+    if rate is None:
+        return "-"
+    return "never" if rate < 0 else f"{rate:.2f}"
+
+
+def _kept(e: dict) -> str:
+    """Offloaded results that lose a key line, of those offloaded that hold some."""
+    if not e["offloaded"]:
+        return "-"
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(e["lost_by_kind"].items()))
+    return f"{e['losing']}/{e['offloaded']}" + (f" ({kinds})" if kinds else "")
+
+
+def report(r: dict) -> str:
+    g = r["generated"]
+    out = [f"{r['when']}, {r['machine']['cpu']} ({r['machine']['nproc']} cores), Python {r['machine']['python']}, "
+           f"{r['seconds']} s" + (" (--quick)" if r["quick"] else ""),
+           f"generated: {g['sessions']} sessions, {g['requests']} requests ({g['turns'][0]}-{g['turns'][1]} a session), "
+           f"median gap {g['gap_median_s']} s, {g['gaps_over_5m']} gaps over 5 min, {g['compactions']} histories "
+           f"restarted at {g['history_limit_bytes']:,} bytes",
+           f"fixtures: {', '.join(r['fixtures']['sessions'])}",
+           f"direct: ${r['settings'][0]['cost_direct']:,.2f} generated, ${r['settings'][0]['fixtures']['cost_direct']:.4f} "
+           f"fixtures; MB sent {r['settings'][0]['bytes_direct'] / 1e6:,.1f}", ""]
+    head = ("min tokens", "excerpt", "offloads", "MB fwd", "rounds", "via cg", "ratio", "rate", "rounds", "via cg",
+            "ratio", "break-even", "fixtures", "excerpts losing")
+    rows = [head, ("", "head/tail", "", "", "flat", "flat", "flat", "grows", "grows", "grows", "grows", "rate",
+                   "ratio flat/grows", "a key line")]
+    ranked = {name: sorted(r["settings"], key=lambda s, n=name: s[n]["cost_cg"]) for name in RULES}
+    for s in r["settings"]:
+        mark = " *" if [s["offload_min_tokens"], s["excerpt"]] == r["default"] else ""
+        fl, gr = s["flat"], s["grows"]
+        rows.append((f"{s['offload_min_tokens']:,}{mark}", s["excerpt"], f"{s['offloads']:,}",
+                     f"{s['bytes_cg'] / 1e6:,.1f}", f"{fl['expand_rounds']:.1f}", f"${fl['cost_cg']:,.2f}",
+                     f"{fl['ratio']:.3f} #{ranked['flat'].index(s) + 1}", f"{gr['rate']:.3f}",
+                     f"{gr['expand_rounds']:.1f}", f"${gr['cost_cg']:,.2f}",
+                     f"{gr['ratio']:.3f} #{ranked['grows'].index(s) + 1}",
+                     _rate(s.get("break_even_rate")),
+                     f"{fl['fixtures_ratio']:.3f}/{gr['fixtures_ratio']:.3f}", _kept(s["excerpts"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    out += ["", "* today's default. #n: the rank by cost via cg under that rule. flat: 0.1 expand rounds per offload; "
+            "grows: 0.1 x sqrt(2000/min tokens) x sqrt(60/(head+tail)), at most 1. break-even rate: the expand rate "
+            "at which the setting costs what the default does at 0.1 (never: dearer even with no expand round). "
+            "excerpts losing a key line: of the offloaded results that hold key lines (a test run's summary, "
+            "FAILED and failure-location lines, a diff's file headers, an install's outcome, the exit code), "
+            "those whose excerpt lacks one, by the kind of line lost."]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 short sessions, 6 settings: a smoke run (< 30 s)")
+    parser.add_argument("--sessions", type=int, help=f"generated sessions [default: {SESSIONS}, 3 with --quick]")
+    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    args = parser.parse_args(argv)
+    result = run(args.quick, args.sessions or (3 if args.quick else SESSIONS))
+    print(report(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
