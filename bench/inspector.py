@@ -65,6 +65,8 @@ from overhead import (
     HOST,
     HTTPConn,
     ResponseError,
+    Rows,
+    _align,
     _child_env,
     _with_timeout,
     busy_s,
@@ -817,23 +819,9 @@ class Bench:
 # The table
 
 
-def _fmt(x, spec=".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _ratio(a, b) -> str:
-    return "-" if a is None or b in (None, 0) else f"{a / b:.2f}x"
-
-
 def table(r: dict) -> str:
-    rows = [("", "direct", "via cg", "cg - direct", "cg / direct")]
-
-    def row(label, d, c, spec=".2f"):
-        delta = None if (d is None or c is None) else c - d
-        rows.append((label, _fmt(d, spec), _fmt(c, spec), "-" if delta is None else f"{delta:+{spec}}", _ratio(c, d)))
-
-    def head(label):
-        rows.append((label, "", "", "", ""))
+    rows = Rows()
+    row, head = rows.row, rows.head
 
     s = r["side_by_side"]
     head(f"1. 20 text deltas 50 ms apart, Claude Code requests, median of {s['n']} trials")
@@ -854,13 +842,10 @@ def table(r: dict) -> str:
     row("   upstream latency: continuation -> 1st text ms", d["latency_p50_ms"], None)
     row("   request -> continuation's 1st text delta ms", d["loop_p50_ms"], c["cont_text_p50_ms"])
     row("   request -> last byte ms", d["total_p50_ms"], c["total_p50_ms"], ".1f")
-    widths = [max(len(x[i]) for x in rows) for i in range(5)]
     m = r["machine"]
     quick = "; --quick" if r["quick"] else ""
     out = [f"{m['date']}; {m['nproc']} cores ({m['cpu']}); Python {m['python']}, Twisted {m['twisted']}{quick}",
-           r["revision"], ""]
-    for x in rows:
-        out.append("  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, 5)]).rstrip())
+           r["revision"], "", *_align(rows)]
 
     mb = s["marker-bearing"]
     delta = mb["cg"]["first_text_p50_ms"] - mb["direct"]["first_text_p50_ms"]

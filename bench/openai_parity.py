@@ -83,6 +83,8 @@ from overhead import (
     HOST,
     REPO,
     ResponseError,
+    Rows,
+    _align,
     _child_env,
     cpu_s,
     drive,
@@ -703,32 +705,12 @@ WHAT = {
 }
 
 
-def _fmt(x, spec=".2f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def _ratio(a, b) -> str:
-    return "-" if a is None or b in (None, 0) else f"{a / b:.2f}x"
-
-
-def _align(rows: list[tuple]) -> list[str]:
-    widths = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
-    return ["  ".join([x[0].ljust(widths[0])] + [x[i].rjust(widths[i]) for i in range(1, len(x))]).rstrip()
-            for x in rows]
-
-
 def table(r: dict) -> str:
     m = r["machine"]
     out = [f"{m['date']}; {m['nproc']} cores ({m['cpu']}); Python {m['python']}, Twisted {m['twisted']}"
            f"{'; --quick' if r['quick'] else ''}", r["revision"], ""]
-    rows = [("", "direct", "via cg", "cg - direct", "cg / direct")]
-
-    def row(label, d, c, spec=".2f"):
-        delta = None if (d is None or c is None) else c - d
-        rows.append((label, _fmt(d, spec), _fmt(c, spec), "-" if delta is None else f"{delta:+{spec}}", _ratio(c, d)))
-
-    def head(label):
-        rows.append((label, "", "", "", ""))
+    rows = Rows()
+    row, head = rows.row, rows.head
 
     targets = []
     names = {CHAT: "chat completions (/v1/chat/completions, stream: true)",
