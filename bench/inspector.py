@@ -819,29 +819,38 @@ class Bench:
 # The table
 
 
+def side_by_side_rows(rows: Rows, s: dict, kinds) -> None:
+    """Section 1's rows for each (kind, what it is) measured: TTFB, first text delta, total."""
+    for kind, what in kinds:
+        d, c = s[kind]["direct"], s[kind]["cg"]
+        rows.head(f"   {kind} ({s['body_bytes'][kind] / 1000:.0f} KB; {what})")
+        rows.row("     TTFB ms", d["ttfb_p50_ms"], c["ttfb_p50_ms"])
+        rows.row("     first text delta ms", d["first_text_p50_ms"], c["first_text_p50_ms"])
+        rows.row("     total ms", d["total_p50_ms"], c["total_p50_ms"], ".1f")
+
+
+def spliced_rows(rows: Rows, p: dict, heading: str, round_end: str, last: str) -> None:
+    """Section 2's rows: a spliced round trip through cg against the client running the loop."""
+    d, c = p["direct"], p["cg"]
+    rows.head(heading)
+    rows.row("   round 1 first text delta ms", d["r1_text_p50_ms"], c["r1_text_p50_ms"])
+    rows.row(f"   round 1 to its {round_end} ms (held by cg)", d["r1_total_p50_ms"], None)
+    rows.row("   upstream latency: continuation -> 1st text ms", d["latency_p50_ms"], None)
+    rows.row("   request -> continuation's 1st text delta ms", d["loop_p50_ms"], c["cont_text_p50_ms"])
+    rows.row(f"   {last}", d["total_p50_ms"], c["total_p50_ms"], ".1f")
+
+
 def table(r: dict) -> str:
     rows = Rows()
-    row, head = rows.row, rows.head
-
     s = r["side_by_side"]
-    head(f"1. 20 text deltas 50 ms apart, Claude Code requests, median of {s['n']} trials")
-    for kind, what in (("marker-free", "fixture as is; cg injects the tool, nothing offloaded"),
-                       ("marker-bearing", "a Bash output offloaded: the forwarded body has a marker"),
-                       ("bypassed", "the marker-bearing body with x-cg-bypass: 1: cg's pass-through path")):
-        d, c = s[kind]["direct"], s[kind]["cg"]
-        head(f"   {kind} ({s['body_bytes'][kind] / 1000:.0f} KB; {what})")
-        row("     TTFB ms", d["ttfb_p50_ms"], c["ttfb_p50_ms"])
-        row("     first text delta ms", d["first_text_p50_ms"], c["first_text_p50_ms"])
-        row("     total ms", d["total_p50_ms"], c["total_p50_ms"], ".1f")
+    rows.head(f"1. 20 text deltas 50 ms apart, Claude Code requests, median of {s['n']} trials")
+    side_by_side_rows(rows, s, (("marker-free", "fixture as is; cg injects the tool, nothing offloaded"),
+                                ("marker-bearing", "a Bash output offloaded: the forwarded body has a marker"),
+                                ("bypassed", "the marker-bearing body with x-cg-bypass: 1: cg's pass-through path")))
     p = r["spliced"]
     d, c = p["direct"], p["cg"]
-    head(f"2. spliced round trip: {p['text_deltas_per_round']} text deltas 50 ms apart + an expand call, "
-         f"median of {p['n']}")
-    row("   round 1 first text delta ms", d["r1_text_p50_ms"], c["r1_text_p50_ms"])
-    row("   round 1 to its message_stop ms (held by cg)", d["r1_total_p50_ms"], None)
-    row("   upstream latency: continuation -> 1st text ms", d["latency_p50_ms"], None)
-    row("   request -> continuation's 1st text delta ms", d["loop_p50_ms"], c["cont_text_p50_ms"])
-    row("   request -> last byte ms", d["total_p50_ms"], c["total_p50_ms"], ".1f")
+    spliced_rows(rows, p, f"2. spliced round trip: {p['text_deltas_per_round']} text deltas 50 ms apart + an "
+                          f"expand call, median of {p['n']}", "message_stop", "request -> last byte ms")
     m = r["machine"]
     quick = "; --quick" if r["quick"] else ""
     out = [f"{m['date']}; {m['nproc']} cores ({m['cpu']}); Python {m['python']}, Twisted {m['twisted']}{quick}",

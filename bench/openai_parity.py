@@ -75,6 +75,8 @@ from inspector import (
     body_of,
     in_process,
     revision,
+    side_by_side_rows,
+    spliced_rows,
     sse_connect,
     start_cg,
     throughput_lines,
@@ -724,23 +726,12 @@ def table(r: dict) -> str:
         else:
             s = a["side_by_side"]
             head(f"1. {names[api]}: {s['text_deltas']} text deltas 50 ms apart, median of {s['n']} trials")
-            for kind in KINDS:
-                if kind not in s:
-                    continue
-                d, c = s[kind]["direct"], s[kind]["cg"]
-                head(f"   {kind} ({s['body_bytes'][kind] / 1000:.0f} KB; {WHAT[api][kind]})")
-                row("     TTFB ms", d["ttfb_p50_ms"], c["ttfb_p50_ms"])
-                row("     first text delta ms", d["first_text_p50_ms"], c["first_text_p50_ms"])
-                row("     total ms", d["total_p50_ms"], c["total_p50_ms"], ".1f")
+            side_by_side_rows(rows, s, [(kind, WHAT[api][kind]) for kind in KINDS if kind in s])
             p = a["spliced"]
             d, c = p["direct"], p["cg"]
-            head(f"2. {api} spliced round trip: {p['text_deltas_per_round']} text deltas 50 ms apart + an expand "
-                 f"call, median of {p['n']}")
-            row("   round 1 first text delta ms", d["r1_text_p50_ms"], c["r1_text_p50_ms"])
-            row("   round 1 to its end ms (held by cg)", d["r1_total_p50_ms"], None)
-            row("   upstream latency: continuation -> 1st text ms", d["latency_p50_ms"], None)
-            row("   request -> continuation's 1st text delta ms", d["loop_p50_ms"], c["cont_text_p50_ms"])
-            row("   request -> last byte ms (direct: both rounds)", d["total_p50_ms"], c["total_p50_ms"], ".1f")
+            spliced_rows(rows, p, f"2. {api} spliced round trip: {p['text_deltas_per_round']} text deltas 50 ms "
+                                  f"apart + an expand call, median of {p['n']}", "end",
+                         "request -> last byte ms (direct: both rounds)")
             mb = s["marker-bearing"]
             first = mb["cg"]["first_text_p50_ms"] - mb["direct"]["first_text_p50_ms"]
             splice = c["total_p50_ms"] - d["total_p50_ms"]

@@ -712,6 +712,12 @@ async def test_openai_sdk_rebuilds_the_responses_json_output_from_the_stream(up)
     assert [r.path for r in up.received] == [b"/v1/responses"] * 3
 
 
+def expanding_client(up, ref: str) -> openai.OpenAI:
+    """The OpenAI SDK on the fake, playing a model that asks for ``ref`` (4 events a stream)."""
+    return openai.OpenAI(base_url=up.url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT,
+                         default_headers={"x-fake-expand": ref, "x-fake-events": "4"})
+
+
 @pytest_twisted.ensureDeferred
 async def test_openai_sdk_parses_the_fake_expand_call_on_the_responses_api(up):
     """x-fake-expand plays a model calling context_guru_expand; its arguments stream as
@@ -725,13 +731,7 @@ async def test_openai_sdk_parses_the_fake_expand_call_on_the_responses_api(up):
     ]
 
     def call():
-        client = openai.OpenAI(
-            base_url=up.url + "/v1",
-            api_key="x",
-            max_retries=0,
-            timeout=TIMEOUT,
-            default_headers={"x-fake-expand": ref, "x-fake-events": "4"},
-        )
+        client = expanding_client(up, ref)
         try:
             with client.responses.stream(model="gpt-x", input=asked) as stream:
                 events = list(stream)
@@ -772,13 +772,7 @@ async def test_openai_sdk_parses_the_fake_expand_call_on_chat_completions(up):
     ]
 
     def call():
-        client = openai.OpenAI(
-            base_url=up.url + "/v1",
-            api_key="x",
-            max_retries=0,
-            timeout=TIMEOUT,
-            default_headers={"x-fake-expand": ref, "x-fake-events": "4"},
-        )
+        client = expanding_client(up, ref)
         try:
             chunks = list(client.chat.completions.create(model="gpt-x", messages=asked, stream=True))
             with client.chat.completions.stream(

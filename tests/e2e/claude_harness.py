@@ -207,17 +207,22 @@ def _bare_env(home: Path) -> dict[str, str]:
     return env
 
 
-def claude_env(home: Path, base_url: str, api_key: str = "sk-ant-cg-e2e-not-a-real-key", **extra: str) -> dict:
-    """The environment of a headless run through cg at ``base_url`` with a fresh ``home``."""
-    for sub in (".config", ".cache", ".local/share", ".local/state", "tmp"):
+def home_env(home: Path, *dirs: str) -> dict[str, str]:
+    """`_bare_env` with every XDG directory and TMPDIR inside a fresh ``home`` (made, with ``dirs``):
+    a CLI run writes nothing outside it."""
+    xdg = {"XDG_CONFIG_HOME": ".config", "XDG_CACHE_HOME": ".cache", "XDG_DATA_HOME": ".local/share",
+           "XDG_STATE_HOME": ".local/state", "TMPDIR": "tmp"}
+    for sub in (*dirs, *xdg.values()):
         (home / sub).mkdir(parents=True, exist_ok=True)
     env = _bare_env(home)
+    env.update((name, str(home / sub)) for name, sub in xdg.items())
+    return env
+
+
+def claude_env(home: Path, base_url: str, api_key: str = "sk-ant-cg-e2e-not-a-real-key", **extra: str) -> dict:
+    """The environment of a headless run through cg at ``base_url`` with a fresh ``home``."""
+    env = home_env(home)
     env.update(
-        XDG_CONFIG_HOME=str(home / ".config"),
-        XDG_CACHE_HOME=str(home / ".cache"),
-        XDG_DATA_HOME=str(home / ".local/share"),
-        XDG_STATE_HOME=str(home / ".local/state"),
-        TMPDIR=str(home / "tmp"),
         ANTHROPIC_BASE_URL=base_url,
         ANTHROPIC_API_KEY=api_key,
         **QUIET_ENV,

@@ -41,8 +41,8 @@ from claude_harness import (
     NPM_INSTALL_TIMEOUT,
     CliRun,
     InstallError,
-    _bare_env,
     cli_version,
+    home_env,
     install_npm_cli,
     numbered_output,
     run_cli,
@@ -152,18 +152,8 @@ def write_config(codex_home: Path, base_url: str, model: str = MODEL, **provider
 
 def codex_env(home: Path, api_key: str = "sk-cg-e2e-not-a-real-key", **extra: str) -> dict[str, str]:
     """The environment of a headless run with a fresh ``home``; CODEX_HOME is ``home/.codex``."""
-    for sub in (".codex", ".config", ".cache", ".local/share", ".local/state", "tmp"):
-        (home / sub).mkdir(parents=True, exist_ok=True)
-    env = _bare_env(home)
-    env.update(
-        CODEX_HOME=str(home / ".codex"),
-        XDG_CONFIG_HOME=str(home / ".config"),
-        XDG_CACHE_HOME=str(home / ".cache"),
-        XDG_DATA_HOME=str(home / ".local/share"),
-        XDG_STATE_HOME=str(home / ".local/state"),
-        TMPDIR=str(home / "tmp"),
-        OPENAI_API_KEY=api_key,
-    )
+    env = home_env(home, ".codex")
+    env.update(CODEX_HOME=str(home / ".codex"), OPENAI_API_KEY=api_key)
     env.update(extra)
     return env
 
