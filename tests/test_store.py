@@ -23,6 +23,7 @@ from cg.store import (
     default_store_url,
     store_from_url,
 )
+from cg.store.threaded import TOUCH_EVERY, RecentlyTouched
 
 DAY = 86400.0
 
@@ -351,11 +352,12 @@ async def test_touch_is_flushed_by_the_timer(db_path, sqlite_store):
 
 @pytest_twisted.ensureDeferred
 async def test_a_touch_that_fails_on_the_worker_does_not_stop_the_store(db_path, store_log):
-    store = SQLiteStore(db_path)  # not the closing fixture: a dead worker would hang its close
+    # not the closing fixture: a dead worker would hang its close
+    store = SQLiteStore(db_path, flush_interval=0.05)
     await store.put("", {"a": b"."})
-    store.touch("", [["unhashable"]])  # fails on the worker thread, with no one waiting for it
+    store.touch("", [("not", "bindable")])  # its flush fails on the worker thread (SQLite binds no tuple)
+    await wait_for(lambda: store.stats.write_errors == 1)
     assert await store.get("", "a").addTimeout(5, reactor) == b"."
-    assert store.stats.write_errors == 1
     assert store_log.levels() == [LogLevel.error]
     await store.close()
 
@@ -610,3 +612,17 @@ def test_store_from_url(tmp_path, closing):
 )
 def test_default_store_url(environ, expected):
     assert default_store_url(environ) == "sqlite:" + os.path.expanduser(expected)
+
+
+def test_a_last_use_is_recorded_at_most_once_a_minute_per_original():
+    now = [0.0]
+    touched = RecentlyTouched(lambda: now[0])
+    assert touched.fresh("", ["a", "b"]) == ("a", "b")
+    assert touched.fresh("", ["a", "c"]) == ("c",)
+    assert touched.fresh("other tenant", ["a"]) == ("a",)
+    now[0] = TOUCH_EVERY - 1
+    assert touched.fresh("", ["a"]) == ()
+    now[0] = TOUCH_EVERY  # a new generation: the last one still counts
+    assert touched.fresh("", ["a"]) == ()
+    now[0] = 2 * TOUCH_EVERY
+    assert touched.fresh("", ["a", "b"]) == ("a", "b")

@@ -30,6 +30,9 @@ log = Logger(namespace="cg.store")
 FLUSH_INTERVAL = 2.0
 # (tenant, id) pairs remembered as committed; ~200 bytes each.
 KNOWN_MAX = 50_000
+# An original's last use is recorded at most this often: a re-sent history names every original
+# it holds on every turn, and eviction needs the order only to the minute, not a write per turn.
+TOUCH_EVERY = 60.0
 
 # (tenant, id) of originals a write evicted, and how many entries it evicted in all.
 Evicted = tuple[list[tuple[str, str]], int]
@@ -92,6 +95,31 @@ class Known:
 
     def clear(self) -> None:
         self._keys.clear()
+
+
+class RecentlyTouched:
+    """Which (tenant, id) had their last use recorded within the last ``TOUCH_EVERY`` seconds
+    (to twice that): two generations of sets, the older dropped as a whole, so it stays bounded
+    by the ids used in two minutes. Reactor thread only."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self._clock = clock
+        self._current: set[tuple[str, str]] = set()
+        self._previous: set[tuple[str, str]] = set()
+        self._since = clock()
+
+    def fresh(self, tenant: str, ids: Iterable[str]) -> tuple[str, ...]:
+        """The ids not touched lately, now counted as touched."""
+        now = self._clock()
+        if now - self._since >= TOUCH_EVERY:
+            self._previous, self._current, self._since = self._current, set(), now
+        fresh = []
+        for id_ in ids:
+            key = (tenant, id_)
+            if key not in self._current and key not in self._previous:
+                self._current.add(key)
+                fresh.append(id_)
+        return tuple(fresh)
 
 
 @attrs.define(kw_only=True)
@@ -258,6 +286,7 @@ class ThreadedStore:
     _worker: Worker = attrs.field(init=False)
     _closed: bool = attrs.field(default=False, init=False)
     _last_error: str | None = attrs.field(default=None, init=False)
+    _touched: RecentlyTouched = attrs.field(init=False)
 
     @property
     def label(self) -> str:
@@ -271,6 +300,7 @@ class ThreadedStore:
 
             self.reactor = cast(IReactorFromThreads, reactor)
         self._known = Known(self.known_max)
+        self._touched = RecentlyTouched(self.clock)
         self._connection = connect(
             known=self._known,
             deliver=self.reactor.callFromThread,
@@ -367,8 +397,11 @@ class ThreadedStore:
         return self._known.check(tenant, ids) if self.stats.healthy else set()
 
     def touch(self, tenant: str, ids: Iterable[str]) -> None:
-        if not self._closed:
-            self._worker.submit_background(self._connection.note, "originals", tenant, tuple(ids))
+        if self._closed:
+            return
+        fresh = self._touched.fresh(tenant, ids)
+        if fresh:
+            self._worker.submit_background(self._connection.note, "originals", tenant, fresh)
 
     def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
         self.stats.reads += 1
