@@ -54,6 +54,7 @@ from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
 from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
 from cg.wire.jsonbytes import EACH
+from cg.wire.markers import EXPAND_TOOL
 
 __all__ = ["Repair", "find_repairs", "looks_like_error", "repair_answer", "repair_edits"]
 
@@ -91,7 +92,14 @@ def looks_like_error(text: str, is_error: object = None) -> bool:
 
 
 def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
-    """The error answers to expand calls in `body`'s messages (Responses: input items), in order."""
+    """The error answers to expand calls in `body`'s messages (Responses: input items), in order.
+
+    A body that never names the expand tool holds no call to it: one C-speed search instead of a
+    walk of every message on every turn. (A name spelled with \\u escapes of plain letters would
+    be missed; no client writes JSON so.)
+    """
+    if EXPAND_TOOL not in body.doc:
+        return []
     if dialect == RESPONSES:
         return _responses_repairs(body)
     messages = body.value.get("messages")
