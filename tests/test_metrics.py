@@ -91,10 +91,11 @@ def test_a_scrape_says_what_stats_says(make_cg, fake):
     memo = compaction["memo"]
     assert memo["hits"] >= 1 and memo["misses"] >= 1
     assert memo["hit_rate"] == round(memo["hits"] / (memo["hits"] + memo["misses"]), 4)
-    assert memo["entries"] > 0 and memo["chars"] > 0 and memo["spans"]["hits"] >= 1
+    assert memo["entries"] > 0 and memo["chars"] > 0 and memo["bodies"]["hits"] >= 1
     assert value(text, "cg_memo_hits_total", table="decisions") == memo["hits"]
     assert value(text, "cg_memo_misses_total", table="decisions") == memo["misses"]
     assert value(text, "cg_memo_entries", table="decisions") == memo["entries"]
+    assert value(text, "cg_memo_hits_total", table="bodies") == memo["bodies"]["hits"]
     assert value(text, "cg_build_info", version=__version__) == 1
 
 

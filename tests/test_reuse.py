@@ -24,28 +24,59 @@ def body(messages, tools=("Bash",)) -> dict:
             "tools": [{"name": t} for t in tools]}
 
 
-@settings(max_examples=200, deadline=None)
+TOOLS = st.lists(st.sampled_from(["Bash", "Read", "Édit", "Grep ✓"]), max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
 @given(history=st.lists(MESSAGE, max_size=8), added=st.lists(MESSAGE, max_size=3),
-       edit_at=st.integers(min_value=0, max_value=10), edited=MESSAGE, style=STYLE)
-def test_reuse_gives_a_fresh_parse(history, added, edit_at, edited, style):
-    before = json.dumps(body(history), **style).encode()
+       edit_at=st.integers(min_value=0, max_value=10), edited=MESSAGE, style=STYLE,
+       tools=st.tuples(TOOLS, TOOLS))
+def test_reuse_gives_a_fresh_parse(history, added, edit_at, edited, style, tools):
+    before = json.dumps(body(history, tools[0]), **style).encode()
     grown = history + added
     if grown and edit_at < len(grown):  # a client may rewrite an earlier message, too
         grown = grown[:edit_at] + [edited] + grown[edit_at + 1:]
-    after = json.dumps(body(grown), **style).encode()
+    after = json.dumps(body(grown, tools[1]), **style).encode()
     previous = ParsedBody.parse(before)
-    reused, fresh = ParsedBody.parse(after, previous), ParsedBody.parse(after)
+    reused, fresh = ParsedBody.parse(after, previous.earlier()), ParsedBody.parse(after)
     assert reused.value == fresh.value
     assert reused.spans == fresh.spans
     assert reused.doc == fresh.doc
+    if tools[0] == tools[1]:  # what follows the history is the same: taken, not scanned
+        assert reused.value["tools"] is previous.value["tools"]
 
 
 def test_shared_messages_are_not_scanned_again():
     history = [{"role": "user", "content": "x" * 1000} for _ in range(50)]
     previous = ParsedBody.parse(json.dumps(body(history)).encode())
-    grown = ParsedBody.parse(json.dumps(body([*history, {"role": "user", "content": "new"}])).encode(), previous)
+    grown = ParsedBody.parse(json.dumps(body([*history, {"role": "user", "content": "new"}])).encode(),
+                             previous.earlier())
     assert all(grown.value["messages"][i] is previous.value["messages"][i] for i in range(50))
-    assert ParsedBody.parse(previous.raw, previous) is previous
+    assert grown.value["tools"] is previous.value["tools"]  # after the history, unchanged
+    assert grown.value["system"] is previous.value["system"]
+    again = ParsedBody.parse(previous.raw, previous.earlier())
+    assert again.value is previous.value and again.doc == previous.doc
+
+
+def test_a_message_taken_from_the_last_parse_brings_the_spans_walked_inside_it():
+    history = [{"role": "user", "content": [{"type": "text", "text": "é" * 10}]} for _ in range(3)]
+    previous = ParsedBody.parse(json.dumps(body(history), ensure_ascii=False).encode())
+    previous.inner[("messages", 0)] = {("content", 0, "text"): (1, 2)}
+    previous.inner[("messages", 2)] = {("content", 0, "text"): (3, 4)}
+    grown = [*history[:2], {"role": "user", "content": "changed"}]
+    parsed = ParsedBody.parse(json.dumps(body(grown), ensure_ascii=False).encode(), previous.earlier())
+    assert parsed.inner == {("messages", 0): {("content", 0, "text"): (1, 2)}}  # not the changed one
+
+
+def test_common_suffix():
+    assert jsonbytes.common_suffix("abcdef", "xbcdef", 10) == 5
+    assert jsonbytes.common_suffix("abcdef", "xbcdef", 3) == 3
+    assert jsonbytes.common_suffix(b"abc", b"abc", 10) == 3
+    assert jsonbytes.common_suffix("abc", "zabc", 10) == 3
+    assert jsonbytes.common_suffix("", "a", 10) == 0
+    long = "y" * 200_000
+    assert jsonbytes.common_suffix("a" + long, "b" + long, 300_000) == 200_000
+    assert jsonbytes.common_suffix(long, "z" + "y" * 70_000, 300_000) == 70_000
 
 
 def test_common_prefix():

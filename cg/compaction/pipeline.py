@@ -16,7 +16,7 @@ import attrs
 from cg.compaction.components import DEFAULT_COMPONENTS, Component, Context, Dedup, Offload, Outcome
 from cg.compaction.tokens import estimate_tokens
 from cg.wire import jsonbytes
-from cg.wire.body import ParsedBody
+from cg.wire.body import Earlier, ParsedBody
 from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
 from cg.wire.jsonbytes import EACH, StringStyle
 from cg.wire.markers import EXPAND_TOOL, marker, marker_id
@@ -194,25 +194,23 @@ class _Bounded(Generic[_Key, _Value]):
 
 
 class Memo:
-    """Decisions already made, where results sit in each message, and each conversation's last
-    body, so a re-sent history costs a dict lookup per result and per changed message, and no
-    parse of what it shares with the previous turn.
+    """Decisions already made and each conversation's last body, so a re-sent history costs a
+    dict lookup per result, and no parse of what it shares with the previous turn.
 
     Decisions are keyed by (result text, tool name, config, lossy, seen earlier in the request):
     everything a decision depends on. The text itself is the key (its hash is computed once per
-    parse), so a memo hit needs no encoding or SHA-256. `bodies` (conversation -> its last
-    `ParsedBody`, kept by `cg.compaction.rewrite.Rewriter`) is bounded by the bytes of the bodies
-    it holds, not by a count. Its default is small: a parsed body costs ~14 times its bytes in
-    memory, and holding all 100 of a gateway's conversations (33 MB of bodies) cost 446 MiB of
-    RSS to save 0.2 ms of CPU per request (docs/performance.md, Gateway). Every table is bounded
-    in entries and in the text it holds, least recently used out first, and counts its hits and
-    misses.
+    parse, and a body parsed against its conversation's last one shares its string objects), so a
+    memo hit needs no encoding or SHA-256. `bodies` (conversation -> its last body as
+    `cg.wire.body.Earlier`, kept by `cg.compaction.rewrite.Rewriter`) is bounded by the bytes of
+    the bodies it holds, not by a count: an entry holds about 2.5 times its bytes (the bytes and
+    their parsed values, not the decoded text), and the default, 48 MiB of bodies, keeps about 150
+    conversations of 330 KB (docs/performance.md, Gateway). Every table is bounded in entries and
+    in the text it holds, least recently used out first, and counts its hits and misses.
     """
 
-    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20, max_body_bytes: int = 4 << 20):
+    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20, max_body_bytes: int = 48 << 20):
         self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_entries, max_chars)
-        self.spans: _Bounded[str, dict[jsonbytes.Path, jsonbytes.Span]] = _Bounded(max_entries, max_chars)
-        self.bodies: _Bounded[str, ParsedBody] = _Bounded(max_entries, max_body_bytes)
+        self.bodies: _Bounded[str, Earlier] = _Bounded(max_entries, max_body_bytes)
 
     def __len__(self) -> int:
         return len(self.decisions)
@@ -263,7 +261,7 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
             continue
         result_id = decision.result_id
         if result.message_index not in message_spans:
-            message_spans[result.message_index] = _message_spans(body, key, result.message_index, memo)
+            message_spans[result.message_index] = _message_spans(body, key, result.message_index)
         start, end = message_spans[result.message_index][result.path]
         edits.append(((start, end), StringStyle.of(doc[start:end], result.text).encode(decision.text)))
         changes += [
@@ -278,17 +276,14 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     return Plan(edits, originals, changes, runs, reverted)
 
 
-def _message_spans(body: ParsedBody, key: str, index: int,
-                   memo: Memo | None) -> dict[jsonbytes.Path, jsonbytes.Span]:
-    """Where the strings of message (or input item) `index` sit: walked once per distinct message text."""
-    start, end = body.spans[(key, index)]
-    if memo is None:
-        return jsonbytes.spans_below(body.doc, start, _MESSAGE_SPINE)
-    text = body.doc[start:end]
-    relative = memo.spans.get(text)
+def _message_spans(body: ParsedBody, key: str, index: int) -> dict[jsonbytes.Path, jsonbytes.Span]:
+    """Where the strings of message (or input item) `index` sit: walked once per message of a
+    conversation (a message taken from its last parse brings its spans: `ParsedBody.inner`)."""
+    start, _ = body.spans[(key, index)]
+    relative = body.inner.get((key, index))
     if relative is None:
-        relative = jsonbytes.spans_below(text, 0, _MESSAGE_SPINE)
-        memo.spans.put(text, relative, len(text))
+        found = jsonbytes.spans_below(body.doc, start, _MESSAGE_SPINE)
+        relative = body.inner[(key, index)] = {path: (a - start, b - start) for path, (a, b) in found.items()}
     return {path: (start + a, start + b) for path, (a, b) in relative.items()}
 
 

@@ -90,7 +90,7 @@ class Rewriter:
         body = ParsedBody.parse(raw, self.memo.bodies.take(conversation))
         if body is None:
             return None
-        self.memo.bodies.put(conversation, body, len(raw))
+        self.memo.bodies.put(conversation, body.earlier(), len(raw))
         injection = self._injection(body, dialect)
         # Exactly where cg manages expand does it repair the client's answers to expand calls.
         repairs = find_repairs(body, dialect) if injection is not None else []

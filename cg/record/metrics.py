@@ -38,7 +38,7 @@ _STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 STORE_OPERATIONS = ("put", "get", "freeze", "frozen", "info")
 USAGE_KINDS = ("input", "cache_read", "cache_write", "output")
 EXPAND_OUTCOMES = ("resolved", "unknown", "evicted", "malformed")
-MEMO_TABLES = ("decisions", "spans", "bodies")
+MEMO_TABLES = ("decisions", "bodies")
 
 
 # How a gauge sums over worker processes in multiprocess mode.
@@ -303,7 +303,7 @@ class Metrics:
                 gauge.set(getattr(info, field))
         memo = stats.memo
         if memo is not None:
-            tables: tuple[MemoTable, ...] = (memo.decisions, memo.spans, memo.bodies)
+            tables: tuple[MemoTable, ...] = (memo.decisions, memo.bodies)
             for table, bounded in zip(MEMO_TABLES, tables):
                 follow("cg_memo_hits_total", bounded.hits, table)
                 follow("cg_memo_misses_total", bounded.misses, table)

@@ -134,9 +134,8 @@ class Stats:
 
 def memo_snapshot(memo: Memo | None) -> dict[str, object]:
     """The memo's decisions table (its hit rate: how often a re-sent result cost a lookup), and
-    below it its spans table (where results sit in each message) and its bodies table (each
-    conversation's last body: a hit is a request parsed against its previous turn; `chars` are
-    bytes there)."""
+    below it its bodies table (each conversation's last body: a hit is a request parsed against
+    its previous turn; `chars` are bytes there)."""
 
     def table(bounded: MemoTable) -> dict[str, object]:
         lookups = bounded.hits + bounded.misses
@@ -150,7 +149,7 @@ def memo_snapshot(memo: Memo | None) -> dict[str, object]:
 
     if memo is None:
         return {}
-    return {**table(memo.decisions), "spans": table(memo.spans), "bodies": table(memo.bodies)}
+    return {**table(memo.decisions), "bodies": table(memo.bodies)}
 
 
 @attrs.define

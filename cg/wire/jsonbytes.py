@@ -13,7 +13,7 @@ back is the identity, so everything outside the spliced spans comes back as the 
 import json
 import re
 from collections.abc import Callable
-from typing import Any, Final, TypeAlias
+from typing import Any, AnyStr, Final, TypeAlias
 
 import attrs
 
@@ -32,31 +32,40 @@ _scan_string: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  #
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
-@attrs.frozen
+@attrs.define
 class Reuse:
-    """An earlier parse whose first `limit` characters are the new document's too.
+    """An earlier parse sharing its first `limit` and last `tail` characters with the new document.
 
-    An array item the spine records without descending, lying wholly inside that prefix at the
-    same position, is taken from the earlier parse instead of being scanned again: an agent's
-    history grows at its end, so most of a re-sent body is the previous request's.
+    A value the spine records without descending (a message, the tools array) that lies wholly
+    inside the shared prefix at the same position, or inside the shared suffix at the same distance
+    from the end, is taken from the earlier parse instead of being scanned again: an agent's history
+    grows at its end, before the system prompt and tools that follow it unchanged. `taken` lists
+    the paths taken so.
     """
 
     value: object
     spans: dict[Path, Span]
     limit: int
+    tail: int  # where the shared suffix starts in the earlier document (its length if none)
+    shift: int  # the new document's length less the earlier one's
+    taken: list[Path] = attrs.Factory(list)
 
     def item(self, path: Path, pos: int) -> tuple[object, int] | None:
-        """The earlier parse's value at `path` and its end, if it started at `pos` in the prefix."""
+        """The earlier parse's value at `path` and its new end, if the same text starts at `pos`."""
         span = self.spans.get(path)
-        if span is None or span[0] != pos or span[1] > self.limit:
+        if span is None:
+            return None
+        start, end = span
+        if not ((start == pos and end <= self.limit) or (start + self.shift == pos and start >= self.tail)):
             return None
         value: Any = self.value  # the spans say what each step of the path indexes
         for key in path:
             value = value[key]
-        return value, span[1]
+        self.taken.append(path)
+        return value, pos + end - start
 
 
-def common_prefix(a: str, b: str, block: int = 1 << 16) -> int:
+def common_prefix(a: AnyStr, b: AnyStr, block: int = 1 << 16) -> int:
     """The length of the longest common prefix of a and b, comparing in blocks (C speed)."""
     n = min(len(a), len(b))
     pos = 0
@@ -69,6 +78,25 @@ def common_prefix(a: str, b: str, block: int = 1 << 16) -> int:
             low = middle + 1
         else:
             high = middle
+    return low
+
+
+def common_suffix(a: AnyStr, b: AnyStr, most: int, block: int = 1 << 16) -> int:
+    """The length of the longest common suffix of a and b, at most `most` (C speed)."""
+    n = min(len(a), len(b), most)
+    length = 0
+    while length < n:
+        step = min(length + block, n)
+        if a[len(a) - step:len(a) - length] != b[len(b) - step:len(b) - length]:
+            break
+        length = step
+    low, high = length, min(length + block, n)
+    while low < high:  # the longest common suffix is in [low, high]
+        middle = (low + high + 1) // 2
+        if a[len(a) - middle:len(a) - low] == b[len(b) - middle:len(b) - low]:
+            low = middle
+        else:
+            high = middle - 1
     return low
 
 
@@ -120,6 +148,11 @@ def _skip(doc: str, pos: int) -> int:
 def _parse(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path, Span],
            reuse: Reuse | None) -> tuple[object, int]:
     value: object
+    earlier = reuse.item(path, pos) if reuse is not None and not spine else None
+    if earlier is not None:
+        value, end = earlier
+        spans[path] = (pos, end)
+        return value, end
     opener = doc[pos]
     if opener == "{" and spine:
         value, end = _parse_object(doc, pos, spine, path, spans, reuse)
@@ -165,14 +198,7 @@ def _parse_array(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path,
     if doc[pos] == "]":
         return items, pos + 1
     while True:
-        item_path = path + (len(items),)
-        earlier = reuse.item(item_path, pos) if reuse is not None and not spine else None
-        if earlier is not None:
-            value, end = earlier
-            spans[item_path] = (pos, end)
-            pos = end
-        else:
-            value, pos = _parse(doc, pos, spine, item_path, spans, reuse)
+        value, pos = _parse(doc, pos, spine, path + (len(items),), spans, reuse)
         items.append(value)
         pos = _skip(doc, pos)
         if doc[pos] == "]":
