@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cg.compaction.components import Context, Dedup, JsonFormat, Offload, TextClean
@@ -204,3 +204,18 @@ def test_golden_textclean_and_jsonformat():
     pretty = json.dumps({"name": "cg", "deps": {"ujson": ">=5.8", "attrs": ">=23.1"}, "n": [1, 2.5]}, indent=2)
     check_golden("textclean_progress.txt", run(TextClean(), progress))
     check_golden("jsonformat_package.txt", run(JsonFormat(), pretty))
+
+
+_LOG_PIECES = st.sampled_from(["E", "E ", "\n", " ", "\r", "\t", "x", "error", "Errors", "xError", "ERROR", "failed",
+                               "failures!", "panicked", "Traceback", "KeyException", "exception", "errored", "_fail",
+                               "fatal:", "ok", "K", "ſ", "İ", "\x1c"])
+
+
+@settings(max_examples=1500, deadline=None)
+@example(text="E\nerror: the line a match of E and a line break covers")
+@given(text=st.lists(_LOG_PIECES, max_size=40).map("".join))
+def test_error_lines_are_found_as_the_pattern_finds_them(text):
+    """The fast search decides which lines an excerpt keeps: it must find what the pattern does."""
+    from cg.compaction.components import _ERROR_LINE, _error_line_matches
+
+    assert [m.span() for m in _error_line_matches(text)] == [m.span() for m in _ERROR_LINE.finditer(text)]

@@ -91,6 +91,9 @@ def looks_like_error(text: str, is_error: object = None) -> bool:
     return not text.strip() or _ERROR_WORDS.search(text) is not None
 
 
+_EXPAND_TOOL_BYTES = EXPAND_TOOL.encode()
+
+
 def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
     """The error answers to expand calls in `body`'s messages (Responses: input items), in order.
 
@@ -98,7 +101,7 @@ def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
     walk of every message on every turn. (A name spelled with \\u escapes of plain letters would
     be missed; no client writes JSON so.)
     """
-    if EXPAND_TOOL not in body.doc:
+    if _EXPAND_TOOL_BYTES not in body.raw:  # the bytes: one byte a character, where the text may take two
         return []
     if dialect == RESPONSES:
         return _responses_repairs(body)
