@@ -349,7 +349,9 @@ def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[s
         tool_name=result.tool_name, message_index=result.message_index, block_index=result.block_index,
         part_index=result.part_index, original=original, marker_id=result_id, earlier=earlier,
     )
-    text, tokens = result.text, estimate_tokens(result.text)
+    # Sized only once a component offers a rewrite: most results stay as they are, and a file a
+    # kept tool read (keep_tools) can be the longest text of the request.
+    text, tokens = result.text, None
     steps: list[_Step] = []
     ran: list[str] = []
     reverted: list[str] = []
@@ -364,6 +366,8 @@ def _decide(result: _ToolResult, original: bytes, result_id: str, earlier: set[s
             continue
         if outcome is None:
             continue
+        if tokens is None:
+            tokens = estimate_tokens(text)
         after = estimate_tokens(outcome.text) if isinstance(outcome.text, str) else tokens
         if after >= tokens or not _keeps_contract(component, outcome, ctx):
             reverted.append(component.name)
