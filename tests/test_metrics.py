@@ -66,7 +66,7 @@ def exposed_names(text: str) -> set[str]:
 def test_a_scrape_says_what_stats_says(make_cg, fake):
     cg = make_cg(anthropic_upstream=fake.url, expand=True)
     raw = claude_code_bytes(history(coloured_output(), "x"))
-    for _ in range(2):  # the same history re-sent: the second decision comes from the memo
+    for _ in range(2):  # the same history re-sent: the second is planned from the first (the bodies table)
         client = yield post(cg.port, raw)
         yield client.closed
     stats = yield from get_stats(cg.port)
@@ -89,7 +89,7 @@ def test_a_scrape_says_what_stats_says(make_cg, fake):
     assert value(text, "cg_store_operation_seconds_count", operation="put") == 1  # the second was known
 
     memo = compaction["memo"]
-    assert memo["hits"] >= 1 and memo["misses"] >= 1
+    assert memo["misses"] >= 1
     assert memo["hit_rate"] == round(memo["hits"] / (memo["hits"] + memo["misses"]), 4)
     assert memo["entries"] > 0 and memo["chars"] > 0 and memo["bodies"]["hits"] >= 1
     assert value(text, "cg_memo_hits_total", table="decisions") == memo["hits"]

@@ -105,3 +105,40 @@ def test_a_hundred_conversations_each_parse_against_their_own_last_turn():
     for n, messages in enumerate(turns[:3]):
         small.parse(json.dumps(body(messages)).encode(), b"/v1/messages", f"c{n}")
     assert len(small.memo.bodies) == 2 and small.memo.bodies.take("c0") is None  # the oldest went first
+
+
+# Turns of an Anthropic conversation: a tool call and its result, small, big (offloaded),
+# pretty-printed JSON (reformatted) or a repeat (deduplicated).
+_BIG = "\n".join(f"line {n}: collected test_{n} PASSED" for n in range(700)) + "\nE   AssertionError: boom"
+_RESULT = st.sampled_from(["ok", _BIG, _BIG + "\nmore", json.dumps({"a": [1, 2, {"b": "c"}]}, indent=2),
+                           "x" * 30])
+
+
+def _turn(n: int, result: str, tool: str) -> list[dict]:
+    call_id = f"toolu_{n}"
+    return [{"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": tool, "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": result}]}]
+
+
+@settings(max_examples=60, deadline=None)
+@given(results=st.lists(st.tuples(_RESULT, st.sampled_from(["Bash", "Read"])), min_size=1, max_size=8),
+       edit_at=st.integers(min_value=0, max_value=20), lossy=st.booleans())
+def test_a_turn_planned_against_the_last_is_planned_as_from_scratch(results, edit_at, lossy):
+    """The messages a turn shares with the last one are planned as they were: the same edits,
+    changes and originals as a rewrite that never saw the earlier turn."""
+    messages: list[dict] = []
+    carried = Rewriter(RewriteConfig())
+    for n, (result, tool) in enumerate(results):
+        messages += _turn(n, result, tool)
+        sent = [dict(m) for m in messages]
+        # Claude Code marks the newest result for the cache: the last turn's result changes, not its call
+        sent[-1] = {**sent[-1], "content": [{**sent[-1]["content"][0], "cache_control": {"type": "ephemeral"}}]}
+        if edit_at < len(sent) and n == len(results) - 1:  # a client may rewrite an earlier message
+            sent[edit_at] = {"role": sent[edit_at]["role"], "content": "rewritten"}
+        raw = json.dumps(body(sent)).encode()
+        incoming = carried.parse(raw, b"/v1/messages", "c")
+        fresh = Rewriter(RewriteConfig()).parse(raw, b"/v1/messages", "c")
+        got, want = carried.finish(incoming, lossy=lossy), Rewriter(RewriteConfig()).finish(fresh, lossy=lossy)
+        assert (got.body, got.changes, got.originals, got.runs, got.reverted) == (
+            want.body, want.changes, want.originals, want.runs, want.reverted)
+    assert carried.memo.bodies.hits == len(results) - 1

@@ -9,7 +9,7 @@ cache stays valid. Anything unexpected means "no change": compaction never fails
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import attrs
 
@@ -242,38 +242,91 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     """The edits that compact the tool results of `body`; no edits when nothing changes.
 
     `lossy`: True, False, or the marker IDs whose originals may be replaced by a marker.
+
+    Planned message by message. A message that lies in what `body` shares with the conversation's
+    last body from its start (`ParsedBody.shared`) is planned as it was last time (`_Planned`,
+    carried in `ParsedBody.carried` under this plan's inputs): everything before it is the same
+    bytes, so its tool names, its results' "seen earlier" and their decisions are too.
     """
     key = _LIST_KEY[dialect]
     messages = body.value.get(key)
     if not isinstance(messages, list):
         return Plan([], {}, [])
+    out = Plan([], {}, [])
+    walk = _Walk(dialect, config, lossy, memo)
+    cache_key = ("plan", dialect, config, lossy) if isinstance(lossy, bool) else None
+    last = body.earlier_carried.get(cache_key, []) if cache_key else []
+    planned: list[_Planned] = []
+    for index, message in enumerate(messages):
+        if index < len(last) and body.spans[(key, index)][1] <= body.shared:
+            done = cast(_Planned, last[index])
+        else:
+            done = _plan_message(body, key, index, message, walk)
+        done.add_to(out, walk)
+        planned.append(done)
+    if cache_key is not None:
+        body.carried[cache_key] = planned
+    return out
+
+
+@attrs.frozen
+class _Planned:
+    """One message planned: what it adds to the plan, and to the walk's state for later messages."""
+
+    edits: tuple[tuple[jsonbytes.Span, str], ...] = ()
+    changes: tuple[Change, ...] = ()
+    originals: tuple[tuple[str, str], ...] = ()  # (marker ID, result text): encoded when used
+    ran: tuple[str, ...] = ()
+    reverted: tuple[str, ...] = ()
+    texts: tuple[str, ...] = ()  # its results' texts and IDs, for "seen earlier" after it
+    ids: tuple[str, ...] = ()
+    tool_names: tuple[tuple[str, str], ...] = ()  # the calls it makes: (call ID, tool name)
+
+    def add_to(self, out: Plan, walk: "_Walk") -> None:
+        out.edits.extend(self.edits)
+        out.changes.extend(self.changes)
+        out.originals.update((result_id, text.encode("utf-8")) for result_id, text in self.originals)
+        out.runs.update(self.ran)
+        out.reverted.update(self.reverted)
+        walk.seen_texts.update(self.texts)
+        walk.seen_ids.update(self.ids)
+        walk.tool_names.update(self.tool_names)
+
+
+def _plan_message(body: ParsedBody, key: str, index: int, message: object, walk: "_Walk") -> _Planned:
+    """Decide the tool results of message `index` (or input item) and make their edits."""
     edits: list[tuple[jsonbytes.Span, str]] = []
-    originals: dict[str, bytes] = {}
     changes: list[Change] = []
-    runs: Counter[str] = Counter()
-    reverted: Counter[str] = Counter()
-    message_spans: dict[int, dict[jsonbytes.Path, jsonbytes.Span]] = {}
-    doc = body.doc
-    for result, decision in _decisions(messages, dialect, config, lossy, memo):
-        runs.update(decision.ran)
-        reverted.update(decision.reverted)
+    originals: list[tuple[str, str]] = []
+    ran: list[str] = []
+    reverted: list[str] = []
+    texts: list[str] = []
+    ids: list[str] = []
+    calls: list[tuple[str, str]] = []
+    spans: dict[jsonbytes.Path, jsonbytes.Span] | None = None
+    for result, decision in walk.decisions(index, message, calls):
+        texts.append(result.text)
+        ids.append(decision.result_id)
+        ran += decision.ran
+        reverted += decision.reverted
         if decision.text is None:
             continue
         result_id = decision.result_id
-        if result.message_index not in message_spans:
-            message_spans[result.message_index] = _message_spans(body, key, result.message_index)
-        start, end = message_spans[result.message_index][result.path]
-        edits.append(((start, end), StringStyle.of(doc[start:end], result.text).encode(decision.text)))
+        if spans is None:
+            spans = _message_spans(body, key, index)
+        start, end = spans[result.path]
+        edits.append(((start, end), StringStyle.of(body.doc[start:end], result.text).encode(decision.text)))
         changes += [
             Change(message_index=result.message_index, block_index=result.block_index,
                    part_index=result.part_index, tool_name=result.tool_name, component=step.component,
-                   step=index, lossy=step.lossy, marker_id=result_id if step.lossy else None,
+                   step=number, lossy=step.lossy, marker_id=result_id if step.lossy else None,
                    tokens_before=step.tokens_before, tokens_after=step.tokens_after, content_id=result_id)
-            for index, step in enumerate(decision.steps)
+            for number, step in enumerate(decision.steps)
         ]
         if any(step.lossy for step in decision.steps):
-            originals[result_id] = result.text.encode("utf-8")
-    return Plan(edits, originals, changes, runs, reverted)
+            originals.append((result_id, result.text))
+    return _Planned(tuple(edits), tuple(changes), tuple(originals), tuple(ran), tuple(reverted),
+                    tuple(texts), tuple(ids), tuple(calls))
 
 
 def _message_spans(body: ParsedBody, key: str, index: int) -> dict[jsonbytes.Path, jsonbytes.Span]:
@@ -302,31 +355,40 @@ def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
                       originals=edits.originals, changes=edits.changes)
 
 
-def _decisions(messages: list[object], dialect: str, config: CompactConfig, lossy: bool | frozenset[str],
-               memo: Memo | None) -> Iterator[tuple[_ToolResult, _Decision]]:
-    """Each tool result with its decision (text None: no change).
+class _Walk:
+    """The walk over a body's messages in order: what a result's decision depends on besides
+    itself (its tool's name, from the call an earlier message made; whether the same text came
+    earlier in the request), and the decision inputs that stay the same for every result."""
 
-    `lossy` may be a set of marker IDs: lossy rewrites only for those originals (the ones
-    already stored), reformat only for the rest.
-    """
-    only: frozenset[str] | None = None
-    if isinstance(lossy, frozenset):
-        only, lossy = lossy, True
-    seen_texts: set[str] = set()
-    seen_ids: set[str] = set()
-    for result in _FIND_RESULTS[dialect](messages):
-        if result.tool_name == EXPAND_TOOL:
-            continue  # what the model asked to see again stays as it is
-        earlier = result.text in seen_texts
-        try:
-            decision = _decision(result, earlier, seen_ids, config, lossy, memo)
-        except UnicodeEncodeError:
-            continue  # a lone surrogate: no exact original to give back
-        if only is not None and decision.result_id not in only and any(s.lossy for s in decision.steps):
-            decision = _decision(result, earlier, seen_ids, config, False, memo)
-        seen_texts.add(result.text)
-        seen_ids.add(decision.result_id)
-        yield result, decision
+    def __init__(self, dialect: str, config: CompactConfig, lossy: bool | frozenset[str], memo: Memo | None):
+        self.find = _MESSAGE_RESULTS[dialect]
+        self.config, self.memo = config, memo
+        # `lossy` may be a set of marker IDs: lossy rewrites only for those originals (the ones
+        # already stored), reformat only for the rest.
+        self.only: frozenset[str] | None = lossy if isinstance(lossy, frozenset) else None
+        self.lossy = bool(lossy) if self.only is None else True
+        self.seen_texts: set[str] = set()
+        self.seen_ids: set[str] = set()
+        self.tool_names: dict[str, str] = {}
+
+    def decisions(self, index: int, message: object,
+                  calls: list[tuple[str, str]]) -> Iterator[tuple[_ToolResult, _Decision]]:
+        """Each tool result of message `index` with its decision (text None: no change); the
+        calls the message makes are added to `calls` (and to the walk's tool names)."""
+        for result in self.find(index, message, _Calls(self.tool_names, calls)):
+            if result.tool_name == EXPAND_TOOL:
+                continue  # what the model asked to see again stays as it is
+            earlier = result.text in self.seen_texts
+            try:
+                decision = _decision(result, earlier, self.seen_ids, self.config, self.lossy, self.memo)
+            except UnicodeEncodeError:
+                continue  # a lone surrogate: no exact original to give back
+            only = self.only
+            if only is not None and decision.result_id not in only and any(s.lossy for s in decision.steps):
+                decision = _decision(result, earlier, self.seen_ids, self.config, False, self.memo)
+            self.seen_texts.add(result.text)
+            self.seen_ids.add(decision.result_id)
+            yield result, decision
 
 
 def _decision(result: _ToolResult, earlier: bool, seen_ids: set[str], config: CompactConfig,
@@ -387,41 +449,37 @@ def _keeps_contract(component: Component, outcome: Outcome, ctx: Context) -> boo
             and marker(ctx.marker_id) in outcome.text)
 
 
-def _anthropic_results(messages: list[object]) -> Iterator[_ToolResult]:
-    tool_names: dict[str, str] = {}
-    for message_index, message in enumerate(messages):
-        if not isinstance(message, dict):
+def _anthropic_results(index: int, message: object, calls: "_Calls") -> Iterator[_ToolResult]:
+    if not isinstance(message, dict):
+        return
+    content = message.get("content")
+    if not isinstance(content, list):
+        return
+    role = message.get("role")
+    for block_index, block in enumerate(content):
+        if not isinstance(block, dict):
             continue
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        role = message.get("role")
-        for block_index, block in enumerate(content):
-            if not isinstance(block, dict):
-                continue
-            if role == "assistant" and block.get("type") == "tool_use":
-                _remember(tool_names, block.get("id"), block.get("name"))
-            elif role == "user" and block.get("type") == "tool_result":
-                yield from _result_texts(
-                    block.get("content"), ("content", block_index, "content"),
-                    _look_up(tool_names, block.get("tool_use_id")), message_index, block_index, "text",
-                )
-
-
-def _openai_results(messages: list[object]) -> Iterator[_ToolResult]:
-    tool_names: dict[str, str] = {}
-    for message_index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            continue
-        if message.get("role") == "assistant" and isinstance(message.get("tool_calls"), list):
-            for call in message["tool_calls"]:
-                if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                    _remember(tool_names, call.get("id"), call["function"].get("name"))
-        elif message.get("role") == "tool":
+        if role == "assistant" and block.get("type") == "tool_use":
+            _remember(calls, block.get("id"), block.get("name"))
+        elif role == "user" and block.get("type") == "tool_result":
             yield from _result_texts(
-                message.get("content"), ("content",),
-                _look_up(tool_names, message.get("tool_call_id")), message_index, None, "text",
+                block.get("content"), ("content", block_index, "content"),
+                _look_up(calls, block.get("tool_use_id")), index, block_index, "text",
             )
+
+
+def _openai_results(index: int, message: object, calls: "_Calls") -> Iterator[_ToolResult]:
+    if not isinstance(message, dict):
+        return
+    if message.get("role") == "assistant" and isinstance(message.get("tool_calls"), list):
+        for call in message["tool_calls"]:
+            if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                _remember(calls, call.get("id"), call["function"].get("name"))
+    elif message.get("role") == "tool":
+        yield from _result_texts(
+            message.get("content"), ("content",),
+            _look_up(calls, message.get("tool_call_id")), index, None, "text",
+        )
 
 
 # The Responses API's calls and their outputs, matched by `call_id`.
@@ -429,26 +487,26 @@ _RESPONSES_CALLS = ("function_call", "custom_tool_call")
 _RESPONSES_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 
 
-def _responses_results(items: list[object]) -> Iterator[_ToolResult]:
+def _responses_results(index: int, item: object, calls: "_Calls") -> Iterator[_ToolResult]:
     """The outputs among Responses `input` items: a string, or input_text parts (other parts stay)."""
-    tool_names: dict[str, str] = {}
-    for item_index, item in enumerate(items):
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type")
-        if kind in _RESPONSES_CALLS:
-            _remember(tool_names, item.get("call_id"), item.get("name"))
-        elif kind in _RESPONSES_OUTPUTS:
-            yield from _result_texts(
-                item.get("output"), ("output",),
-                _look_up(tool_names, item.get("call_id")), item_index, None, "input_text",
-            )
+    if not isinstance(item, dict):
+        return
+    kind = item.get("type")
+    if kind in _RESPONSES_CALLS:
+        _remember(calls, item.get("call_id"), item.get("name"))
+    elif kind in _RESPONSES_OUTPUTS:
+        yield from _result_texts(
+            item.get("output"), ("output",),
+            _look_up(calls, item.get("call_id")), index, None, "input_text",
+        )
 
 
-_FIND_RESULTS: dict[str, Callable[[list[object]], Iterator[_ToolResult]]] = {
+# Each body shape's tool results in one message (or input item), given the calls made before it
+# (call ID -> tool name), to which the message's own calls are added.
+_MESSAGE_RESULTS: dict[str, Callable[[int, object, "_Calls"], Iterator[_ToolResult]]] = {
     ANTHROPIC: _anthropic_results, OPENAI: _openai_results, RESPONSES: _responses_results,
 }
-# Where each body shape keeps the list _FIND_RESULTS walks.
+# Where each body shape keeps the list of messages _MESSAGE_RESULTS walks.
 _LIST_KEY = {ANTHROPIC: "messages", OPENAI: "messages", RESPONSES: "input"}
 
 
@@ -464,10 +522,20 @@ def _result_texts(content: object, path: jsonbytes.Path, tool_name: str | None, 
                                   block_index, part_index)
 
 
-def _remember(tool_names: dict[str, str], call_id: object, name: object) -> None:
+@attrs.frozen
+class _Calls:
+    """The tool names of the calls made so far (call ID -> name), and the list of those one
+    message adds (what a replay of that message must add again)."""
+
+    names: dict[str, str]
+    added: list[tuple[str, str]]
+
+
+def _remember(calls: _Calls, call_id: object, name: object) -> None:
     if isinstance(call_id, str) and isinstance(name, str):
-        tool_names[call_id] = name
+        calls.names[call_id] = name
+        calls.added.append((call_id, name))
 
 
-def _look_up(tool_names: dict[str, str], call_id: object) -> str | None:
-    return tool_names.get(call_id) if isinstance(call_id, str) else None
+def _look_up(calls: _Calls, call_id: object) -> str | None:
+    return calls.names.get(call_id) if isinstance(call_id, str) else None

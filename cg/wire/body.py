@@ -7,6 +7,8 @@ exactly as the client sent them.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
+
 import attrs
 
 from cg.wire import jsonbytes
@@ -31,6 +33,11 @@ class ParsedBody:
     and returns span edits; `apply` splices them all at once. `inner` caches, per message
     path, the spans the pipeline walked inside it; a message taken from the conversation's
     last parse brings its entry along.
+
+    `shared` is how many characters from the start this body shares with the conversation's
+    last one, whose `carried` is `earlier_carried`: what the stages above cached about its
+    messages, each under its own key, valid here for the messages that end within `shared`.
+    They fill this body's `carried` for the next turn.
     """
 
     raw: bytes
@@ -38,6 +45,9 @@ class ParsedBody:
     value: dict[str, object]
     spans: dict[jsonbytes.Path, jsonbytes.Span]
     inner: InnerSpans = attrs.Factory(dict)
+    shared: int = 0
+    earlier_carried: Mapping[Hashable, Sequence[object]] = attrs.Factory(dict)
+    carried: dict[Hashable, Sequence[object]] = attrs.Factory(dict)
 
     @classmethod
     def parse(cls, raw: bytes, previous: Earlier | None = None) -> ParsedBody | None:
@@ -50,21 +60,21 @@ class ParsedBody:
         try:
             doc = raw.decode("utf-8")
             if previous is not None and raw == previous.raw:
-                return cls(raw, doc, previous.value, previous.spans, previous.inner)
+                return cls(raw, doc, previous.value, previous.spans, previous.inner, len(doc), previous.carried)
             reuse = previous.reuse(raw, doc) if previous is not None else None
             value, spans = jsonbytes.load(doc, _BODY_SPINE, reuse)
         except ValueError:
             return None
         if not isinstance(value, dict):
             return None
-        inner: InnerSpans = {}
-        if reuse is not None and previous is not None:
-            inner = {path: previous.inner[path] for path in reuse.taken if path in previous.inner}
-        return cls(raw, doc, value, spans, inner)
+        if reuse is None or previous is None:
+            return cls(raw, doc, value, spans)
+        inner = {path: previous.inner[path] for path in reuse.taken if path in previous.inner}
+        return cls(raw, doc, value, spans, inner, reuse.limit, previous.carried)
 
     def earlier(self) -> Earlier:
         """What the conversation's next body is parsed against."""
-        return Earlier(self.raw, len(self.doc), self.value, self.spans, self.inner)
+        return Earlier(self.raw, len(self.doc), self.value, self.spans, self.inner, self.carried)
 
     def apply(self, edits: list[tuple[jsonbytes.Span, str]]) -> bytes:
         """The body with `edits` spliced in; the very same bytes object when there are none."""
@@ -82,6 +92,7 @@ class Earlier:
     value: dict[str, object]
     spans: dict[jsonbytes.Path, jsonbytes.Span]
     inner: InnerSpans
+    carried: dict[Hashable, Sequence[object]]
 
     def reuse(self, raw: bytes, doc: str) -> jsonbytes.Reuse:
         """What `doc` (`raw` decoded) shares with this body, in characters: its prefix and suffix.
