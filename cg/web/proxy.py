@@ -153,8 +153,9 @@ class ProxyResource(resource.Resource):
         model = model if isinstance(model, str) else None
         tenant = self.tenant_of(request.requestHeaders)
         warm = None
-        if self.keepalive is not None and conversation and keepalive.concerns(dialect.split_path(request.uri).decode("latin-1"), body):
-            # One keep-alive per model: a provider's cache is, and Claude Code's side requests go to another.
+        path = dialect.split_path(request.uri).decode("latin-1")
+        if self.keepalive is not None and conversation and keepalive.concerns(path, body):
+            # One keep-alive per model: a provider caches per model, and Claude Code's side requests go to another.
             warm = ((tenant, conversation, model), keepalive.lifetime(incoming.body.value))
         unchanged = Forward(body, seq, session, tenant, model=model, keepalive=warm)
         texts = self._repair_texts(incoming, unchanged.tenant) if incoming.repairs else defer.succeed({})
