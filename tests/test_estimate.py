@@ -11,6 +11,7 @@ from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request
 
 from cg.compaction.options import rewrite_config
+from cg.exchange import keepalive
 from cg.record import estimate, plot, report, transcripts
 from cg.record.pricing import TTL_1H, TTL_5M, PriceTable, PromptCache, Segment, Tokens, digest, prices
 from cg.record.replay import Sent, replay, segments
@@ -293,3 +294,76 @@ def test_cg_report_and_cg_estimate_agree(make_cg, fake, tmp_path):
     assert billed["usage"]["cache_read_tokens"] == estimated["tokens_cg"]["cache_read"]
     assert billed["usage"]["cache_write_tokens"] == estimated["tokens_cg"]["cache_write_5m"]
     assert billed["usage"]["input_tokens"] == estimated["tokens_cg"]["input"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Keep-alive, priced (--keepalive): cg's own scheduler on the transcript's timestamps
+
+
+def keepalive_session(*times: float, model: str = "claude-sonnet-4-5", path: str = "/v1/messages",
+                      thinking: dict | None = None) -> list[Sent]:
+    """A conversation sent at ``times``: a 2,000-token system prompt and a growing history, the
+    newest message marked, as Claude Code marks it."""
+    system = [{"type": "text", "text": "You are a careful engineer. " * 280, "cache_control": {"type": "ephemeral"}}]
+    messages: list[dict] = []
+    sent = []
+    for i, t in enumerate(times):
+        for message in messages:
+            message["content"][-1].pop("cache_control", None)
+        messages += [{"role": "user", "content": [{"type": "text", "text": f"step {i}: " + "do it " * 40,
+                                                    "cache_control": {"type": "ephemeral"}}]}]
+        body = {"model": model, "max_tokens": 8000, "system": system, "messages": messages,
+                **({"thinking": thinking} if thinking else {}), "stream": True}
+        sent.append(Sent(t, path, json.dumps(body).encode(), 50))
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "done " * 30}]})
+    return sent
+
+
+def test_keepalive_reads_where_an_expired_cache_would_be_written():
+    session = keepalive_session(0.0, 10.0, 610.0, 610.0 + 3000)  # gaps: 10 s, 10 min, 50 min
+    plain = replay(session, rewrite_config())
+    turns = replay(session, rewrite_config(), keep_warm=keepalive.Policy(max_idle=1800.0))
+    assert [t.cost_cg for t in turns] == [t.cost_cg for t in plain]  # the via-cg figures stay as they were
+    assert plain[2].cg.cache_write_5m > 2000  # 10 minutes: the prefix expired and is written again
+    kept = turns[2].keepalive
+    assert kept.cache_read + kept.cache_write_5m == plain[2].cg.cache_write_5m and kept.cache_write_5m < 200
+    # pings: 2 in the 10-minute gap (at 280 and 550 s), 6 in the 50-minute one up to the 30-minute bound
+    # (the request after it is written anew), 6 after the last request; each reads the prefix once
+    assert [t.pings for t in turns] == [0, 2, 6, 6]
+    assert turns[1].ping_tokens.cache_read == 2 * turns[2].keepalive.cache_read and turns[1].ping_tokens.output == 2
+    assert turns[1].ping_tokens.cache_write == 0 and turns[1].ping_tokens.input < 10
+    assert turns[3].keepalive.cache_write_5m == plain[3].cg.cache_write_5m  # past the bound: no saving
+    saving = turns[2].cost_cg - turns[2].cost_keepalive - turns[1].ping_cost
+    assert saving > 0 and turns[1].cost_keepalive == pytest.approx(turns[1].cost_cg + turns[1].ping_cost)
+
+
+def test_keepalive_bounds_and_what_it_leaves_alone():
+    session = keepalive_session(0.0, 610.0)
+    one = replay(session, rewrite_config(), keep_warm=keepalive.Policy(budget=1))
+    assert one[0].pings == 1 and one[1].keepalive.cache_write_5m > 2000  # the cache expired 580 s after the ping
+    short = replay(session, rewrite_config(), keep_warm=keepalive.Policy(max_idle=500.0))
+    assert short[0].pings == 1 and short[1].pings == 1  # 550 s is past 500 s; after the last, one at 880 s
+    for alone in (keepalive_session(0.0, 610.0, thinking={"type": "enabled", "budget_tokens": 4000}),
+                  keepalive_session(0.0, 610.0, path="/v1/chat/completions")):
+        turns = replay(alone, rewrite_config(), keep_warm=keepalive.Policy())
+        assert sum(t.pings for t in turns) == 0 and [t.cost_keepalive for t in turns] == [t.cost_cg for t in turns]
+
+
+def test_keepalive_on_the_command_line():
+    code, out, err = run(str(HOME), "--keepalive")
+    assert code == 0 and err == ""
+    assert out.splitlines()[0].split()[-5:] == ["pings", "ping", "cost", "keep-alive", "net"]
+    _, out, _ = run(str(HOME), "--json", "--keepalive")
+    doc = json.loads(out)
+    claude, codex = doc["sessions"]
+    # one headless run: all it gets is the pings after its last request, up to the 30-minute bound
+    assert claude["keepalive"]["pings"] == 6 and claude["keepalive"]["net_saving"] < 0
+    assert claude["keepalive"]["net_saving"] == pytest.approx(-claude["keepalive"]["ping_cost"], abs=1e-6)
+    assert codex["keepalive"]["pings"] == 0 and codex["keepalive"]["net_saving"] == 0  # OpenAI: never pinged
+    assert doc["total"]["keepalive"]["pings"] == 6 and doc["config"]["keepalive"] == {"max_idle": 1800.0, "budget": 10}
+    _, out, _ = run(str(HOME), "--json", "--keepalive", "--keepalive-max-idle", "400", "--keepalive-budget", "1")
+    assert json.loads(out)["total"]["keepalive"]["pings"] == 1
+    _, out, _ = run(str(HOME), "--json")
+    assert json.loads(out)["total"]["keepalive"] is None and "pings" not in run(str(HOME))[1]
+    code, out, err = run(str(HOME), "--keepalive", "--keepalive-max-idle", "200")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--keepalive-max-idle must be more than 270" in err

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 import ujson
 
 from cg.compaction import options
+from cg.exchange import keepalive
 from cg.record import transcripts
 from cg.record.pricing import Tokens, prices
 from cg.record.replay import DEFAULT_EXPAND_RATE, Sent, Turn, replay
@@ -31,6 +32,10 @@ ASSUMPTIONS = (
     "transcript's own timestamps; each session has a cache of its own.",
     "Output tokens are the transcript's and the same both ways: cg does not change what the model writes.",
     "Expected expand rounds = offloads x the expand rate; each is priced as one more request via cg.",
+)
+KEEPALIVE_ASSUMPTION = (
+    "Keep-alive: cg's own scheduler run on the transcript's timestamps; each ping is the last request read "
+    "from the cache plus one output token; pings after a session's last request run on to the idle bound."
 )
 
 
@@ -76,6 +81,12 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{spec[0]}", type=convert, default=spec[1], help=f"{spec[2]} [default: %(default)s]")
     parser.add_argument("--disable", action="append", default=[], type=_checked(options.check_disable),
                         metavar="COMPONENT", help=options.DISABLE_HELP)
+    parser.add_argument("--keepalive", action="store_true",
+                        help="also price twistd cg --keepalive: " + keepalive.KEEPALIVE_HELP)
+    parser.add_argument(f"--{keepalive.MAX_IDLE[0]}", type=float, default=keepalive.MAX_IDLE[1], metavar="SECONDS",
+                        help=f"{keepalive.MAX_IDLE[2]} [default: %(default)s]")
+    parser.add_argument(f"--{keepalive.BUDGET[0]}", type=int, default=keepalive.BUDGET[1], metavar="N",
+                        help=f"{keepalive.BUDGET[2]} [default: %(default)s]")
     return parser.parse_args(argv)
 
 
@@ -117,7 +128,7 @@ def _tokens(t: Tokens) -> dict[str, int]:
             "cache_write_1h": t.cache_write_1h, "output": t.output}
 
 
-def summarize(session: transcripts.Session, turns: list[Turn]) -> dict[str, Any]:
+def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool = False) -> dict[str, Any]:
     direct = sum((t.direct for t in turns), Tokens())
     via = sum((t.cg for t in turns), Tokens())
     cost_direct = sum(t.cost_direct for t in turns)
@@ -144,9 +155,27 @@ def summarize(session: transcripts.Session, turns: list[Turn]) -> dict[str, Any]
         "expand_rounds": round(sum(t.expand_rounds for t in turns), 2),
         "expand_cost": round(sum(t.expand_cost for t in turns), 6),
         "billed_by_transcript": _tokens(sum(billed, Tokens())) if billed else None,
+        "keepalive": _keepalive(turns, cost_cg, cost_direct) if keep_warm else None,
         "cumulative_direct": _cumulative(t.cost_direct for t in turns),
         "cumulative_cg": _cumulative(t.cost_cg for t in turns),
         "notes": list(session.notes),
+    }
+
+
+def _keepalive(turns: list[Turn], cost_cg: float, cost_direct: float) -> dict[str, Any]:
+    """What keep-alive would have cost and saved on these requests (``Turn.cost_keepalive``)."""
+    cost = sum(t.cost_keepalive for t in turns)
+    return _saving(sum(t.pings for t in turns), sum(t.ping_cost for t in turns), cost, cost_cg, cost_direct)
+
+
+def _saving(pings: int, ping_cost: float, cost: float, cost_cg: float, cost_direct: float) -> dict[str, Any]:
+    return {
+        "pings": pings,
+        "ping_cost": round(ping_cost, 6),
+        "cost_cg": round(cost, 6),  # via cg with keep-alive, pings included
+        "net_saving": round(cost_cg - cost, 6),  # against via cg without keep-alive
+        "net_saving_pct": round(100 * (cost_cg - cost) / cost_cg, 2) if cost_cg else None,
+        "ratio": round(cost / cost_direct, 4) if cost_direct else None,
     }
 
 
@@ -169,6 +198,7 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
             raise Refusal(f"no such file or directory: {root}")
         files += transcripts.find(root)
     config = options.rewrite_config(args.expand, args.offload_min_tokens, args.keep_tools, args.disable)
+    keep_warm = keepalive.Policy(args.keepalive_max_idle, args.keepalive_budget) if args.keepalive else None
     table = prices()
     sessions: list[dict[str, Any]] = []
     notes: set[str] = set()
@@ -187,11 +217,11 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
             if args.since is not None and (session.ended or 0) < args.since:
                 continue
             turns = replay([Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests], config, table,
-                           args.expand_rate, session.id)
+                           args.expand_rate, session.id, keep_warm)
             if not turns:
                 continue
             notes.update(t.price.note for t in turns if t.price.note)
-            sessions.append(summarize(session, turns))
+            sessions.append(summarize(session, turns, args.keepalive))
     progress.end()
     if not sessions:
         where = ", ".join(str(r) for r in roots)
@@ -211,21 +241,35 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
         "ratio": round(cost_cg / cost_direct, 4) if cost_direct else None,
         "offloads": sum(s["offloads"] for s in sessions),
         "expand_rounds": round(sum(s["expand_rounds"] for s in sessions), 2),
+        "keepalive": None,
     }
+    if args.keepalive:
+        kept = [s["keepalive"] for s in sessions]
+        total["keepalive"] = _saving(sum(k["pings"] for k in kept), sum(k["ping_cost"] for k in kept),
+                                     sum(k["cost_cg"] for k in kept), cost_cg, cost_direct)
     return {
         "sessions": sessions,
         "total": total,
         "config": {"expand": args.expand, "offload_min_tokens": args.offload_min_tokens,
                    "keep_tools": list(args.keep_tools), "disable": list(args.disable),
-                   "expand_rate": args.expand_rate, "ttl": args.ttl},
+                   "expand_rate": args.expand_rate, "ttl": args.ttl,
+                   "keepalive": {"max_idle": args.keepalive_max_idle, "budget": args.keepalive_budget}
+                   if args.keepalive else None},
         "prices": {"sources": table.sources(), "notes": sorted(notes)},
         "unreadable": unreadable,
-        "assumptions": list(ASSUMPTIONS),
+        "assumptions": [*ASSUMPTIONS, *((KEEPALIVE_ASSUMPTION,) if args.keepalive else ())],
     }
 
 
 def _usd(x: float) -> str:
     return f"${x:,.2f}" if x >= 1 else f"${x:,.4f}"
+
+
+def _kept(k: dict[str, Any]) -> tuple[str, str, str]:
+    """Pings, their cost, and the net saving (negative: keep-alive cost more than it spared)."""
+    net = k["net_saving"]
+    pct = "" if k["net_saving_pct"] is None else f" ({k['net_saving_pct']:+.1f}%)"
+    return f"{k['pings']:,}", _usd(k["ping_cost"]), ("-" if net < 0 else "") + _usd(abs(net)) + pct
 
 
 def _when(ts: float | None) -> str:
@@ -237,18 +281,20 @@ def _when(ts: float | None) -> str:
 def render(report: dict[str, Any]) -> str:
     from cg.record.report import text_table
 
+    kept = report["total"]["keepalive"] is not None
     rows: list[tuple[str, ...]] = [("client", "session", "started (UTC)", "project", "requests", "input tokens",
-                                    "cost direct", "cost via cg", "ratio", "offloads", "expand rounds")]
+                                    "cost direct", "cost via cg", "ratio", "offloads", "expand rounds",
+                                    *(("pings", "ping cost", "keep-alive net") if kept else ()))]
     for s in report["sessions"]:
         rows.append((s["client"], s["session"][:8], _when(s["started"]), Path(s["project"]).name or "-",
                      f"{s['requests']:,}", f"{s['input_tokens_direct']:,}", _usd(s["cost_direct"]), _usd(s["cost_cg"]),
                      "-" if s["ratio"] is None else f"{s['ratio']:.3f}", f"{s['offloads']:,}",
-                     f"{s['expand_rounds']:.1f}"))
+                     f"{s['expand_rounds']:.1f}", *(_kept(s["keepalive"]) if kept else ())))
     t = report["total"]
     rows.append(("total", f"{t['sessions']} session(s)", "", "", f"{t['requests']:,}", f"{t['input_tokens_direct']:,}",
                  _usd(t["cost_direct"]), _usd(t["cost_cg"]), "-" if t["ratio"] is None else f"{t['ratio']:.3f}",
-                 f"{t['offloads']:,}", f"{t['expand_rounds']:.1f}"))
-    out = text_table(rows, "<<<<>>>>>>>")
+                 f"{t['offloads']:,}", f"{t['expand_rounds']:.1f}", *(_kept(t["keepalive"]) if kept else ())))
+    out = text_table(rows, "<<<<>>>>>>>" + (">>>" if kept else ""))
     out.insert(-1, "")
     out.append("")
     for note in report["prices"]["notes"]:
@@ -273,6 +319,11 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     args = _arguments(argv)
+    try:
+        keepalive.check_policy(args.keepalive_max_idle, args.keepalive_budget)
+    except ValueError as error:
+        print(f"cg-estimate: {error}", file=stderr)
+        return 2
     if args.plot:
         from cg.record import plot
 

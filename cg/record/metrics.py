@@ -176,6 +176,8 @@ class Metrics:
         }
         self.memo_entries = gauge("cg_memo_entries", "Entries in the compaction memo, by table.", "livesum",
                                   ("table",))
+        self.keepalive_conversations = gauge(
+            "cg_keepalive_conversations", "Conversations whose prompt cache --keepalive keeps warm now.", "livesum")
         self.memo_chars = gauge("cg_memo_characters", "Characters of text the compaction memo holds, by table.",
                                 "livesum", ("table",))
         self._requests: dict[tuple[str, ...], Counter] = {}
@@ -301,6 +303,16 @@ class Metrics:
         if info is not None:
             for field, gauge in self.store_size.items():
                 gauge.set(getattr(info, field))
+        keepalive = stats.keepalive
+        follow("cg_keepalive_pings_total", keepalive.pings)
+        follow("cg_keepalive_ping_failures_total", keepalive.pings_failed)
+        ping_usage = keepalive.usage
+        for kind, tokens in zip(USAGE_KINDS, (ping_usage.input_tokens, ping_usage.cache_read_tokens,
+                                              ping_usage.cache_write_tokens, ping_usage.output_tokens)):
+            follow("cg_keepalive_billed_tokens_total", tokens, kind)
+        for why, ended in keepalive.ended.items():
+            follow("cg_keepalive_ended_total", ended, why)
+        self.keepalive_conversations.set(keepalive.conversations)
         memo = stats.memo
         if memo is not None:
             tables: tuple[MemoTable, ...] = (memo.decisions, memo.bodies)
@@ -346,6 +358,13 @@ _MIRRORED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("cg_store_errors_total", "Store reads and writes that failed, by operation.", ("operation",)),
     ("cg_store_reads_total", "Originals looked up in the store, by result (hit or miss).", ("result",)),
     ("cg_store_evictions_total", "Originals evicted from the store (least recently used first).", ()),
+    ("cg_keepalive_pings_total", "Keep-alive pings sent to the provider (--keepalive).", ()),
+    ("cg_keepalive_ping_failures_total", "Keep-alive pings answered non-2xx or not at all; each ends its "
+     "conversation's keep-alive.", ()),
+    ("cg_keepalive_billed_tokens_total", "Tokens the provider billed for keep-alive pings, by kind (mostly "
+     "cache_read).", ("kind",)),
+    ("cg_keepalive_ended_total", "Conversations whose keep-alive ended, by why (idle, budget, failed, missed, "
+     "refused, ineligible, evicted, stopped).", ("reason",)),
     ("cg_memo_hits_total", "Compaction memo lookups that found an entry, by table.", ("table",)),
     ("cg_memo_misses_total", "Compaction memo lookups that did not, by table.", ("table",)),
 )

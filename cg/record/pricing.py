@@ -27,10 +27,12 @@ from typing import Any
 
 import attrs
 
+from cg.wire.cache import TTL_1H as TTL_1H
+from cg.wire.cache import TTL_5M as TTL_5M
+
 ANTHROPIC, OPENAI = "anthropic", "openai"
 LOOKBACK_BLOCKS = 20  # Anthropic checks for a hit this many blocks back from each breakpoint
 OPENAI_STEP = 128  # OpenAI's cache hits grow in steps of this many tokens
-TTL_5M, TTL_1H = 300.0, 3600.0
 
 
 @attrs.frozen

@@ -18,11 +18,18 @@ What it states rather than measures:
 - Offloads: results cg replaces with an excerpt or a pointer (a lossy rewrite), each counted in the
   request where it first is, at the size the client sent (before any lossless step such as
   textclean). Bytes: each body as sent and as cg would forward it.
+- Keep-alive (``keep_warm``, a ``cg.exchange.keepalive.Policy``): the via-cg side is priced once
+  more on a prompt cache of its own, with the pings cg's keep-alive would have sent in each idle
+  gap, at the times its own scheduler (the one cg runs) picks from the transcript's timestamps.
+  A ping is billed as the conversation's last forwarded prompt read again (cache reads, the tail
+  after the last breakpoint as input) plus one output token; every real request is taken to have
+  been answered 2xx when it was sent, and every ping to read what the cache holds.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,11 +38,10 @@ import attrs
 from cg.compaction.pipeline import Change
 from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.compaction.tokens import estimate_tokens
+from cg.exchange import keepalive
 from cg.record.pricing import (
     ANTHROPIC,
     OPENAI,
-    TTL_1H,
-    TTL_5M,
     Price,
     PriceTable,
     PromptCache,
@@ -44,6 +50,7 @@ from cg.record.pricing import (
     digest,
     prices,
 )
+from cg.wire.cache import breakpoint_ttl
 
 DEFAULT_EXPAND_RATE = 0.1
 
@@ -74,6 +81,9 @@ class Turn:
     expand_cost: float  # their expected cost (USD), part of cost_cg
     bytes_direct: int = 0  # the body as the client sent it
     bytes_cg: int = 0  # the body as cg would have forwarded it
+    keepalive: Tokens | None = None  # with keep-alive: this request as billed then (output included)
+    pings: int = 0  # keep-alive pings sent after this request, before its conversation's next
+    ping_tokens: Tokens = Tokens()  # what they were billed
 
     @property
     def cost_direct(self) -> float:
@@ -83,18 +93,19 @@ class Turn:
     def cost_cg(self) -> float:
         return self.price.cost(self.cg) + self.expand_cost
 
+    @property
+    def cost_keepalive(self) -> float:
+        """Via cg with keep-alive: this request, the pings after it, and its expand rounds."""
+        billed = self.cg if self.keepalive is None else self.keepalive
+        return self.price.cost(billed + self.ping_tokens) + self.expand_cost
+
+    @property
+    def ping_cost(self) -> float:
+        return self.price.cost(self.ping_tokens)
+
 
 def _dump(value: object) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-def _ttl(block: object) -> float | None:
-    if not isinstance(block, dict):
-        return None
-    control = block.get("cache_control")
-    if not isinstance(control, dict):
-        return None
-    return TTL_1H if control.get("ttl") == "1h" else TTL_5M
 
 
 class _Sizer:
@@ -121,11 +132,11 @@ def segments(body: dict[str, Any], shape: str, sizer: _Sizer | None = None) -> l
     out: list[Segment] = []
     tools = body.get("tools")
     for tool in tools if isinstance(tools, list) else []:
-        out.append(sizer.segment("tool", tool, _ttl(tool) if shape == ANTHROPIC else None))
+        out.append(sizer.segment("tool", tool, breakpoint_ttl(tool) if shape == ANTHROPIC else None))
     if shape == ANTHROPIC:
         system = body.get("system")
         if isinstance(system, list):
-            out += [sizer.segment("system", b, _ttl(b)) for b in system]
+            out += [sizer.segment("system", b, breakpoint_ttl(b)) for b in system]
         elif system:
             out.append(sizer.segment("system", system))
         for message in body.get("messages") or []:
@@ -134,7 +145,7 @@ def segments(body: dict[str, Any], shape: str, sizer: _Sizer | None = None) -> l
             role = str(message.get("role"))
             content = message.get("content")
             if isinstance(content, list):
-                out += [sizer.segment(role, b, _ttl(b)) for b in content]
+                out += [sizer.segment(role, b, breakpoint_ttl(b)) for b in content]
             else:
                 out.append(sizer.segment(role, content))
         return out
@@ -167,10 +178,12 @@ def _provider(path: str) -> str:
 
 
 def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table: PriceTable | None = None,
-           expand_rate: float = DEFAULT_EXPAND_RATE, conversation: str = "") -> list[Turn]:
+           expand_rate: float = DEFAULT_EXPAND_RATE, conversation: str = "",
+           keep_warm: keepalive.Policy | None = None) -> list[Turn]:
     """Each request of one conversation priced direct and via cg (``config``: cg's rewrite
-    options; None: its defaults), in order."""
+    options; None: its defaults), in order; with ``keep_warm``, via cg with keep-alive too."""
     table = table or prices()
+    warm = _KeepWarm(keep_warm) if keep_warm is not None else None
     rewriter = Rewriter(config or RewriteConfig())
     sizer = _Sizer()
     caches: dict[tuple[str, str], tuple[PromptCache, PromptCache]] = {}
@@ -184,6 +197,8 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
             continue
         if shape is None or not isinstance(direct_body, dict):
             continue
+        if warm is not None:
+            warm.until(request.time)
         model = direct_body.get("model") if isinstance(direct_body.get("model"), str) else None
         price = table.price(model, _provider(request.path))
         incoming = rewriter.parse(request.body, request.path.encode(), conversation)
@@ -203,7 +218,69 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         rounds = expand_rate * len(new)
         prompt = sum(s.tokens for s in cg_segments)
         expand_cost = expand_rate * sum(price.cost(Tokens(input=original, cache_read=prompt)) for original in new.values())
+        kept = None
+        if warm is not None:
+            kept = warm.request(len(turns), request, direct_body, model, price, cg_segments) + output
         turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, expand_cost,
-                          len(request.body), len(rewrite.body) if rewrite is not None else len(request.body)))
-    return turns
+                          len(request.body), len(rewrite.body) if rewrite is not None else len(request.body),
+                          kept))
+    if warm is None:
+        return turns
+    warm.until(math.inf)  # after the last request, pings go on to the idle bound or the budget
+    return [attrs.evolve(turn, pings=len(warm.pings[i]), ping_tokens=sum(warm.pings[i], Tokens()))
+            if i in warm.pings else turn for i, turn in enumerate(turns)]
+
+
+# What a keep-alive ping re-sends, in the replay: the turn it follows, that turn's price and prompt.
+_Last = tuple[int, Price, list[Segment]]
+
+
+class _KeepWarm:
+    """cg's keep-alive over one session's timestamps: the scheduler cg runs (cg.exchange.keepalive),
+    its pings billed on prompt caches of their own, where the session's requests are billed too."""
+
+    def __init__(self, policy: keepalive.Policy):
+        self.scheduler: keepalive.Scheduler[_Last] = keepalive.Scheduler(policy)
+        self.caches: dict[tuple[str, str], PromptCache] = {}
+        self.armed: dict[keepalive.Key, float] = {}
+        self.pings: dict[int, list[Tokens]] = {}  # by the index of the turn they follow
+
+    def _cache(self, price: Price) -> PromptCache:
+        key = (price.key, price.provider)
+        if key not in self.caches:
+            self.caches[key] = PromptCache(price.explicit_cache, price.min_cache_tokens, price.cache_ttl)
+        return self.caches[key]
+
+    def until(self, now: float) -> None:
+        """Send every ping due before ``now``, in time order."""
+        while self.armed:
+            key, at = min(self.armed.items(), key=lambda armed: armed[1])
+            if at >= now:
+                return
+            del self.armed[key]
+            self._do(self.scheduler.due(key, at), at)
+
+    def request(self, index: int, request: Sent, body: dict[str, Any], model: str | None, price: Price,
+                prompt: list[Segment]) -> Tokens:
+        """A real request, billed on the kept-warm cache; it moves its conversation's pings as in cg."""
+        billed = self._cache(price).bill(request.time, prompt)
+        if keepalive.concerns(request.path, request.body):
+            generation, commands = self.scheduler.sent(model, request.time, keepalive.lifetime(body),
+                                                       (index, price, prompt))
+            self._do(commands, request.time)
+            if generation is not None:
+                self._do(self.scheduler.answered(model, generation, True), request.time)
+        return billed
+
+    def _do(self, commands: list[keepalive.Command[_Last]], now: float) -> None:
+        for command in commands:
+            if isinstance(command, keepalive.Arm):
+                self.armed[command.key] = command.at
+            elif isinstance(command, (keepalive.Disarm, keepalive.End)):
+                self.armed.pop(command.key, None)
+            elif isinstance(command, keepalive.Ping):
+                index, price, prompt = command.payload
+                billed = self._cache(price).bill(now, prompt) + Tokens(output=1)
+                self.pings.setdefault(index, []).append(billed)
+                self._do(self.scheduler.pinged(command.key, command.generation, True, billed.cache_read), now)
 

@@ -11,7 +11,7 @@ from cg.compaction.tokens import estimate_body_tokens, estimate_tokens
 from cg.exchange.record import ExchangeRecord
 from cg.record.metrics import MemoTable, Metrics
 from cg.stream.inspector import ReleaseReason
-from cg.stream.usage import UsageTotals
+from cg.stream.usage import Usage, UsageTotals
 
 
 @attrs.define
@@ -72,6 +72,7 @@ class Stats:
     changelog: object = None  # the change log, for its error count
     worker: dict[str, int] | None = None  # one of --workers N: its index, the count, its pid
     memo: Memo | None = None  # the rewriter's, for its hit rate
+    keepalive: "KeepaliveStats" = attrs.field(factory=lambda: KeepaliveStats())
     metrics: Metrics = attrs.field(factory=Metrics)  # /metrics: from the records, and these counters
 
     def record_response(self, record: ExchangeRecord, tenant: str = "") -> None:
@@ -128,6 +129,7 @@ class Stats:
             "expand": attrs.asdict(self.expand),
             **self.sse.snapshot(),
             "changelog_errors": getattr(self.changelog, "errors", 0),
+            "keepalive": self.keepalive.snapshot(),
             **({"worker": self.worker} if self.worker is not None else {}),
         }
 
@@ -314,4 +316,31 @@ class StreamStats:
             "sse_released": dict(self.released),
             "sse_held_events": self.held_events,
             "expand_rounds": self.expand_rounds,
+        }
+
+
+@attrs.define
+class KeepaliveStats:
+    """--keepalive: the pings cg sent to keep conversations' prompt caches warm, and their bill.
+
+    Apart from `usage` (/stats' top level), which is what the clients' own requests were billed, so
+    that what keep-alive costs (mostly `cache_read_tokens`) can be set against the cache writes it
+    spares. `ended` counts keep-alives by why they ended (cg.exchange.keepalive.End).
+    """
+
+    enabled: bool = False
+    conversations: int = 0  # kept warm now
+    pings: int = 0  # sent
+    pings_failed: int = 0  # answered non-2xx, or not at all
+    usage: Usage = attrs.field(factory=Usage)  # billed for the pings
+    ended: Counter[str] = attrs.field(factory=Counter)
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "enabled": self.enabled,
+            "conversations": self.conversations,
+            "pings": self.pings,
+            "pings_failed": self.pings_failed,
+            "usage": self.usage.as_dict(),
+            "ended": dict(sorted(self.ended.items())),
         }

@@ -4,6 +4,8 @@ import re
 
 import attrs
 
+from cg.exchange.keepalive import DEFAULT_BUDGET, DEFAULT_MAX_CONVERSATIONS, DEFAULT_MAX_IDLE
+
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -45,3 +47,7 @@ class Config:
     max_held: int = 16 << 20
     workers: int = 1  # processes serving the --listen sockets (cg.web.workers)
     metrics_tenants: bool = False  # /metrics labels requests and billed tokens by tenant
+    keepalive: bool = False  # ping Anthropic conversations' prompt caches before they expire (cg.web.keepalive)
+    keepalive_max_idle: float = DEFAULT_MAX_IDLE
+    keepalive_budget: int = DEFAULT_BUDGET
+    keepalive_max_conversations: int = DEFAULT_MAX_CONVERSATIONS

@@ -84,6 +84,9 @@ class Forward:
     rewrite: Rewrite | None = None
     originals: dict[str, bytes] = attrs.Factory(dict)
     model: str | None = None  # the request's, for the change log's usage line
+    # --keepalive: the conversation (tenant, session id, model) and its cache lifetime (None: it
+    # cannot be kept warm); None when the request does not concern keep-alive.
+    keepalive: tuple[tuple[str, bytes, str | None], float | None] | None = None
 
 
 class ExchangeDriver:
@@ -99,6 +102,8 @@ class ExchangeDriver:
         self.tenant = ""  # whose originals expand calls may read
         self.model: str | None = None
         self.originals: dict[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
+        self.warm: tuple[tuple[str, bytes, str | None], float | None] | None = None  # Forward.keepalive
+        self.warm_generation: int | None = None  # of round 0 in the keep-alive, once sent
         reads = self.reads = dialect.response_shape(request.uri)
         self.decode = reads is not None
         body = self._body = request.content.getvalue()
@@ -169,6 +174,7 @@ class ExchangeDriver:
 
     def _prepared(self, forward: Forward):
         self.tenant, self.originals, self.model = forward.tenant, forward.originals, forward.model
+        self.warm = forward.keepalive
         body = None if not forward.body and self.request.method in _BODYLESS else forward.body
         self.feed(Prepared(body, forward.rewrite, forward.session, forward.seq))
 
@@ -183,6 +189,10 @@ class ExchangeDriver:
         origin, base_path = self.proxy.upstreams[self.which]
         body = command.body
         self.round = command.round
+        if command.round == 0 and self.warm is not None:
+            key, lifetime = self.warm
+            self.warm_generation = self.proxy.keepalive.sent(key, lifetime, body, self.request.uri,
+                                                             self.upstream_headers)
         self.stats.bytes_to_upstream += len(body or b"")
         pending = self.pending = self.proxy.upstream.request(
             self.request.method, origin, base_path + self.request.uri, self.upstream_headers, body
@@ -338,6 +348,7 @@ class ExchangeDriver:
             log.warn("expand continuation failed ({why}): the client gets the rounds so far",
                      why=record.continuation_failed)
         self.proxy.billed(record, self.model)
+        self._answered(record.status)
         self.proxy.ended(self)
         compacted = record.compacted
         log.info(
@@ -355,6 +366,12 @@ class ExchangeDriver:
             markers=0 if compacted is None else compacted.markers,
             rounds=record.expand_rounds,
         )
+
+    def _answered(self, status: int | None):
+        """Tell the keep-alive how round 0 was answered (what the client got), so it arms or ends."""
+        if self.warm is not None and self.warm_generation is not None:
+            generation, self.warm_generation = self.warm_generation, None
+            self.proxy.keepalive.answered(self.warm[0], generation, status)
 
     def _stop_detached(self):
         """Bodies of earlier rounds still open (a gateway may keep one open past its end): stop them."""
@@ -376,6 +393,7 @@ class ExchangeDriver:
             self._cancel_timer(CancelTimer(timer))
         self._stop_upstream(_STOP)
         self._stop_detached()
+        self._answered(None)
         transport = self.request.channel.transport
         if transport is not None and not transport.disconnected:
             transport.abortConnection()

@@ -17,6 +17,7 @@ from twisted.python.failure import Failure
 from twisted.web import resource, server
 
 from cg.compaction.repair import repair_answer
+from cg.exchange import keepalive
 from cg.exchange.record import ExchangeRecord
 from cg.record.changelog import NullChangeLog, compaction_record, usage_record
 from cg.stream.usage import session_key
@@ -49,6 +50,7 @@ class ProxyResource(resource.Resource):
         continuation_timeout: float = 600.0,
         clock=time.perf_counter,
         reactor=None,
+        keepalive=None,
     ):
         super().__init__()
         self.upstream = upstream
@@ -62,6 +64,7 @@ class ProxyResource(resource.Resource):
         self.max_expand_rounds = max_expand_rounds
         self.max_held = max_held
         self.continuation_timeout = continuation_timeout
+        self.keepalive = keepalive  # cg.web.keepalive.KeepAlive, with --keepalive
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
@@ -147,8 +150,14 @@ class ProxyResource(resource.Resource):
         if incoming is None:
             return defer.succeed(Forward(body, seq, session))
         model = incoming.body.value.get("model")
-        unchanged = Forward(body, seq, session, self.tenant_of(request.requestHeaders),
-                            model=model if isinstance(model, str) else None)
+        model = model if isinstance(model, str) else None
+        tenant = self.tenant_of(request.requestHeaders)
+        warm = None
+        path = dialect.split_path(request.uri).decode("latin-1")
+        if self.keepalive is not None and conversation and keepalive.concerns(path, body):
+            # One keep-alive per model: a provider caches per model, and Claude Code's side requests go to another.
+            warm = ((tenant, conversation, model), keepalive.lifetime(incoming.body.value))
+        unchanged = Forward(body, seq, session, tenant, model=model, keepalive=warm)
         texts = self._repair_texts(incoming, unchanged.tenant) if incoming.repairs else defer.succeed({})
         return texts.addCallback(lambda texts: self._finish(unchanged, incoming, texts))
 

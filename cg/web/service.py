@@ -14,12 +14,14 @@ from twisted.logger import Logger
 from cg import __version__
 from cg.compaction import options
 from cg.compaction.rewrite import RewriteConfig, Rewriter
+from cg.exchange.keepalive import Policy
 from cg.record.changelog import open_changelog
 from cg.record.metrics import Metrics
 from cg.record.stats import Stats
 from cg.store import default_store_url, store_from_url, store_label
 from cg.web import systemd
 from cg.web.config import Config
+from cg.web.keepalive import KeepAlive
 from cg.web.metrics import MeteredStore
 from cg.web.proxy import ProxyResource
 from cg.web.site import Connections, ProxySite
@@ -137,6 +139,11 @@ class CGService(service.Service):
         self._previous_hup = None
         rewriter = Rewriter(rewrite_config(config))
         self.stats.memo = rewriter.memo
+        self.keepalive = None
+        if config.keepalive:
+            policy = Policy(config.keepalive_max_idle, config.keepalive_budget, config.keepalive_max_conversations)
+            self.keepalive = KeepAlive(self.upstream, reactor, split_base(config.anthropic_upstream), policy,
+                                       self.stats.keepalive)
         self.resource = ProxyResource(
             self.upstream,
             self.stats,
@@ -150,6 +157,7 @@ class CGService(service.Service):
             max_held=config.max_held,
             continuation_timeout=config.header_timeout,
             reactor=reactor,
+            keepalive=self.keepalive,
         )
         self.site = ProxySite(
             self.resource, config.max_body, request_head_timeout=config.request_head_timeout, reactor=reactor
@@ -181,7 +189,7 @@ class CGService(service.Service):
         self._store_untold = info is None
         log.info(
             "cg {version}{worker} listening on {where} \N{RIGHTWARDS ARROW} Anthropic {anthropic}, OpenAI {openai}; "
-            "store {store} ({originals}); expand {expand}; mode {mode}",
+            "store {store} ({originals}); expand {expand}; mode {mode}{keepalive}",
             version=__version__,
             worker="" if self.worker is None else f" worker {self.worker.index + 1}/{self.worker.of}",
             where=", ".join(listening_url(d, p.getHost()) for d, p in zip(config.listen, self.ports)),
@@ -191,6 +199,8 @@ class CGService(service.Service):
             originals="opening" if info is None else f"{info.entries} originals",
             expand="on" if config.expand else "off",
             mode="observe" if config.observe else "forward",
+            keepalive="" if self.keepalive is None else
+            f"; keep-alive up to {config.keepalive_max_idle:g} s idle, {config.keepalive_budget} pings",
         )
         systemd.notify(b"READY=1")
 
@@ -238,6 +248,8 @@ class CGService(service.Service):
         if self._store_info.running:
             self._store_info.stop()
         _restore_sighup(self._previous_hup)
+        if self.keepalive is not None:
+            self.keepalive.stop()  # no ping goes out while in-flight requests drain
         stopped = [defer.maybeDeferred(port.stopListening) for port in self.ports]
         del self.ports[:]
         self._listening = None

@@ -7,6 +7,7 @@ from twisted.python import usage
 
 from cg import __version__
 from cg.compaction import options
+from cg.exchange import keepalive
 from cg.store import PASSWORD_ENV, default_store_url, parse_store_url, store_password
 from cg.web.config import Config, parse_size
 from cg.web.service import CGService
@@ -151,6 +152,9 @@ class Options(usage.Options):
             "(read it with cg-report); reopened on SIGHUP, for logrotate.",
         ],
         _option(options.KEEP_TOOLS),
+        _option(keepalive.MAX_IDLE, float),
+        _option(keepalive.BUDGET, int),
+        _option(keepalive.MAX_CONVERSATIONS, int),
     ]
 
     optFlags = [
@@ -160,6 +164,8 @@ class Options(usage.Options):
             "Label /metrics' request and billed-token counters by tenant (--tenant): one series per "
             "tenant, so only for a bounded set of them.",
         ],
+        ["keepalive", None, keepalive.KEEPALIVE_HELP + " Off by default; Anthropic Messages requests with a "
+         "cache_control breakpoint and a session id only (docs/how-to/keep-the-cache-warm.md)."],
     ]
 
     def __init__(self):
@@ -229,6 +235,11 @@ class Options(usage.Options):
             raise usage.UsageError("--max-expand-rounds must be 0 or more")
         if not self["request-head-timeout"] > 0:
             raise usage.UsageError("--request-head-timeout must be more than 0")
+        try:
+            keepalive.check_policy(self["keepalive-max-idle"], self["keepalive-budget"],
+                                   self["keepalive-max-conversations"])
+        except ValueError as error:
+            raise usage.UsageError(str(error)) from error
 
     def config(self) -> Config:
         return Config(
@@ -256,6 +267,10 @@ class Options(usage.Options):
             max_held=parse_size(self["max-held"]),
             workers=self["workers"],
             metrics_tenants=bool(self["metrics-tenants"]),
+            keepalive=bool(self["keepalive"]),
+            keepalive_max_idle=self["keepalive-max-idle"],
+            keepalive_budget=self["keepalive-budget"],
+            keepalive_max_conversations=self["keepalive-max-conversations"],
         )
 
 
