@@ -481,10 +481,15 @@ class Bench:
         gc.collect()
         await sleep(0.5)
         after = _memo(cg.stats())
-        hits = after.get("hits", 0) - before.get("hits", 0)
-        misses = after.get("misses", 0) - before.get("misses", 0)
-        self.results["paced_memo"] = {"hits": hits, "misses": misses,
-                                      "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
+
+        def over_phase(table_after: dict, table_before: dict) -> dict:
+            hits = table_after.get("hits", 0) - table_before.get("hits", 0)
+            misses = table_after.get("misses", 0) - table_before.get("misses", 0)
+            return {"hits": hits, "misses": misses,
+                    "hit_rate": round(hits / (hits + misses), 4) if hits + misses else None}
+
+        self.results["paced_memo"] = {**over_phase(after, before),
+                                      "bodies": over_phase(after.get("bodies", {}), before.get("bodies", {})),
                                       "cumulative": after}
         self.results["paced_rss_end_kib"] = rss_kib(cg.proc.pid)
 
@@ -704,10 +709,13 @@ def table(r: dict) -> str:
     out.append(f"  1 worker at the end of the paced loop: {_mib(r['paced_rss_end_kib'])} MiB")
     pm = r["paced_memo"]
     cum = pm["cumulative"]
-    out.append(f"memo (cg's /stats compaction.memo): paced phase hit rate {pm['hit_rate']} ({pm['hits']} hits, "
-               f"{pm['misses']} misses); since start {cum.get('hit_rate')}, {cum.get('entries')} entries, "
-               f"{(cum.get('chars') or 0) / 2**20:.1f} Mi characters (spans: {cum.get('spans', {}).get('entries')} "
-               f"entries, {(cum.get('spans', {}).get('chars') or 0) / 2**20:.1f} Mi characters)")
+    bodies, held = pm.get("bodies", {}), cum.get("bodies", {})
+    out.append(f"memo (cg's /stats compaction.memo), paced phase: a turn parsed and planned against its "
+               f"conversation's last body {bodies.get('hit_rate')} ({bodies.get('hits')} of "
+               f"{(bodies.get('hits') or 0) + (bodies.get('misses') or 0)}); decision lookups of new or changed "
+               f"messages {pm['hit_rate']} ({pm['hits']} hits, {pm['misses']} misses). At the end: "
+               f"{held.get('entries')} bodies ({(held.get('chars') or 0) / 2**20:.1f} MiB), "
+               f"{cum.get('entries')} decisions ({(cum.get('chars') or 0) / 2**20:.1f} Mi characters)")
     by_worker = r["tight_requests_by_worker"]["cg2"]
     out.append("--workers 2, tight-loop requests by worker: " + ", ".join(f"pid {k}: {v}" for k, v in by_worker.items()))
     errors = sum(x["errors"] for ph in ("tight", "paced") for x in r[ph].values())
