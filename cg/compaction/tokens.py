@@ -84,11 +84,12 @@ _PAIRS = {
     b".n": _after_other(_BREAK),
     b".s": _after_other(_SPACE),
 }
-# ".ss": a pair (other, space) then a pair (space, space): flags 1 and 2, and 1 + 3 x 2 = 7.
+# ".ss": a pair (other, space) then a pair (space, space), flagged 1 and 2 (they cannot overlap).
 _SPACE_FLAGS = bytes(
     1 if code >> 4 != _SPACE and code & 15 == _SPACE else 2 if code == _SPACE * 17 else 0 for code in range(256)
 )
 _CASE_TABLE, _PUNCTUATION_TABLE, _CHARACTER_TABLE = _MODEL[1][0], _MODEL[4][0], _MODEL[7][0]
+_UP_UP, _PUNCT_PUNCT = bytes([_UP * 17]), bytes([_PUNCT * 17])
 
 
 def _counts(data: bytes) -> list[int]:
@@ -98,17 +99,23 @@ def _counts(data: bytes) -> list[int]:
     pairs = (int.from_bytes(data[:-1].translate(_FIRST), "big")
              + int.from_bytes(data[1:].translate(_SECOND), "big")).to_bytes(len(data) - 1, "big")
     found = {pattern: len(pairs.translate(None, others)) for pattern, others in _PAIRS.items()}
-    found[b"uu"] = data.translate(_CASE_TABLE).count(b"uu")
-    found[b"pp"] = data.translate(_PUNCTUATION_TABLE).count(b"pp")
-    flags = pairs.translate(_SPACE_FLAGS)
-    found[b".ss"] = (int.from_bytes(flags[:-1], "big") + 3 * int.from_bytes(flags[1:], "big")).to_bytes(
-        len(flags) - 1, "big").count(7)
+    found[b"uu"] = _run_pairs(pairs, _UP_UP, data, _CASE_TABLE, b"uu")
+    found[b"pp"] = _run_pairs(pairs, _PUNCT_PUNCT, data, _PUNCTUATION_TABLE, b"pp")
+    found[b".ss"] = pairs.translate(_SPACE_FLAGS).count(b"\x01\x02")
     if data.isascii():  # most tool output: tabs, and no multi-byte characters
         found.update({b"t": data.count(b"\t"), b"2": 0, b"3": 0, b"4": 0})
     else:
         characters = data.translate(_CHARACTER_TABLE)
         found.update((letter, characters.count(letter)) for letter in (b"t", b"2", b"3", b"4"))
     return [found[pattern] for _, patterns in _MODEL for pattern, _ in patterns]
+
+
+def _run_pairs(pairs: bytes, code: bytes, data: bytes, table: bytes, pattern: bytes) -> int:
+    """The model's count of `pattern` (a class twice), from the pair codes where no run of the
+    class is longer than 2 (then every pair is one occurrence), else as the model counts it."""
+    if code * 2 not in pairs:
+        return pairs.count(code)
+    return data.translate(table).count(pattern)
 
 
 def _model_counts(data: bytes) -> list[int]:
