@@ -215,8 +215,8 @@ class Offload:
 
     keep_tools: frozenset[str] = frozenset({"Read"})
     min_tokens: int = 2000
-    head_lines: int = 40
-    tail_lines: int = 20
+    head_lines: int = 20
+    tail_lines: int = 10
     max_line_chars: int = 500
     max_error_lines: int = 20
 
