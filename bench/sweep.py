@@ -405,11 +405,12 @@ def report(r: dict) -> str:
                      f"{c['extra_points_of_direct']:+.2f}", "{} -> {}".format(*c["offloads"]),
                      "{}/{} -> {}/{}".format(c["losing"][0], c["offloaded_with_keys"][0], c["losing"][1],
                                              c["offloaded_with_keys"][1]),
-                     f"{c['rounds_to_avert']:.1f}", "{} -> {}".format(*c["ms_per_mb"])))
+                     "none" if c["rounds_to_avert"] <= 0 else f"{c['rounds_to_avert']:.1f}",
+                     "{} -> {}".format(*c["ms_per_mb"])))
     out += ["summary against plain excerpts, same threshold and shape:"] + _table(rows, 2)
     out += ["", "extra cost: what the summaries add via cg with no expand round (points: of the direct bill). "
             "rounds to avert: the expand rounds they must save to pay for that, at the plain excerpt's mean cost "
-            "of a round. Offload ms/MB: Offload.apply's time per MB of the results it offloads (in-process)."]
+            "of a round (none: they cost less even if they save none). Offload ms/MB: Offload.apply's time per MB of the results it offloads (in-process)."]
     return "\n".join(out)
 
 
