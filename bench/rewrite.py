@@ -97,6 +97,7 @@ PYPKGS = "numpy pandas requests urllib3 certifi idna charset-normalizer twisted 
 DIRS = ("src/cg", "src/cg/util", "tests", "tests/e2e", "lib", "app/models", "app/views", "scripts")
 ESC = "\x1b"
 BAR = "\u2501"  # rich's progress bar
+TICK, CROSS = "\u2713", "\u2715"  # jest's passed and failed tests
 
 
 class Gen:
@@ -322,6 +323,187 @@ class Gen:
             f"-rw-r--r-- 1 dev dev {rng.randint(100, 90000):>6} Nov {rng.randint(1, 29):>2} 1{rng.randint(0, 9)}:"
             f"{rng.randint(10, 59)} {self.ident()}.py" for _ in range(n))
 
+    # -- Listings: find, git ls-files, ls -R
+
+    def project_tree(self, n_files: int, *, javascript: bool) -> dict[str, list[str]]:
+        """A project's directories ("" is its root) and the files in each, about ``n_files`` in all:
+        a package with subpackages, tests, docs, scripts and CI; a JavaScript project also has
+        ``node_modules``, most of its files in a few of its packages."""
+        rng = self.rng
+        if javascript:
+            tops = ["src/components", "src/hooks", "src/lib", "src/pages", "src/pages/api", "tests", "public",
+                    "scripts", ".github/workflows"]
+            tops += [f"node_modules/{pkg}/{sub}" for pkg in rng.sample(PKGS, 12) for sub in ("", "lib", "dist")]
+            root = ["package.json", "package-lock.json", "tsconfig.json", "README.md", ".gitignore"]
+            exts = (".ts", ".tsx", ".js", ".json", ".d.ts", ".md")
+        else:
+            package = f"src/{self.ident().split('_')[0]}"
+            tops = [package] + [f"{package}/{self.ident()}" for _ in range(rng.randint(2, 6))]
+            tops += ["tests", "tests/unit", "tests/integration", "tests/fixtures", "docs", "docs/how-to", "scripts",
+                     ".github/workflows", "bench"]
+            root = ["pyproject.toml", "README.md", "LICENSE", ".gitignore", "tox.ini"]
+            exts = (".py", ".py", ".py", ".json", ".md", ".txt", ".yml")
+        directories = sorted(set(tops))
+        weights = [rng.expovariate(1.0) * (4 if d.startswith(("node_modules", "src")) else 1) for d in directories]
+        tree: dict[str, list[str]] = {"": root}
+        for directory in rng.choices(directories, weights=weights, k=max(0, n_files - len(root))):
+            names = tree.setdefault(directory, [])
+            names.append(f"{self.ident()}{rng.choice(exts)}")
+        for directory in list(tree):  # every parent directory exists, if empty of files
+            while "/" in directory:
+                directory = directory.rsplit("/", 1)[0]
+                tree.setdefault(directory, [])
+            tree.setdefault(directory, [])
+        return {d: sorted(set(names)) for d, names in sorted(tree.items())}
+
+    def listing(self, n_files: int, style: str) -> str:
+        """A project's files as ``find . -type f`` (readdir order), ``git ls-files`` (sorted, no
+        node_modules) or ``ls -R`` (a header per directory, its entries sorted) lists them."""
+        rng = self.rng
+        tree = self.project_tree(n_files, javascript=rng.random() < 0.4)
+        children: dict[str, list[str]] = {d: [] for d in tree}
+        for directory in tree:
+            if directory:
+                parent = directory.rsplit("/", 1)[0] if "/" in directory else ""
+                children[parent].append(directory)
+        if style == "git ls-files":
+            return "\n".join(sorted(f"{d}/{n}" if d else n for d, names in tree.items() for n in names
+                                    if not d.startswith("node_modules")))
+        if style == "ls -R":
+            out: list[str] = []
+
+            def walk_sorted(directory: str) -> None:
+                subdirs = sorted(children[directory])
+                entries = sorted(tree[directory] + [d.rsplit("/", 1)[-1] for d in subdirs])
+                out.extend(["" if out else None, f"./{directory}:" if directory else ".:", *entries])
+                for subdir in subdirs:
+                    walk_sorted(subdir)
+
+            walk_sorted("")
+            return "\n".join(line for line in out if line is not None)
+        paths: list[str] = []
+
+        def walk(directory: str) -> None:  # find: each directory's entries in readdir order
+            entries = [(False, n) for n in tree[directory]] + [(True, d) for d in children[directory]]
+            rng.shuffle(entries)
+            for is_directory, name in entries:
+                if is_directory:
+                    walk(name)
+                else:
+                    paths.append(f"./{directory}/{name}" if directory else f"./{name}")
+
+        walk("")
+        return "\n".join(paths)
+
+    # -- Test runs besides pytest's: jest, go test, cargo test
+
+    def jest_log(self, n_suites: int, failures: int, *, verbose: bool) -> str:
+        """``npx jest``: a PASS/FAIL line per suite, each failure's report under its suite, the totals."""
+        rng = self.rng
+        failing = set(rng.sample(range(n_suites), min(failures, n_suites)))
+        out: list[str] = []
+        counts = {"suites failed": 0, "tests failed": 0, "tests": 0}
+        for index in range(n_suites):
+            path = f"src/{rng.choice(('components', 'hooks', 'lib', 'utils', 'pages'))}/{self.ident()}.test.ts"
+            names = [self.words(rng.randint(2, 6)) for _ in range(rng.randint(2, 14))]
+            failed = rng.randint(1, min(3, len(names))) if index in failing else 0
+            counts["suites failed"] += bool(failed)
+            counts["tests failed"] += failed
+            counts["tests"] += len(names)
+            timing = f" ({rng.uniform(1, 9):.3f} s)" if rng.random() < 0.3 else ""
+            out.append(f"{'FAIL' if failed else 'PASS'} {path}{timing}")
+            describe = self.ident()
+            if verbose:
+                out.append(f"  {describe}")
+                out += [f"    {CROSS if k < failed else TICK} {name} ({rng.randint(1, 40)} ms)"
+                        for k, name in enumerate(names)]
+            for k in range(failed):
+                line = rng.randint(10, 200)
+                out += ["", f"  \u25cf {describe} \u203a {names[k]}", "",
+                        "    expect(received).toBe(expected) // Object.is equality", "",
+                        f"    Expected: {rng.randint(0, 99)}", f"    Received: {rng.randint(100, 999)}", "",
+                        f"      {line - 1} |   const {self.ident()} = {self.ident()}({self.ident()});",
+                        f"    > {line} |   expect({self.ident()}).toBe({rng.randint(0, 99)});",
+                        f"      {' ' * len(str(line))} |                  ^", "",
+                        f"      at Object.<anonymous> ({path}:{line}:{rng.randint(5, 40)})", ""]
+        suites = (f"{counts['suites failed']} failed, " if counts["suites failed"] else "") + \
+            f"{n_suites - counts['suites failed']} passed, {n_suites} total"
+        tests = (f"{counts['tests failed']} failed, " if counts["tests failed"] else "") + \
+            f"{counts['tests'] - counts['tests failed']} passed, {counts['tests']} total"
+        out += ["", f"Test Suites: {suites}", f"Tests:       {tests}", "Snapshots:   0 total",
+                f"Time:        {rng.uniform(2, 60):.3f} s", "Ran all test suites."]
+        return "\n".join(out)
+
+    def go_test_log(self, n_packages: int, failures: int, *, verbose: bool) -> str:
+        """``go test ./...`` (``-v``: each test's RUN and PASS lines): a line per package, each failed
+        test's report before its package's FAIL line."""
+        rng = self.rng
+        module = "github.com/acme/proj"
+        failing = set(rng.sample(range(n_packages), min(failures, n_packages)))
+        out: list[str] = []
+        for index in range(n_packages):
+            package = f"{module}/{rng.choice(('internal', 'pkg', 'cmd'))}/{self.ident().replace('_', '')}"
+            if rng.random() < 0.1 and index not in failing:
+                out.append(f"?   \t{package}\t[no test files]")
+                continue
+            tests = [f"Test{self.ident().title().replace('_', '')}" for _ in range(rng.randint(2, 12))]
+            failed = set(rng.sample(tests, rng.randint(1, 2))) if index in failing else set()
+            for test in tests:
+                if verbose:
+                    out.append(f"=== RUN   {test}")
+                if test in failed:
+                    out += [f"--- FAIL: {test} ({rng.uniform(0, 0.5):.2f}s)",
+                            f"    {self.ident()}_test.go:{rng.randint(10, 400)}: expected {rng.randint(0, 99)}, "
+                            f"got {rng.randint(100, 999)}"]
+                elif verbose:
+                    out.append(f"--- PASS: {test} ({rng.uniform(0, 0.5):.2f}s)")
+            if failed:
+                out += ["FAIL", f"FAIL\t{package}\t{rng.uniform(0.01, 3):.3f}s"]
+            else:
+                out += (["PASS"] if verbose else []) + [
+                    f"ok  \t{package}\t" + ("(cached)" if rng.random() < 0.3 else f"{rng.uniform(0.01, 3):.3f}s")]
+        if failing:
+            out.append("FAIL")
+        return "\n".join(out)
+
+    def cargo_test_log(self, n_binaries: int, failures: int, *, fail_fast: bool) -> str:
+        """``cargo test``: the build, then per test binary its tests and its ``test result:`` line; a
+        failing binary's panics and names. It stops after the first failing binary unless
+        ``--no-fail-fast``."""
+        rng = self.rng
+        crate = self.ident().split("_")[0]
+        out = [f"   Compiling {self.ident().replace('_', '-')} v0.{rng.randint(1, 9)}.{rng.randint(0, 9)}"
+               for _ in range(rng.randint(3, 20))]
+        out += [f"   Compiling {crate} v0.1.0 (/home/dev/proj)",
+                f"    Finished `test` profile [unoptimized + debuginfo] target(s) in {rng.uniform(2, 90):.2f}s"]
+        failing = set(rng.sample(range(n_binaries), min(failures, n_binaries)))
+        for index in range(n_binaries):
+            source = "src/lib.rs" if index == 0 else f"tests/{self.ident()}.rs"
+            kind = "unittests " if index == 0 else ""
+            out += [f"     Running {kind}{source} (target/debug/deps/{crate}-{rng.getrandbits(64):016x})", ""]
+            tests = [f"{self.ident()}::{self.ident()}" for _ in range(rng.randint(3, 60))]
+            failed = rng.sample(tests, rng.randint(1, 3)) if index in failing else []
+            out.append(f"running {len(tests)} tests")
+            out += [f"test {t} ... {'FAILED' if t in failed else 'ok'}" for t in tests]
+            out.append("")
+            if failed:
+                out += ["failures:", ""]
+                for t in failed:
+                    out += [f"---- {t} stdout ----",
+                            f"thread '{t}' panicked at src/{t.split('::')[0]}.rs:{rng.randint(5, 400)}:{rng.randint(5, 40)}:",
+                            "assertion `left == right` failed", f"  left: {rng.randint(0, 99)}",
+                            f" right: {rng.randint(100, 999)}",
+                            "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace", ""]
+                out += ["", "failures:"] + [f"    {t}" for t in failed] + [""]
+            result = "FAILED" if failed else "ok"
+            out += [f"test result: {result}. {len(tests) - len(failed)} passed; {len(failed)} failed; 0 ignored; "
+                    f"0 measured; 0 filtered out; finished in {rng.uniform(0, 5):.2f}s", ""]
+            if failed:
+                out.append(f"error: test failed, to rerun pass `--{'lib' if index == 0 else 'test'}`")
+                if fail_fast:
+                    break
+        return "\n".join(out)
+
     def thinking(self) -> dict:
         sig = base64.b64encode(self.rng.randbytes(self.rng.randint(300, 700))).decode()
         return {"type": "thinking", "thinking": " ".join(self.sentence() for _ in range(self.rng.randint(2, 10))),
@@ -363,6 +545,9 @@ KINDS = {  # a turn's kind: its weight in the random mix
     "read": 22, "pytest": 16, "diff": 10, "json": 7, "npm": 3, "pip": 3, "grep": 8, "edit": 12,
     "small": 10, "parallel": 7, "agent": 2,
 }
+# Kinds calls_of also makes, outside KINDS' mix (bench/sweep.py adds them to its sessions): a
+# project's file listing, and test runs with more failures and other runners than KINDS' pytest.
+MORE_KINDS = {"listing": 5, "test runs": 8}
 
 
 def calls_of(gen: Gen, kind: str, files: dict[str, list[str]]) -> list[tuple[str, dict, object, bool]]:
@@ -407,6 +592,27 @@ def calls_of(gen: Gen, kind: str, files: dict[str, list[str]]) -> list[tuple[str
                 ("Grep", {"pattern": gen.ident(), "output_mode": "files_with_matches"}, gen.glob_result(rng.randint(1, 9)), False),
                 bash("git log --oneline -20", "\n".join(f"{rng.getrandbits(28):07x} {gen.sentence()}" for _ in range(20)),
                      "Show recent commits")]
+    if kind == "listing":
+        style = rng.choice(("find", "git ls-files", "ls -R"))
+        command = {"find": "find . -type f", "git ls-files": "git ls-files", "ls -R": "ls -R"}[style]
+        return [bash(command, gen.listing(rng.choice((120, 300, 700, 1500)), style), "List the project's files")]
+    if kind == "test runs":  # pytest with many failures, jest, go test, cargo test
+        runner = rng.choice(("pytest", "jest", "go", "cargo"))
+        failures = rng.choice((0, 1, 3, 8, 20))
+        if runner == "pytest":
+            log = gen.pytest_log(rng.choice((300, 1200)), color=False, verbose=rng.random() < 0.5, failures=failures)
+            return [bash("python -m pytest", log, "Run the test suite", 1 if failures else 0)]
+        if runner == "jest":
+            log = gen.jest_log(rng.choice((20, 60, 150)), failures, verbose=rng.random() < 0.5)
+            return [bash("npx jest", log, "Run the test suite", 1 if failures else 0)]
+        if runner == "go":
+            log = gen.go_test_log(rng.choice((15, 40, 100)), failures, verbose=rng.random() < 0.5)
+            return [bash("go test" + (" -v" if "=== RUN" in log else "") + " ./...", log, "Run the tests",
+                         1 if failures else 0)]
+        fail_fast = rng.random() < 0.6
+        log = gen.cargo_test_log(rng.choice((3, 8, 15)), min(failures, 3), fail_fast=fail_fast)
+        return [bash("cargo test" + ("" if fail_fast else " --no-fail-fast"), log, "Run the tests",
+                     101 if "test result: FAILED" in log else 0)]
     # agent: a subagent's report, as a list of text blocks
     report = [{"type": "text", "text": "\n\n".join(gen.sentence() * rng.randint(1, 3) for _ in range(rng.randint(4, 20)))},
               {"type": "text", "text": f"agentId: {rng.getrandbits(64):016x}"}]

@@ -2,7 +2,8 @@
 
 - ``Content``: conversation ``index``'s turns (an assistant message with its tool_use blocks and
   the user message with their results), from bench/rewrite.py's generators (Read results, pytest
-  logs, git diffs, JSON, npm and pip logs, Grep, Edit, ...), serialized as Claude Code does.
+  logs, git diffs, JSON, npm and pip logs, Grep, Edit, ...; with ``kinds``, rewrite.MORE_KINDS's
+  listings and jest, go and cargo test runs too), serialized as Claude Code does.
 - ``Template``: Claude Code's request around its ``messages`` list
   (``tests/fixtures/claude-code/p_second_request_tool_result.json``: its system prompt, its 24
   tools, its headers, its model), and ``marked``: a user message with the ``cache_control`` mark
@@ -34,11 +35,11 @@ class Content:
     """Conversation ``index``'s turns, generated on first use and shared by every side: each turn
     (assistant message, user message) serialized as Claude Code serializes them."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, kinds: dict[str, int] = KINDS):
         self.gen = Gen(1000 + index)
         self.turns: list[tuple[bytes, bytes]] = []
-        self.kinds = list(KINDS)
-        self.weights = list(KINDS.values())
+        self.kinds = list(kinds)
+        self.weights = list(kinds.values())
 
     def turn(self, j: int) -> tuple[bytes, bytes]:
         while len(self.turns) <= j:
@@ -120,14 +121,15 @@ def _output_tokens(assistant: bytes) -> int:
 
 
 def generated_session(index: int, template: Template | None = None, turns: tuple[int, int] = TURNS,
-                      seed: int = 13) -> Session:
+                      seed: int = 13, kinds: dict[str, int] = KINDS) -> Session:
     """Session ``index``: between ``turns[0]`` and ``turns[1]`` requests, each the history so far plus
     one new turn (``Content(index)``'s), ``cache_control`` on the newest block as Claude Code puts
     it, sent after an idle gap drawn from ``GAPS``. When the next turn would take the history past
     ``LIMIT`` bytes, the history starts again from the template's first turns (as a compaction or
-    a new task would; the system prompt and tools stay, and so does their cached prefix)."""
+    a new task would; the system prompt and tools stay, and so does their cached prefix). ``kinds``:
+    the mix of turns (rewrite.KINDS; bench/sweep.py adds rewrite.MORE_KINDS)."""
     template = template or Template()
-    content = Content(index)
+    content = Content(index, kinds)
     rng = random.Random(seed * 1_000_003 + index)
     count = rng.randint(*turns)
     now = START + index * 86_400.0
@@ -148,9 +150,10 @@ def generated_session(index: int, template: Template | None = None, turns: tuple
     return Session(f"generated-{index:03d}", tuple(requests), compactions, tuple(content.turns[:count]))
 
 
-def generated_sessions(count: int, turns: tuple[int, int] = TURNS, seed: int = 13) -> Iterator[Session]:
+def generated_sessions(count: int, turns: tuple[int, int] = TURNS, seed: int = 13,
+                       kinds: dict[str, int] = KINDS) -> Iterator[Session]:
     """Sessions 0 to ``count - 1`` (``generated_session``), one at a time: a session's bodies
     add up to tens of MB."""
     template = Template()
     for index in range(count):
-        yield generated_session(index, template, turns, seed)
+        yield generated_session(index, template, turns, seed, kinds)

@@ -412,4 +412,4 @@ def test_golden_bytes():
     assert hashlib.sha256(run(raw).body).hexdigest() == GOLDEN_SHA256
 
 
-GOLDEN_SHA256 = "aa840591d7acce39a778ea35ceddfe2c92438ea0acf77cff8664086d2ad6923e"
+GOLDEN_SHA256 = "fd8423a830ad7162e6c22ba510b57e2bad88e607c8bda933320f5bdfdb1a10ec"

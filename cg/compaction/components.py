@@ -6,9 +6,12 @@ parameters through the config they are built from), and the provider's cache dep
 result getting the same bytes on every turn.
 """
 
+import itertools
 import json
+import os
 import re
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from typing import NoReturn, Protocol
 
@@ -166,13 +169,46 @@ _ERROR_LINE = re.compile(rf"(?m)^(?:E\s.*|.*(?:{_ERROR_WORDS}).*)$")
 # (case-sensitive literals let the regex engine skip ahead) or "E" and a space starting a line.
 _ERROR_WORD_HINT = re.compile("error|fail|fatal|panic|traceback|exception")
 _E_LINE_HINT = re.compile(r"\nE\s")
+# A test run's lines that say what failed, or how many passed and failed: pytest, jest, go test,
+# cargo test, mocha and TAP. Failures are kept before totals when there are more than fit. Each
+# match starts at the newline before its line, a literal the regex engine finds fast (a line
+# start, "^", is tried at every character): it runs over every offloaded result.
+_TEST_LINE = re.compile(
+    r"(?m)\n(?P<line>(?P<failure>(?:FAILED|ERROR)[ \t]+\S.*"  # pytest's short test summary
+    r"|FAIL[ \t]+\S.*"  # jest's failed suite, go's failed package
+    r"|(?:    )*--- FAIL: \S.*"  # go's failed test (a subtest: 4 spaces a level)
+    r"|test \S+ \.\.\. FAILED.*|test result: FAILED\..*"  # cargo's failed test, failed test binary
+    r"|not ok \d+.*"  # TAP
+    r"|  \u25cf \S.*)"  # jest's failed test title
+    r"|(?P<totals>(?:=+ )?(?:(?:\d+ [a-z]+,? )+|no tests ran )in \d+(?:\.\d+)?s\b.*"  # pytest
+    r"|(?:Tests|Test Suites|Snapshots):[ \t]+.*\btotal.*"  # jest
+    r"|ok[ \t]+\S+[ \t]+(?:\(cached\)|\d+(?:\.\d+)?s\b).*"  # go's passed package
+    r"|test result: .*"  # cargo
+    r"|  \d+ (?:passing|failing|pending)\b.*))$"  # mocha
+)
+# A unified diff's file headers: git's, else a ---/+++ pair (diff -u, svn, hg).
+_DIFF_GIT_HEADER = re.compile(r"(?m)^diff --git (.*)$")
+_DIFF_PAIR_HEADER = re.compile(r"(?m)^--- (.*)\n\+\+\+ (.*)$")
+_DIFF_HEADER_START = re.compile(r"\n(?:diff --git |\+\+\+ )")  # one of them after the first line: fast to rule out
+# A listing's line: one path with a directory part and a letter in it, no spaces (find, git
+# ls-files, fd, rg --files, Glob); the group is its directory, up to the last "/".
+_PATH_LINE = re.compile(r"(?m)^(?=[^\n]*[^\W\d_])((?:[\w.@+~%()\[\]-]*/)+)[\w.@+~%()\[\]-]*$")
+# `ls -R`: a directory's header ("./src:"), then its entries, a blank line before the next.
+_LS_R_HEADER = re.compile(r"(?m)^([^\s:][^\n:]*):$")
+_MAX_TEST_LINES = 20  # test-result lines kept from the elided part, besides the error-like ones
+_MAX_LIST_CHARS = 800  # a summary's list of files or directories is cut after about this much
+_TOP_DIRECTORIES = 5  # a listing's summary names this many of its top directories
 
 
 @attrs.frozen
 class Offload:
-    """A large result: its head and tail lines, error-like lines from between, and a notice saying
-    how much is elided and how to get it back.
+    """A large result: its head and tail lines, a notice saying how much is elided and how to get
+    it back, a summary of what the elided part holds, and its key lines.
 
+    The summary and key lines are what the model needs to go on without expanding in the common
+    case (what failed, how many files, where): a diff's files in the elided part, a listing's
+    paths counted by directory, a test run's failures and totals, error-like lines. Each is
+    found by a few regular-expression scans, so the excerpt stays a pure function of the text.
     Results of `keep_tools` and of at most `min_tokens` stay whole; lines kept are cut at
     `max_line_chars`.
     """
@@ -182,8 +218,8 @@ class Offload:
 
     keep_tools: frozenset[str] = frozenset({"Read"})
     min_tokens: int = 2000
-    head_lines: int = 40
-    tail_lines: int = 20
+    head_lines: int = 20
+    tail_lines: int = 10
     max_line_chars: int = 500
     max_error_lines: int = 20
 
@@ -196,25 +232,42 @@ class Offload:
         tail_start = max(middle_start, len(lines) - self.tail_lines)
         head = [self._cap(line) for line in lines[:middle_start]]
         tail = [self._cap(line) for line in lines[tail_start:]]
-        errors = [
-            f"{middle_start + number}: {self._cap(line)}"
-            for number, line in _error_lines(lines[middle_start:tail_start], self.max_error_lines)
-        ]
-        kept = head + errors + tail
+        summary: list[str] = []
+        what_follows = ""
+        if tail_start > middle_start:
+            what = f"lines {middle_start + 1}-{tail_start} of {len(lines)} elided"
+            elided_from = sum(map(len, lines[:middle_start])) + middle_start
+            elided_to = elided_from + sum(map(len, lines[middle_start:tail_start])) + tail_start - middle_start - 1
+            # A diff's or a listing's summary says what its elided part holds; their error-like
+            # lines would be code and file names, not failures.
+            files = _diff_summary(text, elided_from, elided_to) or _listing_summary(text, lines)
+            if files is not None:
+                summary = [files]
+            else:
+                summary, what_follows = self._key_lines(text[elided_from:elided_to], middle_start)
+        else:
+            what = "long lines shortened"
+        kept = head + summary + tail
         elided_tokens = tokens - estimate_tokens("\n".join(kept))
         if elided_tokens < self.min_tokens // 2:
             return None  # not worth an expand call
-        if tail_start > middle_start:
-            what = f"lines {middle_start + 1}-{tail_start} of {len(lines)} elided"
-        else:
-            what = "long lines shortened"
         notice = (
             f"[cg: {what} (~{elided_tokens} tokens); the full output is {marker(ctx.marker_id)}: "
-            f'call {EXPAND_TOOL} with id "{ctx.marker_id}" to read it.'
-            + (" Error-like lines from the elided part follow, with their line numbers." if errors else "")
-            + "]"
+            f'call {EXPAND_TOOL} with id "{ctx.marker_id}" to read it.{what_follows}]'
         )
-        return Outcome("\n".join(head + [notice] + errors + tail), ctx.original, ctx.marker_id)
+        return Outcome("\n".join(head + [notice] + summary + tail), ctx.original, ctx.marker_id)
+
+    def _key_lines(self, middle: str, lines_before: int) -> tuple[list[str], str]:
+        """The elided part's error-like and test-result lines in order, numbered as in the whole
+        text, after a count of the test-result lines that did not fit; and the notice's words."""
+        errors = _error_lines(middle, self.max_error_lines)
+        tests, unshown = _test_lines(middle, _MAX_TEST_LINES)
+        more_tests = set(tests) - set(errors)
+        kept = [f"[cg: {unshown} more test-result lines in the elided part are not shown]"] if unshown else []
+        kept += [f"{lines_before + number}: {self._cap(line)}" for number, line in sorted({*errors, *tests})]
+        kinds = {(True, True): "Test-result and error-like", (True, False): "Test-result",
+                 (False, True): "Error-like"}.get((bool(more_tests), bool(errors)))
+        return kept, f" {kinds} lines from the elided part follow, with their line numbers." if kinds else ""
 
     def _cap(self, line: str) -> str:
         limit = self.max_line_chars
@@ -248,18 +301,137 @@ def _error_line_matches(text: str) -> Iterator[re.Match[str]]:
             yield match
 
 
-def _error_lines(lines: list[str], limit: int) -> list[tuple[int, str]]:
-    """The first `limit` lines that look like errors, failures or tracebacks, numbered from 1."""
-    text = "\n".join(lines)
-    found: list[tuple[int, str]] = []
+def _numbered(matches: Iterable[re.Match[str]], text: str) -> Iterator[tuple[int, re.Match[str]]]:
+    """Each of `matches` (in `text`, in order) with 1 + the newlines before it: the number of the
+    line it starts on."""
     number, counted_to = 1, 0
-    for match in _error_line_matches(text):
-        if len(found) == limit:
-            break
+    for match in matches:
         number += text.count("\n", counted_to, match.start())
         counted_to = match.start()
-        found.append((number, match[0]))
-    return found
+        yield number, match
+
+
+def _error_lines(text: str, limit: int) -> list[tuple[int, str]]:
+    """The first `limit` lines that look like errors, failures or tracebacks, numbered from 1."""
+    found = _numbered(_error_line_matches(text), text)
+    return [(number, match[0]) for number, match in itertools.islice(found, limit)]
+
+
+def _test_lines(text: str, limit: int) -> tuple[list[tuple[int, str]], int]:
+    """A test run's first failure lines and its last totals (a run's own come last; a quarter of
+    `limit` is theirs however many failures), `limit` at most, numbered from 1; and how many
+    more there are."""
+    failures: list[tuple[int, str]] = []
+    totals: list[tuple[int, str]] = []
+    found = 0
+    lined = "\n" + text  # a match starts at its line's newline
+    for number, match in _numbered(_TEST_LINE.finditer(lined), lined):
+        found += 1
+        if match["failure"] is None:
+            totals.append((number, match["line"]))
+        elif len(failures) < limit:
+            failures.append((number, match["line"]))
+    shown_totals = min(len(totals), max(limit - len(failures), limit // 4))
+    shown = failures[: limit - shown_totals] + totals[len(totals) - shown_totals:]
+    return shown, found - len(shown)
+
+
+def _listed(names: list[str]) -> str:
+    """`names` joined by commas, cut at about `_MAX_LIST_CHARS` with a count of the rest."""
+    shown: list[str] = []
+    length = 0
+    for name in names:
+        if shown and length + len(name) > _MAX_LIST_CHARS:
+            return ", ".join(shown) + f", and {len(names) - len(shown)} more"
+        shown.append(name)
+        length += len(name) + 2
+    return ", ".join(shown)
+
+
+def _diff_summary(text: str, elided_from: int, elided_to: int) -> str | None:
+    """The files of a unified diff whose headers fall in the elided part, each with its lines
+    added and removed; None if there are none."""
+    if not _DIFF_HEADER_START.search(text):
+        return None
+    headers = [(match.start(), _diff_git_name(match[1])) for match in _DIFF_GIT_HEADER.finditer(text)]
+    if not headers:
+        headers = [(match.start(), _diff_pair_name(match[1], match[2])) for match in _DIFF_PAIR_HEADER.finditer(text)]
+    files = []
+    for index, (start, name) in enumerate(headers):
+        if elided_from <= start < elided_to:
+            end = headers[index + 1][0] if index + 1 < len(headers) else len(text)
+            hunks = text.find("\n@@", start, end)
+            if hunks < 0:  # a rename, a mode change, a binary file: no lines
+                files.append(name)
+            else:
+                added, removed = text.count("\n+", hunks, end), text.count("\n-", hunks, end)
+                files.append(f"{name} +{added} -{removed}")
+    if not files:
+        return None
+    return (f"[cg: the elided part holds {len(files)} of the diff's {len(headers)} files (lines added, removed): "
+            f"{_listed(files)}]")
+
+
+def _diff_git_name(names: str) -> str:
+    """The file of a `diff --git a/X b/Y` header: X when X is Y, else "X -> Y" (a rename); the
+    header as it is when it has no such prefixes (diff.noprefix, quoted names)."""
+    if not names.startswith("a/") or " b/" not in names:
+        return names
+    old, new = names[2:].split(" b/", 1)
+    return old if old == new else f"{old} -> {new}"
+
+
+def _diff_pair_name(old: str, new: str) -> str:
+    """The file of a `--- old` / `+++ new` pair: the new name (the old one for a deletion),
+    without its timestamp or `b/`."""
+    old, new = old.split("\t", 1)[0], new.split("\t", 1)[0]
+    name = old if new == "/dev/null" else new
+    return name[2:] if name.startswith(("a/", "b/")) else name
+
+
+def _listing_summary(text: str, lines: list[str]) -> str | None:
+    """How many paths a listing holds, in how many directories, and under which of its top
+    directories most are; None if the text is not a listing."""
+    if text.count(" ", 0, 1 << 16) * 10 > len(lines) or text.count(" ") * 10 > len(lines):
+        return None  # spaces on more than a tenth of the lines: prose, code, a log (most fail in the first 64 KiB)
+    entries = len(lines) - lines.count("")
+    per_directory: Counter[str] = Counter(_PATH_LINE.findall(text) if text.count("/") * 2 >= entries else ())
+    if per_directory.total() * 10 < entries * 9:  # not nine lines in ten a path: maybe `ls -R`
+        per_directory = _ls_r_directories(text, lines)
+        if not per_directory:
+            return None
+    paths = per_directory.total()
+    common = os.path.commonprefix([min(per_directory), max(per_directory)])
+    prefix = common[: common.rfind("/") + 1]
+    under: Counter[str] = Counter()
+    for directory, count in per_directory.items():
+        top = directory[len(prefix):].split("/", 1)[0]
+        under[f"{top}/" if top else "(top level)"] += count
+    ranked = sorted(under.items(), key=lambda item: (-item[1], item[0]))
+    where = f" under {prefix}" if prefix else ""
+    most = _listed([f"{name} ({count})" for name, count in ranked[:_TOP_DIRECTORIES]])
+    rest = sum(count for _, count in ranked[_TOP_DIRECTORIES:])
+    others = f"; {rest} more under {len(ranked) - _TOP_DIRECTORIES} others" if rest else ""
+    return f"[cg: the output lists {paths} paths in {len(per_directory)} directories{where}; most under: {most}{others}]"
+
+
+def _ls_r_directories(text: str, lines: list[str]) -> Counter[str]:
+    """`ls -R`'s entries counted by directory (each named with a final "/"); empty if the text
+    is not `ls -R` output: its first line a header, a blank line before every other header."""
+    if not lines[0].endswith(":"):
+        return Counter()
+    headers = set(_LS_R_HEADER.findall(text))
+    if len(headers) < 2 or text.count("\n\n") < len(headers) - 1:
+        return Counter()
+    per_directory: Counter[str] = Counter()
+    directory = ""
+    for line in lines:
+        if line.endswith(":") and line[:-1] in headers:
+            directory = line[:-1].rstrip("/") + "/"
+            per_directory[directory] += 0
+        elif line:
+            per_directory[directory] += 1
+    return per_directory
 
 
 DEFAULT_COMPONENTS = (TextClean(), JsonFormat(), Dedup(), Offload())
