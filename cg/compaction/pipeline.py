@@ -75,6 +75,27 @@ class CompactConfig:
 
 
 @attrs.frozen
+class Older:
+    """A stronger config for the tool results of the messages before `cutoff`: the cache-aware
+    policy's re-decision of an older history (cg.compaction.cold), a pure input like `config`.
+
+    `views` is the config for the results at `superseded` (message, block) positions: file views a
+    later call on the same file superseded.
+    """
+
+    cutoff: int
+    config: CompactConfig
+    views: CompactConfig
+    superseded: frozenset[tuple[int, int]] = frozenset()
+
+    def config_for(self, message_index: int, block_index: int | None, config: CompactConfig) -> CompactConfig:
+        """The config a result at this place is decided by (`config`: the first-sight one)."""
+        if message_index >= self.cutoff:
+            return config
+        return self.views if (message_index, block_index) in self.superseded else self.config
+
+
+@attrs.frozen
 class Change:
     """One component's rewrite of one tool result (one line of the change log).
 
@@ -240,12 +261,13 @@ class Plan:
 
 
 def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | frozenset[str],
-         memo: Memo | None = None) -> Plan:
+         memo: Memo | None = None, older: Older | None = None) -> Plan:
     """The edits that compact the tool results of `body`; no edits when nothing changes.
 
-    `lossy`: True, False, or the marker IDs whose originals may be replaced by a marker.
+    `lossy`: True, False, or the marker IDs whose originals may be replaced by a marker. `older`:
+    a stronger config for the results of older messages (None: `config` for every result).
     """
-    key = _LIST_KEY[dialect]
+    key = LIST_KEY[dialect]
     messages = body.value.get(key)
     if not isinstance(messages, list):
         return Plan([], {}, [])
@@ -256,7 +278,7 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     reverted: Counter[str] = Counter()
     message_spans: dict[int, dict[jsonbytes.Path, jsonbytes.Span]] = {}
     doc = body.doc
-    for result, decision in _decisions(messages, dialect, config, lossy, memo):
+    for result, decision in _decisions(messages, dialect, config, lossy, memo, older):
         runs.update(decision.ran)
         reverted.update(decision.reverted)
         if decision.text is None:
@@ -308,7 +330,7 @@ def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
 
 
 def _decisions(messages: list[object], dialect: str, config: CompactConfig, lossy: bool | frozenset[str],
-               memo: Memo | None) -> Iterator[tuple[_ToolResult, _Decision]]:
+               memo: Memo | None, older: Older | None = None) -> Iterator[tuple[_ToolResult, _Decision]]:
     """Each tool result with its decision (text None: no change).
 
     `lossy` may be a set of marker IDs: lossy rewrites only for those originals (the ones
@@ -323,12 +345,13 @@ def _decisions(messages: list[object], dialect: str, config: CompactConfig, loss
         if result.tool_name == EXPAND_TOOL:
             continue  # what the model asked to see again stays as it is
         earlier = result.text in seen_texts
+        decided_by = config if older is None else older.config_for(result.message_index, result.block_index, config)
         try:
-            decision = _decision(result, earlier, seen_ids, config, lossy, memo)
+            decision = _decision(result, earlier, seen_ids, decided_by, lossy, memo)
         except UnicodeEncodeError:
             continue  # a lone surrogate: no exact original to give back
         if only is not None and decision.result_id not in only and any(s.lossy for s in decision.steps):
-            decision = _decision(result, earlier, seen_ids, config, False, memo)
+            decision = _decision(result, earlier, seen_ids, decided_by, False, memo)
         seen_texts.add(result.text)
         seen_ids.add(decision.result_id)
         yield result, decision
@@ -450,7 +473,7 @@ _FIND_RESULTS: dict[str, Callable[[list[object]], Iterator[_ToolResult]]] = {
     ANTHROPIC: _anthropic_results, OPENAI: _openai_results, RESPONSES: _responses_results,
 }
 # Where each body shape keeps the list _FIND_RESULTS walks.
-_LIST_KEY = {ANTHROPIC: "messages", OPENAI: "messages", RESPONSES: "input"}
+LIST_KEY = {ANTHROPIC: "messages", OPENAI: "messages", RESPONSES: "input"}
 
 
 def _result_texts(content: object, path: jsonbytes.Path, tool_name: str | None, message_index: int,

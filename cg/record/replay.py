@@ -18,6 +18,11 @@ What it states rather than measures:
 - Offloads: results cg replaces with an excerpt or a pointer (a lossy rewrite), each counted in the
   request where it first is, at the size the client sent (before any lossless step such as
   textclean). Bytes: each body as sent and as cg would forward it.
+- The cache-aware policy (``config.cold``, cg.compaction.cold) runs on the requests' own times:
+  a request later than the conversation's cache lifetime (plus the policy's margin) after the
+  previous one is cold and makes an epoch, as cg's store would keep it; the offloads the epochs
+  bring are counted apart (``cold_offloads``, ``cold_expand_cost``) so that a caller can price
+  their expand rounds at another rate.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from typing import Any
 
 import attrs
 
+from cg.compaction import cold
 from cg.compaction.pipeline import Change
-from cg.compaction.rewrite import RewriteConfig, Rewriter
+from cg.compaction.rewrite import Incoming, RewriteConfig, Rewriter
 from cg.compaction.tokens import estimate_tokens
 from cg.record.pricing import (
     ANTHROPIC,
@@ -74,6 +80,9 @@ class Turn:
     expand_cost: float  # their expected cost (USD), part of cost_cg
     bytes_direct: int = 0  # the body as the client sent it
     bytes_cg: int = 0  # the body as cg would have forwarded it
+    cold: bool = False  # the cache-aware policy found this request cold and made an epoch
+    cold_offloads: int = 0  # of `offloads`, those an epoch's stronger config made
+    cold_expand_cost: float = 0.0  # of `expand_cost`, theirs
 
     @property
     def cost_direct(self) -> float:
@@ -166,12 +175,37 @@ def _provider(path: str) -> str:
     return ANTHROPIC if _SHAPES.get(path) == ANTHROPIC else OPENAI
 
 
+class _Conversation:
+    """The cache-aware policy's state of one conversation, as cg's store would hold it: when its
+    cache expires (the latest request's time plus its lifetime), and its epochs."""
+
+    def __init__(self, policy: cold.ColdPolicy):
+        self.policy = policy
+        self.expires: float | None = None
+        self.epochs: list[cold.Epoch] = []
+
+    def step(self, now: float, incoming: Incoming) -> tuple[cold.Epoch | None, bool]:
+        """The epoch this request is decided by, and whether it was cold and made a new one."""
+        body, dialect = incoming.body, incoming.dialect
+        current = cold.latest(self.epochs, body, dialect)
+        made = None
+        if self.policy.is_cold(self.expires, now) and len(self.epochs) < cold.MAX_EPOCHS:
+            made = self.policy.epoch(body, dialect, current)
+            if made is not None:
+                self.epochs.append(made)
+                current = made
+        self.expires = max(self.expires or now, now + cold.cache_ttl(body, dialect))
+        return current, made is not None
+
+
 def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table: PriceTable | None = None,
            expand_rate: float = DEFAULT_EXPAND_RATE, conversation: str = "") -> list[Turn]:
     """Each request of one conversation priced direct and via cg (``config``: cg's rewrite
     options; None: its defaults), in order."""
     table = table or prices()
-    rewriter = Rewriter(config or RewriteConfig())
+    config = config or RewriteConfig()
+    rewriter = Rewriter(config)
+    state = _Conversation(config.cold) if config.cold is not None else None
     sizer = _Sizer()
     caches: dict[tuple[str, str], tuple[PromptCache, PromptCache]] = {}
     seen: set[str] = set()
@@ -187,7 +221,12 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         model = direct_body.get("model") if isinstance(direct_body.get("model"), str) else None
         price = table.price(model, _provider(request.path))
         incoming = rewriter.parse(request.body, request.path.encode(), conversation)
-        rewrite = None if incoming is None else rewriter.finish(incoming)
+        epoch, was_cold = None, False
+        if state is not None and incoming is not None and incoming.injection is not None:
+            epoch, was_cold = state.step(request.time, incoming)
+        older = None if epoch is None or incoming is None else cold.older(epoch, incoming.body, incoming.dialect,
+                                                                          config.compact)
+        rewrite = None if incoming is None else rewriter.finish(incoming, older=older)
         cg_body = json.loads(rewrite.body) if rewrite is not None else direct_body
         key = (price.key, price.provider)
         if key not in caches:
@@ -198,12 +237,16 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         direct = direct_cache.bill(request.time, segments(direct_body, shape, sizer)) + output
         cg_segments = segments(cg_body, shape, sizer)
         cg = cg_cache.bill(request.time, cg_segments) + output
-        new = _first_offloads(rewrite.changes if rewrite else [], seen)
+        changes = rewrite.changes if rewrite else []
+        new = _first_offloads(changes, seen)
         seen.update(new)
         rounds = expand_rate * len(new)
         prompt = sum(s.tokens for s in cg_segments)
-        expand_cost = expand_rate * sum(price.cost(Tokens(input=original, cache_read=prompt)) for original in new.values())
-        turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, expand_cost,
-                          len(request.body), len(rewrite.body) if rewrite is not None else len(request.body)))
+        costs = {i: expand_rate * price.cost(Tokens(input=original, cache_read=prompt)) for i, original in new.items()}
+        by_epoch = [i for i in new if older is not None and any(
+            c.marker_id == i and c.message_index < older.cutoff for c in changes)]
+        turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, sum(costs.values()),
+                          len(request.body), len(rewrite.body) if rewrite is not None else len(request.body),
+                          was_cold, len(by_epoch), sum((costs[i] for i in by_epoch), 0.0)))
     return turns
 
