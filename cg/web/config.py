@@ -4,6 +4,8 @@ import re
 
 import attrs
 
+from cg.compaction.options import COLD_POLICY
+
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -40,6 +42,7 @@ class Config:
     offload_min_tokens: int = 2000
     keep_tools: tuple[str, ...] = ("Read",)
     disabled_components: tuple[str, ...] = ()
+    cold_policy: bool = COLD_POLICY[1] == "on"  # the cache-aware policy (cg.compaction.cold)
     changelog: str | None = None
     max_expand_rounds: int = 3
     max_held: int = 16 << 20

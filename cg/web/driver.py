@@ -84,6 +84,7 @@ class Forward:
     rewrite: Rewrite | None = None
     originals: dict[str, bytes] = attrs.Factory(dict)
     model: str | None = None  # the request's, for the change log's usage line
+    cache: tuple[str, float] | None = None  # the cache-aware policy's (conversation key, cache lifetime)
 
 
 class ExchangeDriver:
@@ -99,6 +100,7 @@ class ExchangeDriver:
         self.tenant = ""  # whose originals expand calls may read
         self.model: str | None = None
         self.originals: dict[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
+        self.cache: tuple[str, float] | None = None  # Forward.cache
         reads = self.reads = dialect.response_shape(request.uri)
         self.decode = reads is not None
         body = self._body = request.content.getvalue()
@@ -169,6 +171,7 @@ class ExchangeDriver:
 
     def _prepared(self, forward: Forward):
         self.tenant, self.originals, self.model = forward.tenant, forward.originals, forward.model
+        self.cache = forward.cache
         body = None if not forward.body and self.request.method in _BODYLESS else forward.body
         self.feed(Prepared(body, forward.rewrite, forward.session, forward.seq))
 
@@ -183,6 +186,8 @@ class ExchangeDriver:
         origin, base_path = self.proxy.upstreams[self.which]
         body = command.body
         self.round = command.round
+        if command.round and self.cache is not None:
+            self.proxy.cache_used(self.tenant, self.cache)  # an expand round: the cache lives on
         self.stats.bytes_to_upstream += len(body or b"")
         pending = self.pending = self.proxy.upstream.request(
             self.request.method, origin, base_path + self.request.uri, self.upstream_headers, body
