@@ -24,6 +24,7 @@ from cg.wire.markers import marker_id
 MARKER = re.compile(r"<<cg:([0-9a-f]{16})>>")
 POLICY = ColdPolicy(recent_turns=2, offload_min_tokens=500, views=True)
 CONFIG = rewrite_config(cold=True)
+FIRST_SIGHT = rewrite_config(cold=False)
 
 
 def log(i: int, lines: int = 140) -> str:
@@ -213,17 +214,23 @@ def edit_turn(tool_id: str, path: str) -> list[dict]:
 
 
 def test_a_file_view_superseded_by_a_later_call_on_the_file_is_offloaded():
-    view_a, view_b, view_c = log(100), log(101), log(102)
+    view_a, view_b, view_c, view_d, view_d2 = log(100), log(101), log(102), log(103), log(104)
     turns = [read_turn("toolu_ra", "/p/a.py", view_a), read_turn("toolu_rb", "/p/b.py", view_b),
-             read_turn("toolu_rc", "/p/c.py", view_c), edit_turn("toolu_ea", "/p/a.py"),
-             *bash_turns(2), edit_turn("toolu_ec", "/p/c.py"), *bash_turns(1)]
+             read_turn("toolu_rc", "/p/c.py", view_c), read_turn("toolu_rd", "/p/d.py", view_d),
+             edit_turn("toolu_ea", "/p/a.py"), read_turn("toolu_rb2", "/p/b.py", view_b),
+             read_turn("toolu_rd2", "/p/d.py", view_d2), *bash_turns(1),
+             edit_turn("toolu_ec", "/p/c.py"), *bash_turns(1)]
     body = conversation(turns)
     epoch = POLICY.epoch(parsed(body), ANTHROPIC)
     assert epoch is not None
     found = set(MARKER.findall(forward(Rewriter(CONFIG), body, [epoch]).decode()))
     assert marker_id(view_a.encode()) in found  # read, then edited: superseded
-    assert marker_id(view_b.encode()) not in found  # read only: kept whole, as Read always is
-    assert marker_id(view_c.encode()) not in found  # edited only after the cutoff: not yet superseded
+    assert marker_id(view_d.encode()) in found  # read again, showing other text: superseded
+    # Read again with the same text: the second is dedup's pointer to the first, which keeps it whole.
+    assert marker_id(view_b.encode()) in found and found.isdisjoint(
+        {marker_id(view_c.encode()), marker_id(view_d2.encode())})  # c: edited only after the cutoff
+    forwarded = forward(Rewriter(CONFIG), body, [epoch]).decode()
+    assert forwarded.count(json.dumps(view_b)) == 1 and forwarded.count(json.dumps(view_d2)) == 1
     no_views = attrs.evolve(epoch, views=False)
     assert marker_id(view_a.encode()) not in MARKER.findall(forward(Rewriter(CONFIG), body, [no_views]).decode())
 
@@ -271,14 +278,14 @@ def test_replay_simulates_the_policy_on_the_requests_times():
     config = attrs.evolve(CONFIG, cold=POLICY)
     warm = replay(session([5.0] * 10), config)
     assert not any(t.cold for t in warm) and sum(t.cold_offloads for t in warm) == 0
-    assert [t.cost_cg for t in warm] == [t.cost_cg for t in replay(session([5.0] * 10), rewrite_config())]
+    assert [t.cost_cg for t in warm] == [t.cost_cg for t in replay(session([5.0] * 10), FIRST_SIGHT)]
 
     gaps = [5.0] * 6 + [POLICY.margin + cold.TTL_5M + 1.0]  # the 7th request comes after the cache expired
     turns = replay(session(gaps), config)
     assert [t.cold for t in turns] == [False] * 6 + [True] + [False] * 3
     assert turns[6].cold_offloads == 7 - 2 and sum(t.cold_offloads for t in turns) == 5  # counted once
     assert turns[6].cold_expand_cost > 0
-    first_sight = replay(session(gaps), rewrite_config())
+    first_sight = replay(session(gaps), FIRST_SIGHT)
     assert sum(t.cost_cg for t in turns[7:]) < sum(t.cost_cg for t in first_sight[7:])
     # A gap within the margin is not cold.
     assert not any(t.cold for t in replay(session([5.0] * 6 + [cold.TTL_5M + POLICY.margin - 1.0]), config))

@@ -14,7 +14,8 @@ restart and on any cg sharing the store.
 
 The stronger policy, for the results of messages older than the last ``recent_turns`` model turns:
 a lower offload threshold, and file views (Claude Code's ``Read``, kept whole at first sight) that
-a later ``Read``/``Edit``/``Write``/``MultiEdit`` of the same file superseded are offloaded too.
+a later ``Edit``/``Write``/``MultiEdit`` of the same file, or a ``Read`` of it showing other text,
+superseded are offloaded too.
 """
 
 from __future__ import annotations
@@ -186,14 +187,16 @@ def _configs(config: CompactConfig, min_tokens: int) -> tuple[CompactConfig, Com
 
 
 def _superseded(messages: list[object], cutoff: int) -> frozenset[tuple[int, int]]:
-    """(message, block) of each file view among ``messages[:cutoff]`` that a later call of a file tool
-    on the same ``file_path`` in those messages superseded (Anthropic's tool_use/tool_result).
+    """(message, block) of each file view among ``messages[:cutoff]`` that a later call on the same
+    ``file_path`` in those messages superseded: an edit or a write of the file, or a read of it that
+    showed other text. A read that showed the same text does not: dedup made that one a pointer
+    to this one, which must keep the text. Anthropic's tool_use/tool_result.
 
     Only the covered messages count: the answer must not change as the history grows.
     """
     calls: dict[str, tuple[str, str]] = {}  # tool_use id -> (tool, file_path)
-    touched: dict[str, int] = {}  # file_path -> the last assistant message calling a file tool on it
-    views: list[tuple[int, int, str]] = []
+    written: dict[str, int] = {}  # file_path -> the last assistant message editing or writing it
+    views: list[tuple[int, int, str, object]] = []  # (message, block, file_path, the result's content)
     for index, message in enumerate(messages[:cutoff]):
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             continue
@@ -206,13 +209,17 @@ def _superseded(messages: list[object], cutoff: int) -> frozenset[tuple[int, int
                 path = tool_input.get("file_path") if isinstance(tool_input, dict) else None
                 if isinstance(path, str) and isinstance(block.get("id"), str):
                     calls[block["id"]] = (block["name"], path)
-                    touched[path] = index
+                    if block["name"] not in VIEW_TOOLS:
+                        written[path] = index
             elif role == "user" and block.get("type") == "tool_result":
                 tool_use_id = block.get("tool_use_id")
                 call = calls.get(tool_use_id) if isinstance(tool_use_id, str) else None
                 if call is not None and call[0] in VIEW_TOOLS:
-                    views.append((index, block_index, call[1]))
-    return frozenset((index, block_index) for index, block_index, path in views if touched[path] > index)
+                    views.append((index, block_index, call[1], block.get("content")))
+    return frozenset(
+        (index, block_index) for n, (index, block_index, path, content) in enumerate(views)
+        if written.get(path, -1) > index or any(p == path and c != content for _, _, p, c in views[n + 1:])
+    )
 
 
 def conversation_key(conversation: str, model: str | None) -> str:
