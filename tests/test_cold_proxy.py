@@ -104,7 +104,7 @@ def test_a_conversation_that_asks_for_the_1_hour_cache_is_cold_after_an_hour(col
 @inlineCallbacks
 def test_without_a_conversation_id_or_the_option_decisions_are_first_sight(cold_cg, make_cg, fake, clock):
     running = cold_cg()
-    plain = make_cg(anthropic_upstream=fake.url, expand=True)
+    plain = make_cg(anthropic_upstream=fake.url, expand=True, cold_policy=False)
     plain.service.resource.now = clock
     k = RECENT + 1
     for target, headers in ((running, ()), (plain, SESSION)):

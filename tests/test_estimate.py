@@ -221,9 +221,9 @@ def test_json_and_options(tmp_path):
     _, out, _ = run(str(HOME), "--json", "--disable", "offload", "--keep-tools", "Bash")
     assert json.loads(out)["config"]["disable"] == ["offload"]
     # the cache-aware policy, simulated on the transcripts' times (no gap in them outlives the cache)
-    assert report_["config"]["cold_policy"] is False and report_["total"]["cold_requests"] == 0
-    _, out, _ = run(str(HOME), "--json", "--cold-policy", "on")
-    assert json.loads(out)["config"]["cold_policy"] is True and json.loads(out)["total"]["cold_requests"] == 0
+    assert report_["config"]["cold_policy"] is True and report_["total"]["cold_requests"] == 0
+    _, out, _ = run(str(HOME), "--json", "--cold-policy", "off")
+    assert json.loads(out)["config"]["cold_policy"] is False and json.loads(out)["total"]["cold_requests"] == 0
     _, out, _ = run(str(HOME), "--json", "--project", "project", "--since", "2026-11-30")
     assert json.loads(out)["total"]["sessions"] == 2
     _, out, _ = run(str(HOME / ".codex"), "--json")

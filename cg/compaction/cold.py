@@ -91,8 +91,8 @@ class ColdPolicy:
     instances sharing a store that disagree by a little.
     """
 
-    recent_turns: int = 8
-    offload_min_tokens: int = 500
+    recent_turns: int = 2
+    offload_min_tokens: int = 1000
     views: bool = True
     margin: float = 60.0
 

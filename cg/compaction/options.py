@@ -31,7 +31,7 @@ KEEP_TOOLS = (
 )
 COLD_POLICY = (
     "cold-policy",
-    "off",
+    "on",
     "on: when a conversation's prompt cache has expired (no request for longer than its lifetime), "
     "offload its older tool results more (a lower threshold, superseded file views), then replay "
     "those decisions on every later turn; kept in the store. off: first-sight decisions only.",
