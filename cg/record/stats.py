@@ -169,7 +169,8 @@ class ColdStats:
     those, found after their conversation's cache had expired; `epochs`: re-decisions this cg
     froze in the store at such a request (another cg sharing the store may have frozen others);
     `applied`: requests decided under an epoch; `unknown`: requests whose epochs the store could
-    not read, decided first-sight only (a marker an epoch sent earlier then goes whole).
+    not read, decided by those this cg read before (none after a restart: a marker an epoch sent
+    earlier then goes whole, one cache write and nothing lost).
     """
 
     checked: int = 0

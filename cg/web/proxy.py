@@ -175,7 +175,7 @@ class ProxyResource(resource.Resource):
         epochs, and records and makes none.
         """
         policy = self.rewriter.config.cold
-        if policy is None or not conversation or incoming.injection is None:
+        if policy is None or not conversation or incoming.injection is None or self.store is None:
             return defer.succeed((None, None))
         stats = self.stats.compaction.cold
         stats.checked += 1
