@@ -10,7 +10,8 @@
   Claude Code puts on the newest block.
 - ``generated_sessions``: whole sessions as a client sends them over time, each request the
   history so far plus one new turn, with idle gaps between requests (``GAPS``): the input of
-  ``cg.record.replay.replay`` (bench/sweep.py; issue 13's cache-aware policy, §2, reuses them).
+  ``cg.record.replay.replay`` (bench/sweep.py, and bench/cold.py for issue 13's cache-aware
+  policy, §2). With ``revisit``, Read and Edit turns often pick a file the session read before.
 
 Deterministic: the same arguments give the same bytes and the same times.
 """
@@ -31,22 +32,51 @@ PATH = "/v1/messages"
 START = 1_796_115_600.0  # 2026-12-01T09:00:00Z: the first request of session 0
 
 
+# With ``revisit``: the share of Read and Edit turns that pick a file the session read before (a
+# coding session reads a file, edits it, reads it again), rather than a new one.
+REVISIT = 0.5
+
+
 class Content:
     """Conversation ``index``'s turns, generated on first use and shared by every side: each turn
-    (assistant message, user message) serialized as Claude Code serializes them."""
+    (assistant message, user message) serialized as Claude Code serializes them.
 
-    def __init__(self, index: int, kinds: dict[str, int] = KINDS):
+    ``kinds``: the mix of turns (rewrite.KINDS; bench/sweep.py adds rewrite.MORE_KINDS).
+    ``revisit``: Read and Edit turns pick, at ``REVISIT``, a file read earlier (an Edit changes its
+    lines, and a later Read shows them). Without it, every file is new: the turns are those
+    bench/sweep.py and bench/gateway.py measured, the same random draws.
+    """
+
+    def __init__(self, index: int, kinds: dict[str, int] = KINDS, revisit: bool = False):
         self.gen = Gen(1000 + index)
         self.turns: list[tuple[bytes, bytes]] = []
         self.kinds = list(kinds)
         self.weights = list(kinds.values())
+        self.revisit = revisit
+        self.files: dict[str, list[str]] = {}  # with revisit: path -> its lines, as last read or edited
 
     def turn(self, j: int) -> tuple[bytes, bytes]:
         while len(self.turns) <= j:
             kind = self.gen.rng.choices(self.kinds, weights=self.weights)[0]
-            assistant, user = turn(self.gen, calls_of(self.gen, kind, {}))
+            if self.revisit and kind in ("read", "edit") and self.files and self.gen.rng.random() < REVISIT:
+                calls = self._again(kind, self.gen.rng.choice(sorted(self.files)))
+            else:
+                calls = calls_of(self.gen, kind, self.files if self.revisit else {})
+            assistant, user = turn(self.gen, calls)
             self.turns.append((serialize(assistant), serialize(user)))
         return self.turns[j]
+
+    def _again(self, kind: str, path: str) -> list[tuple[str, dict, object, bool]]:
+        """A Read of a file read before, or an Edit of it (which replaces a few of its lines)."""
+        gen, lines = self.gen, self.files[path]
+        file_path = f"/home/dev/proj/{path}"
+        if kind == "read":
+            return [("Read", {"file_path": file_path}, gen.read_result(0, lines), False)]
+        start = gen.rng.randrange(len(lines))
+        old, new = lines[start:start + gen.rng.randint(1, 8)], gen.code_lines(gen.rng.randint(7, 18))[6:]
+        self.files[path] = lines[:start] + new + lines[start + len(old):]
+        return [("Edit", {"file_path": file_path, "old_string": "\n".join(old), "new_string": "\n".join(new)},
+                 gen.edit_result(path), False)]
 
 
 def marked(user: bytes) -> bytes:
@@ -121,15 +151,16 @@ def _output_tokens(assistant: bytes) -> int:
 
 
 def generated_session(index: int, template: Template | None = None, turns: tuple[int, int] = TURNS,
-                      seed: int = 13, kinds: dict[str, int] = KINDS) -> Session:
+                      seed: int = 13, kinds: dict[str, int] = KINDS, revisit: bool = False) -> Session:
     """Session ``index``: between ``turns[0]`` and ``turns[1]`` requests, each the history so far plus
     one new turn (``Content(index)``'s), ``cache_control`` on the newest block as Claude Code puts
     it, sent after an idle gap drawn from ``GAPS``. When the next turn would take the history past
     ``LIMIT`` bytes, the history starts again from the template's first turns (as a compaction or
     a new task would; the system prompt and tools stay, and so does their cached prefix). ``kinds``:
-    the mix of turns (rewrite.KINDS; bench/sweep.py adds rewrite.MORE_KINDS)."""
+    the mix of turns (rewrite.KINDS; bench/sweep.py adds rewrite.MORE_KINDS). ``revisit``: see
+    ``Content``."""
     template = template or Template()
-    content = Content(index, kinds)
+    content = Content(index, kinds, revisit)
     rng = random.Random(seed * 1_000_003 + index)
     count = rng.randint(*turns)
     now = START + index * 86_400.0
@@ -151,9 +182,9 @@ def generated_session(index: int, template: Template | None = None, turns: tuple
 
 
 def generated_sessions(count: int, turns: tuple[int, int] = TURNS, seed: int = 13,
-                       kinds: dict[str, int] = KINDS) -> Iterator[Session]:
+                       kinds: dict[str, int] = KINDS, revisit: bool = False) -> Iterator[Session]:
     """Sessions 0 to ``count - 1`` (``generated_session``), one at a time: a session's bodies
     add up to tens of MB."""
     template = Template()
     for index in range(count):
-        yield generated_session(index, template, turns, seed, kinds)
+        yield generated_session(index, template, turns, seed, kinds, revisit)

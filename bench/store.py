@@ -2,7 +2,9 @@
 
 Through the IStore API on the reactor, as the proxy calls it: a put of new originals (what a
 request with new tool output waits for), a get (an expand the request cannot answer itself), and
-``known`` + ``touch`` (what every other request does: no I/O on its path). Each is measured alone
+``known`` + ``touch`` (what every other request does: no I/O on its path), and the cache-aware
+policy's work on every request of a conversation (``cache_until`` and the read of its next epoch,
+``frozen``, at once; 100 conversations). Each is measured alone
 (latency, p50/p99, from the call on the reactor to its callback) and with 32 in flight (the
 throughput of the one worker thread). Starts its own redis-server on 127.0.0.1 (as Debian ships
 it: persistence off here) in a temporary directory, and kills it on exit.
@@ -94,12 +96,19 @@ async def measure(name: str, store, n: int) -> list[str]:
         store.touch("", store.known("", ids))
         return defer.succeed(None)
 
+    def cold(i):
+        key = f"{run}c{i % 100:04d}"
+        return defer.gatherResults([store.cache_until("", key, time.time() + 300),
+                                    store.frozen("", f"cold:{key}:0")])
+
     for label, call, in_flight in (
         ("put 1 new original", put("a"), 1),
         ("put, 32 in flight", put("b"), 32),
         ("get", get, 1),
         ("get, 32 in flight", get, 32),
         ("known+touch of 20 ids", known, 1),
+        ("cache_until+frozen", cold, 1),
+        ("cache_until+frozen, 32", cold, 32),
     ):
         latencies, rate = await timed(call, n, in_flight)
         lines.append(

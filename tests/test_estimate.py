@@ -221,6 +221,10 @@ def test_json_and_options(tmp_path):
     assert json.loads(out)["total"]["offloads"] == 0
     _, out, _ = run(str(HOME), "--json", "--disable", "offload", "--keep-tools", "Bash")
     assert json.loads(out)["config"]["disable"] == ["offload"]
+    # the cache-aware policy, simulated on the transcripts' times (no gap in them outlives the cache)
+    assert report_["config"]["cold_policy"] is True and report_["total"]["cold_requests"] == 0
+    _, out, _ = run(str(HOME), "--json", "--cold-policy", "off")
+    assert json.loads(out)["config"]["cold_policy"] is False and json.loads(out)["total"]["cold_requests"] == 0
     _, out, _ = run(str(HOME), "--json", "--project", "project", "--since", "2026-11-30")
     assert json.loads(out)["total"]["sessions"] == 2
     _, out, _ = run(str(HOME / ".codex"), "--json")
@@ -236,6 +240,8 @@ def test_refusals_are_one_line(tmp_path):
     assert code == 1 and "matching --since/--project" in err
     with pytest.raises(SystemExit):
         run(str(HOME), "--disable", "nothing")
+    with pytest.raises(SystemExit):
+        run(str(HOME), "--cold-policy", "yes")
 
 
 def test_plot_without_the_extra_says_how(monkeypatch, tmp_path):

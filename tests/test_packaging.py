@@ -35,7 +35,7 @@ def test_twistd_lists_and_documents_cg(tmp_path):
 
 def test_bad_options_are_usage_errors():
     for argv in (["--max-expand-rounds", "-1"], ["--max-held", "lots"], ["--max-body", "2X"],
-                 ["--tenant", "everyone"], ["--expand", "maybe"], ["--disable", "nothing"],
+                 ["--tenant", "everyone"], ["--expand", "maybe"], ["--cold-policy", "maybe"], ["--disable", "nothing"],
                  ["--anthropic-upstream", "api.anthropic.com"], ["--openai-upstream", "https://api.openai.com?x"]):
         with pytest.raises(usage.UsageError):
             Options().parseOptions(argv)

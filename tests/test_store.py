@@ -4,6 +4,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 
 import pytest
 import pytest_twisted
@@ -23,6 +24,7 @@ from cg.store import (
     default_store_url,
     store_from_url,
 )
+from cg.store.base import CACHE_RECORD_DAYS
 from cg.store.threaded import TOUCH_EVERY, RecentlyTouched
 
 DAY = 86400.0
@@ -278,7 +280,98 @@ async def test_info(make_store):
     assert (info.frozen_entries, info.frozen_bytes) == (1, 2)
 
 
+@pytest_twisted.ensureDeferred
+async def test_cache_until_keeps_the_later_expiry_and_says_the_one_before(make_store):
+    clock = FakeClock()
+    store = make_store(clock=clock)
+    now = clock.now
+    assert await store.cache_until("t", "conv", now + 300) is None
+    assert await store.cache_until("t", "conv", now + 400.25) == now + 300
+    assert await store.cache_until("t", "conv", now + 100) == now + 400.25  # an earlier one: the later stays
+    assert await store.cache_until("t", "conv", now + 500) == now + 400.25
+    assert await store.cache_until("u", "conv", now) is None  # another tenant's
+    assert await store.cache_until("t", "other", now) is None
+    # Records hold no content: not counted, and purges leave them.
+    await store.put("t", {"a": b"x"})
+    assert await store.purge(None) == 1
+    info = await store.info()
+    assert (info.entries, info.bytes, info.frozen_entries, info.frozen_bytes) == (0, 0, 0, 0)
+    assert await store.cache_until("t", "conv", now + 500) == now + 500
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "memory"])
+@pytest_twisted.ensureDeferred
+async def test_a_cache_record_goes_days_after_it_expired(sqlite_store, backend):
+    clock = FakeClock()
+    store = sqlite_store(clock=clock) if backend == "sqlite" else MemoryStore(clock=clock)
+    await store.cache_until("t", "old", clock.now + 300)
+    clock.advance(CACHE_RECORD_DAYS * DAY)
+    await store.cache_until("t", "recent", clock.now)
+    assert await store.cache_until("t", "old", 0.0) == clock.now - CACHE_RECORD_DAYS * DAY + 300  # a read
+    clock.advance(301)
+    await store.cache_until("t", "recent", clock.now)  # each record drops the stale ones
+    assert await store.cache_until("t", "old", clock.now) is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_redis_lets_a_cache_record_expire_days_after_its_end(redis_server, closing):
+    clock = FakeClock()
+    store = RedisStore(redis_server.url, clock=clock)
+    closing(store)
+    await store.cache_until("t", "conv", clock.now + 300)
+    ttl = redis_server.admin.pttl("cg:t:t:c:conv")
+    assert (CACHE_RECORD_DAYS * DAY + 299) * 1000 < ttl <= (CACHE_RECORD_DAYS * DAY + 300) * 1000
+    await store.cache_until("t", "conv", clock.now + 100)  # not later: the record and its life stay
+    assert redis_server.admin.pttl("cg:t:t:c:conv") <= ttl
+
+
 # SQLite only
+
+
+@pytest_twisted.ensureDeferred
+async def test_cache_records_survive_a_restart_and_are_shared_by_connections(db_path, sqlite_store):
+    first, second = sqlite_store(), sqlite_store()
+    now = time.time()
+    assert await first.cache_until("t", "conv", now + 0.5) is None
+    assert await second.cache_until("t", "conv", now + 300) == now + 0.5  # another cg on the same file
+    await first.close()
+    await second.close()
+    assert await sqlite_store().cache_until("t", "conv", 0.0) == now + 300
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_made_before_cache_records_gets_their_table(db_path, sqlite_store):
+    os.makedirs(os.path.dirname(db_path))
+    conn = sqlite3.connect(db_path)
+    conn.executescript(
+        """
+        CREATE TABLE originals (tenant TEXT NOT NULL, id TEXT NOT NULL, size INTEGER NOT NULL,
+            last_used REAL NOT NULL, body BLOB NOT NULL, PRIMARY KEY (tenant, id));
+        CREATE TABLE frozen (tenant TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL,
+            last_used REAL NOT NULL, body BLOB NOT NULL, PRIMARY KEY (tenant, key));
+        INSERT INTO originals VALUES ('t', 'x', 1, 0, x'41');
+        PRAGMA user_version = 1;
+        """
+    )
+    conn.close()
+    store = sqlite_store()
+    now = time.time()
+    assert await store.cache_until("t", "conv", now) is None
+    assert await store.cache_until("t", "conv", now + 300) == now
+    assert await store.get("t", "x") == b"A"
+    # cg-store on a file it may only read still opens it (it does not need the table).
+    await store.close()
+    conn = sqlite3.connect(db_path)
+    conn.execute("DROP TABLE caches")
+    conn.commit()
+    conn.close()
+    read_only = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, isolation_level=None)
+    try:
+        cg.store.sqlite._migrate(read_only, db_path)
+        assert read_only.execute("SELECT count(*) FROM originals").fetchone() == (1,)
+        assert not read_only.in_transaction
+    finally:
+        read_only.close()
 
 
 @pytest_twisted.ensureDeferred

@@ -4,6 +4,7 @@ checks, and build the rewrite's configuration with ``rewrite_config``."""
 
 from collections.abc import Iterable
 
+from cg.compaction.cold import ColdPolicy
 from cg.compaction.components import DEFAULT_COMPONENTS, Offload
 from cg.compaction.pipeline import CompactConfig
 from cg.compaction.rewrite import RewriteConfig
@@ -28,6 +29,13 @@ KEEP_TOOLS = (
     ",".join(sorted(_OFFLOAD.keep_tools)),
     "Comma-separated tools whose results are never offloaded.",
 )
+COLD_POLICY = (
+    "cold-policy",
+    "on",
+    "on: when a conversation's prompt cache has expired (no request for longer than its lifetime), "
+    "offload its older tool results more (a lower threshold, superseded file views), then replay "
+    "those decisions on every later turn; kept in the store. off: first-sight decisions only.",
+)
 DISABLE_HELP = (
     "Switch off a compaction component; repeatable. Components, in order: "
     + ", ".join(COMPONENTS)
@@ -44,8 +52,13 @@ def check_disable(component: str) -> str:
 
 
 def check_expand(value: str) -> bool:
+    return check_on_off("expand", value)
+
+
+def check_on_off(option: str, value: str) -> bool:
+    """``value`` of an on/off option as a bool; else ValueError with the message to show."""
     if value not in ("on", "off"):
-        raise ValueError("--expand must be one of on, off")
+        raise ValueError(f"--{option} must be one of on, off")
     return value == "on"
 
 
@@ -54,7 +67,8 @@ def keep_tools(value: str) -> tuple[str, ...]:
 
 
 def rewrite_config(expand: bool = True, offload_min_tokens: int = _OFFLOAD.min_tokens,
-                   keep: Iterable[str] = _OFFLOAD.keep_tools, disabled: Iterable[str] = ()) -> RewriteConfig:
+                   keep: Iterable[str] = _OFFLOAD.keep_tools, disabled: Iterable[str] = (),
+                   cold: bool = COLD_POLICY[1] == "on") -> RewriteConfig:
     """The rewrite cg runs with these options."""
     off = set(disabled)
     return RewriteConfig(
@@ -66,4 +80,5 @@ def rewrite_config(expand: bool = True, offload_min_tokens: int = _OFFLOAD.min_t
             offload_min_tokens=offload_min_tokens,
         ),
         expand=expand,
+        cold=ColdPolicy() if cold else None,
     )

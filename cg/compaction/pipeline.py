@@ -75,6 +75,27 @@ class CompactConfig:
 
 
 @attrs.frozen
+class Older:
+    """A stronger config for the tool results of the messages before `cutoff`: the cache-aware
+    policy's re-decision of an older history (cg.compaction.cold), a pure input like `config`.
+
+    `views` is the config for the results at `superseded` (message, block) positions: file views a
+    later call on the same file superseded.
+    """
+
+    cutoff: int
+    config: CompactConfig
+    views: CompactConfig
+    superseded: frozenset[tuple[int, int]] = frozenset()
+
+    def config_for(self, message_index: int, block_index: int | None, config: CompactConfig) -> CompactConfig:
+        """The config a result at this place is decided by (`config`: the first-sight one)."""
+        if message_index >= self.cutoff:
+            return config
+        return self.views if (message_index, block_index) in self.superseded else self.config
+
+
+@attrs.frozen
 class Change:
     """One component's rewrite of one tool result (one line of the change log).
 
@@ -238,23 +259,24 @@ class Plan:
 
 
 def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | frozenset[str],
-         memo: Memo | None = None) -> Plan:
+         memo: Memo | None = None, older: Older | None = None) -> Plan:
     """The edits that compact the tool results of `body`; no edits when nothing changes.
 
-    `lossy`: True, False, or the marker IDs whose originals may be replaced by a marker.
+    `lossy`: True, False, or the marker IDs whose originals may be replaced by a marker. `older`:
+    a stronger config for the results of older messages (None: `config` for every result).
 
     Planned message by message. A message that lies in what `body` shares with the conversation's
     last body from its start (`ParsedBody.shared`) is planned as it was last time (`_Planned`,
     carried in `ParsedBody.carried` under this plan's inputs): everything before it is the same
     bytes, so its tool names, its results' "seen earlier" and their decisions are too.
     """
-    key = _LIST_KEY[dialect]
+    key = LIST_KEY[dialect]
     messages = body.value.get(key)
     if not isinstance(messages, list):
         return Plan([], {}, [])
     out = Plan([], {}, [])
-    walk = _Walk(dialect, config, lossy, memo)
-    cache_key = ("plan", dialect, config, lossy) if isinstance(lossy, bool) else None
+    walk = _Walk(dialect, config, lossy, memo, older)
+    cache_key = ("plan", dialect, config, lossy, older) if isinstance(lossy, bool) else None
     last = body.earlier_carried.get(cache_key, []) if cache_key else []
     planned: list[_Planned] = []
     for index, message in enumerate(messages):
@@ -360,9 +382,10 @@ class _Walk:
     itself (its tool's name, from the call an earlier message made; whether the same text came
     earlier in the request), and the decision inputs that stay the same for every result."""
 
-    def __init__(self, dialect: str, config: CompactConfig, lossy: bool | frozenset[str], memo: Memo | None):
+    def __init__(self, dialect: str, config: CompactConfig, lossy: bool | frozenset[str], memo: Memo | None,
+                 older: Older | None):
         self.find = _MESSAGE_RESULTS[dialect]
-        self.config, self.memo = config, memo
+        self.config, self.memo, self.older = config, memo, older
         # `lossy` may be a set of marker IDs: lossy rewrites only for those originals (the ones
         # already stored), reformat only for the rest.
         self.only: frozenset[str] | None = lossy if isinstance(lossy, frozenset) else None
@@ -379,13 +402,16 @@ class _Walk:
             if result.tool_name == EXPAND_TOOL:
                 continue  # what the model asked to see again stays as it is
             earlier = result.text in self.seen_texts
+            decided_by = self.config
+            if self.older is not None:
+                decided_by = self.older.config_for(result.message_index, result.block_index, self.config)
             try:
-                decision = _decision(result, earlier, self.seen_ids, self.config, self.lossy, self.memo)
+                decision = _decision(result, earlier, self.seen_ids, decided_by, self.lossy, self.memo)
             except UnicodeEncodeError:
                 continue  # a lone surrogate: no exact original to give back
             only = self.only
             if only is not None and decision.result_id not in only and any(s.lossy for s in decision.steps):
-                decision = _decision(result, earlier, self.seen_ids, self.config, False, self.memo)
+                decision = _decision(result, earlier, self.seen_ids, decided_by, False, self.memo)
             self.seen_texts.add(result.text)
             self.seen_ids.add(decision.result_id)
             yield result, decision
@@ -507,7 +533,7 @@ _MESSAGE_RESULTS: dict[str, Callable[[int, object, "_Calls"], Iterator[_ToolResu
     ANTHROPIC: _anthropic_results, OPENAI: _openai_results, RESPONSES: _responses_results,
 }
 # Where each body shape keeps the list of messages _MESSAGE_RESULTS walks.
-_LIST_KEY = {ANTHROPIC: "messages", OPENAI: "messages", RESPONSES: "input"}
+LIST_KEY = {ANTHROPIC: "messages", OPENAI: "messages", RESPONSES: "input"}
 
 
 def _result_texts(content: object, path: jsonbytes.Path, tool_name: str | None, message_index: int,

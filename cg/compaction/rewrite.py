@@ -8,7 +8,8 @@ components run. Anything unexpected forwards the client's bytes unchanged.
 import attrs
 
 from cg.compaction import expand
-from cg.compaction.pipeline import Change, CompactConfig, Memo, plan
+from cg.compaction.cold import ColdPolicy
+from cg.compaction.pipeline import Change, CompactConfig, Memo, Older, plan
 from cg.compaction.repair import Repair, find_repairs, repair_edits
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
@@ -34,6 +35,7 @@ _USAGE_OPTION = ',"stream_options":{"include_usage":true}'
 class RewriteConfig:
     compact: CompactConfig = attrs.Factory(CompactConfig)
     expand: bool = True
+    cold: ColdPolicy | None = None  # the cache-aware policy (cg.compaction.cold); None: first sight only
 
 
 @attrs.frozen
@@ -98,15 +100,16 @@ class Rewriter:
         return Incoming(body, dialect, stash, injection, repairs, usage_added)
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
-               lossy: bool | frozenset[str] = True) -> Rewrite:
+               lossy: bool | frozenset[str] = True, older: Older | None = None) -> Rewrite:
         """Repair, compact and inject in one splice.
 
         `lossy=False` forbids lossy compaction; a set of marker IDs allows it only for those
-        originals (the store could not keep the others).
+        originals (the store could not keep the others). `older`: the cache-aware policy's
+        stronger config for older messages (cg.compaction.cold), where an epoch applies.
         """
         body, dialect = incoming.body, incoming.dialect
         injected = incoming.injection is not None
-        compaction = plan(body, dialect, self.config.compact, lossy if injected else False, self.memo)
+        compaction = plan(body, dialect, self.config.compact, lossy if injected else False, self.memo, older)
         repairs = repair_edits(body, incoming.repairs, repair_texts) if repair_texts else []
         edits = repairs + compaction.edits + (incoming.injection or [])
         return Rewrite(

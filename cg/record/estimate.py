@@ -77,6 +77,10 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="the cache lifetime Claude Code's breakpoints are taken to ask for [default: 5m]")
     name, default, text = options.EXPAND
     parser.add_argument(f"--{name}", default=default, type=_checked(options.check_expand), help=text)
+    name, default, text = options.COLD_POLICY
+    parser.add_argument(f"--{name}", default=options.check_on_off(name, default),
+                        type=_checked(lambda value: options.check_on_off(name, value)),
+                        help=f"{text} Simulated on the transcript's own timestamps. [default: {default}]")
     for spec, convert in ((options.OFFLOAD_MIN_TOKENS, int), (options.KEEP_TOOLS, options.keep_tools)):
         parser.add_argument(f"--{spec[0]}", type=convert, default=spec[1], help=f"{spec[2]} [default: %(default)s]")
     parser.add_argument("--disable", action="append", default=[], type=_checked(options.check_disable),
@@ -152,6 +156,8 @@ def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool =
         "cost_cg": round(cost_cg, 6),
         "ratio": round(cost_cg / cost_direct, 4) if cost_direct else None,
         "offloads": sum(t.offloads for t in turns),
+        "cold_requests": sum(t.cold for t in turns),
+        "cold_offloads": sum(t.cold_offloads for t in turns),
         "expand_rounds": round(sum(t.expand_rounds for t in turns), 2),
         "expand_cost": round(sum(t.expand_cost for t in turns), 6),
         "billed_by_transcript": _tokens(sum(billed, Tokens())) if billed else None,
@@ -197,7 +203,8 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
         if not root.exists():
             raise Refusal(f"no such file or directory: {root}")
         files += transcripts.find(root)
-    config = options.rewrite_config(args.expand, args.offload_min_tokens, args.keep_tools, args.disable)
+    config = options.rewrite_config(args.expand, args.offload_min_tokens, args.keep_tools, args.disable,
+                                    args.cold_policy)
     keep_warm = keepalive.Policy(args.keepalive_max_idle, args.keepalive_budget) if args.keepalive else None
     table = prices()
     sessions: list[dict[str, Any]] = []
@@ -240,6 +247,8 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
         "cost_cg": round(cost_cg, 6),
         "ratio": round(cost_cg / cost_direct, 4) if cost_direct else None,
         "offloads": sum(s["offloads"] for s in sessions),
+        "cold_requests": sum(s["cold_requests"] for s in sessions),
+        "cold_offloads": sum(s["cold_offloads"] for s in sessions),
         "expand_rounds": round(sum(s["expand_rounds"] for s in sessions), 2),
         "keepalive": None,
     }
@@ -250,7 +259,7 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
     return {
         "sessions": sessions,
         "total": total,
-        "config": {"expand": args.expand, "offload_min_tokens": args.offload_min_tokens,
+        "config": {"expand": args.expand, "cold_policy": args.cold_policy, "offload_min_tokens": args.offload_min_tokens,
                    "keep_tools": list(args.keep_tools), "disable": list(args.disable),
                    "expand_rate": args.expand_rate, "ttl": args.ttl,
                    "keepalive": {"max_idle": args.keepalive_max_idle, "budget": args.keepalive_budget}

@@ -35,7 +35,8 @@ _ADDED_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 _UPSTREAM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 _STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
-STORE_OPERATIONS = ("put", "get", "freeze", "frozen", "info")
+STORE_OPERATIONS = ("put", "get", "freeze", "frozen", "cache_until", "info")
+COLD_EVENTS = ("checked", "cold", "epochs", "applied", "unknown")  # cg.record.stats.ColdStats
 USAGE_KINDS = ("input", "cache_read", "cache_write", "output")
 EXPAND_OUTCOMES = ("resolved", "unknown", "evicted", "malformed")
 MEMO_TABLES = ("decisions", "bodies")
@@ -278,6 +279,8 @@ class Metrics:
         follow("cg_compaction_input_client_bytes_total", compaction.input_bytes_client)
         follow("cg_compaction_input_forwarded_bytes_total", compaction.input_bytes_forwarded)
         follow("cg_store_fail_open_total", compaction.store_fail_open)
+        for event in COLD_EVENTS:
+            follow("cg_cold_policy_total", getattr(compaction.cold, event), event)
         for name, component in compaction.components.items():
             follow("cg_compaction_component_runs_total", component.runs, name)
             follow("cg_compaction_component_acted_total", component.acted, name)
@@ -343,6 +346,9 @@ _MIRRORED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("cg_compaction_input_forwarded_bytes_total", "Those bodies as cg forwarded them.", ()),
     ("cg_store_fail_open_total", "Requests whose new originals went whole (lossy offload skipped) because "
      "the store could not keep them.", ()),
+    ("cg_cold_policy_total", "The cache-aware policy's requests, by event: checked, cold (the conversation's "
+     "cache had expired), epochs (re-decisions frozen), applied (decided under one), unknown (the store could "
+     "not say).", ("event",)),
     ("cg_compaction_component_runs_total", "Tool results a component ran on (a re-sent result counts again).",
      ("component",)),
     ("cg_compaction_component_acted_total", "Tool results a component rewrote.", ("component",)),

@@ -24,6 +24,11 @@ What it states rather than measures:
   A ping is billed as the conversation's last forwarded prompt read again (cache reads, the tail
   after the last breakpoint as input) plus one output token; every real request is taken to have
   been answered 2xx when it was sent, and every ping to read what the cache holds.
+- The cache-aware policy (``config.cold``, cg.compaction.cold) runs on the requests' own times:
+  a request later than the conversation's cache lifetime (plus the policy's margin) after the
+  previous one is cold and makes an epoch, as cg's store would keep it; the offloads the epochs
+  bring are counted apart (``cold_offloads``, ``cold_expand_cost``) so that a caller can price
+  their expand rounds at another rate.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from typing import Any
 
 import attrs
 
+from cg.compaction import cold
 from cg.compaction.pipeline import Change
-from cg.compaction.rewrite import RewriteConfig, Rewriter
+from cg.compaction.rewrite import Incoming, RewriteConfig, Rewriter
 from cg.compaction.tokens import estimate_tokens
 from cg.exchange import keepalive
 from cg.record.pricing import (
@@ -84,6 +90,9 @@ class Turn:
     keepalive: Tokens | None = None  # with keep-alive: this request as billed then (output included)
     pings: int = 0  # keep-alive pings sent after this request, before its conversation's next
     ping_tokens: Tokens = Tokens()  # what they were billed
+    cold: bool = False  # the cache-aware policy found this request cold and made an epoch
+    cold_offloads: int = 0  # of `offloads`, those an epoch's stronger config made
+    cold_expand_cost: float = 0.0  # of `expand_cost`, theirs
 
     @property
     def cost_direct(self) -> float:
@@ -177,6 +186,29 @@ def _provider(path: str) -> str:
     return ANTHROPIC if _SHAPES.get(path) == ANTHROPIC else OPENAI
 
 
+class _Conversation:
+    """The cache-aware policy's state of one conversation, as cg's store would hold it: when its
+    cache expires (the latest request's time plus its lifetime), and its epochs."""
+
+    def __init__(self, policy: cold.ColdPolicy):
+        self.policy = policy
+        self.expires: float | None = None
+        self.epochs: list[cold.Epoch] = []
+
+    def step(self, now: float, incoming: Incoming) -> tuple[cold.Epoch | None, bool]:
+        """The epoch this request is decided by, and whether it was cold and made a new one."""
+        body, dialect = incoming.body, incoming.dialect
+        current = cold.latest(self.epochs, body, dialect)
+        made = None
+        if self.policy.is_cold(self.expires, now) and len(self.epochs) < cold.MAX_EPOCHS:
+            made = self.policy.epoch(body, dialect, current)
+            if made is not None:
+                self.epochs.append(made)
+                current = made
+        self.expires = max(self.expires or now, now + cold.cache_ttl(body, dialect))
+        return current, made is not None
+
+
 def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table: PriceTable | None = None,
            expand_rate: float = DEFAULT_EXPAND_RATE, conversation: str = "",
            keep_warm: keepalive.Policy | None = None) -> list[Turn]:
@@ -184,7 +216,9 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
     options; None: its defaults), in order; with ``keep_warm``, via cg with keep-alive too."""
     table = table or prices()
     warm = _KeepWarm(keep_warm) if keep_warm is not None else None
-    rewriter = Rewriter(config or RewriteConfig())
+    config = config or RewriteConfig()
+    rewriter = Rewriter(config)
+    state = _Conversation(config.cold) if config.cold is not None else None
     sizer = _Sizer()
     caches: dict[tuple[str, str], tuple[PromptCache, PromptCache]] = {}
     seen: set[str] = set()
@@ -202,7 +236,12 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         model = direct_body.get("model") if isinstance(direct_body.get("model"), str) else None
         price = table.price(model, _provider(request.path))
         incoming = rewriter.parse(request.body, request.path.encode(), conversation)
-        rewrite = None if incoming is None else rewriter.finish(incoming)
+        epoch, was_cold = None, False
+        if state is not None and incoming is not None and incoming.injection is not None:
+            epoch, was_cold = state.step(request.time, incoming)
+        older = None if epoch is None or incoming is None else cold.older(epoch, incoming.body, incoming.dialect,
+                                                                          config.compact)
+        rewrite = None if incoming is None else rewriter.finish(incoming, older=older)
         cg_body = json.loads(rewrite.body) if rewrite is not None else direct_body
         key = (price.key, price.provider)
         if key not in caches:
@@ -213,17 +252,22 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         direct = direct_cache.bill(request.time, segments(direct_body, shape, sizer)) + output
         cg_segments = segments(cg_body, shape, sizer)
         cg = cg_cache.bill(request.time, cg_segments) + output
-        new = _first_offloads(rewrite.changes if rewrite else [], seen)
+        changes = rewrite.changes if rewrite else []
+        new = _first_offloads(changes, seen)
         seen.update(new)
         rounds = expand_rate * len(new)
         prompt = sum(s.tokens for s in cg_segments)
-        expand_cost = expand_rate * sum(price.cost(Tokens(input=original, cache_read=prompt)) for original in new.values())
+        costs = {i: expand_rate * price.cost(Tokens(input=original, cache_read=prompt)) for i, original in new.items()}
+        by_epoch = [i for i in new if older is not None and any(
+            c.marker_id == i and c.message_index < older.cutoff for c in changes)]
         kept = None
         if warm is not None:
             kept = warm.request(len(turns), request, direct_body, model, price, cg_segments) + output
-        turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, expand_cost,
-                          len(request.body), len(rewrite.body) if rewrite is not None else len(request.body),
-                          kept))
+        turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, sum(costs.values()),
+                          bytes_direct=len(request.body),
+                          bytes_cg=len(rewrite.body) if rewrite is not None else len(request.body),
+                          keepalive=kept, cold=was_cold, cold_offloads=len(by_epoch),
+                          cold_expand_cost=sum((costs[i] for i in by_epoch), 0.0)))
     if warm is None:
         return turns
     warm.until(math.inf)  # after the last request, pings go on to the idle bound or the budget

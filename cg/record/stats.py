@@ -163,6 +163,25 @@ class ComponentStats:
 
 
 @attrs.define
+class ColdStats:
+    """What the cache-aware policy (--cold-policy, cg.compaction.cold) did.
+
+    `checked`: requests it looked at (a conversation id, the expand tool declared); `cold`: of
+    those, found after their conversation's cache had expired; `epochs`: re-decisions this cg
+    froze in the store at such a request (another cg sharing the store may have frozen others);
+    `applied`: requests decided under an epoch; `unknown`: requests whose epochs the store could
+    not read, decided by those this cg read before (none after a restart: a marker an epoch sent
+    earlier then goes whole, one cache write and nothing lost).
+    """
+
+    checked: int = 0
+    cold: int = 0
+    epochs: int = 0
+    applied: int = 0
+    unknown: int = 0
+
+
+@attrs.define
 class CompactionStats:
     """What compaction did to forwarded requests (or, in observe mode, would have done).
 
@@ -190,6 +209,7 @@ class CompactionStats:
     input_bytes_client: int = 0
     input_bytes_forwarded: int = 0
     components: dict[str, ComponentStats] = attrs.field(factory=dict)
+    cold: ColdStats = attrs.field(factory=ColdStats)
     _seen: set[tuple[str, str]] = attrs.field(factory=set)
     _seen_max: int = 200_000
 
@@ -244,6 +264,7 @@ class CompactionStats:
             ),
             "store_fail_open": self.store_fail_open,
             "components": {name: attrs.asdict(c) for name, c in sorted(self.components.items())},
+            "cold": attrs.asdict(self.cold),
         }
 
 

@@ -11,6 +11,9 @@ from zope.interface import Attribute, Interface
 DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
 # Evict down to this share of max_bytes, so a full store does not evict on every put.
 EVICT_TO = 0.9
+# Seconds a conversation's cache record (``cache_until``) is kept past its expiry, then dropped: a
+# conversation resumed later than that counts as unknown (first-sight decisions only).
+CACHE_RECORD_DAYS = 7
 
 
 class StoreError(Exception):
@@ -49,7 +52,8 @@ class StoreInfo:
 
 
 class IStore(Interface):
-    """Originals by (tenant, id), and frozen repair texts by (tenant, key).
+    """Originals by (tenant, id), frozen texts (repairs, the cache-aware policy's epochs) by
+    (tenant, key), and when each conversation's prompt cache expires.
 
     The seam for other backends: every method but ``known`` and ``touch`` returns a
     Deferred, and none blocks the reactor thread. Ids stored under one tenant are
@@ -84,6 +88,13 @@ class IStore(Interface):
     def frozen(tenant: str, key: str) -> Deferred[bytes | None]:
         """The text frozen under ``key``, or None. Errback with StoreError if the store
         cannot tell (so the caller does not mistake a broken store for "never frozen")."""
+
+    def cache_until(tenant: str, key: str, until: float) -> Deferred[float | None]:
+        """Record that the provider's prompt cache for conversation ``key`` lives at least until
+        ``until`` (Unix time), keeping the later of that and what is recorded; fire with what was
+        recorded before (None: nothing). One atomic step, so that of several cg sharing the store
+        each sees the others' requests. A record is dropped CACHE_RECORD_DAYS after it expires;
+        purges leave records alone (they hold no content). Errback with StoreError."""
 
     def info() -> Deferred[StoreInfo]:
         """Sizes and ages."""

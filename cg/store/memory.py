@@ -10,7 +10,7 @@ import attrs
 from twisted.internet.defer import Deferred, succeed
 from zope.interface import implementer
 
-from cg.store.base import DEFAULT_MAX_BYTES, EVICT_TO, IStore, StoreInfo, StoreStats
+from cg.store.base import CACHE_RECORD_DAYS, DEFAULT_MAX_BYTES, EVICT_TO, IStore, StoreInfo, StoreStats
 
 
 @implementer(IStore)
@@ -30,6 +30,7 @@ class MemoryStore:
         factory=OrderedDict, init=False
     )
     _total: int = attrs.field(default=0, init=False)
+    _caches: dict[tuple[str, str], float] = attrs.field(factory=dict, init=False)
 
     def _use(self, table: OrderedDict[tuple[str, str], tuple[bytes, float]], key: tuple[str, str]) -> None:
         table[key] = (table[key][0], self.clock())
@@ -92,6 +93,15 @@ class MemoryStore:
             return succeed(None)
         self._use(self._frozen, (tenant, key))
         return succeed(self._frozen[tenant, key][0])
+
+    def cache_until(self, tenant: str, key: str, until: float) -> Deferred[float | None]:
+        stale = self.clock() - CACHE_RECORD_DAYS * 86400
+        for old in [k for k, recorded in self._caches.items() if recorded < stale]:
+            del self._caches[old]
+        before = self._caches.get((tenant, key))
+        if before is None or before < until:
+            self._caches[tenant, key] = until
+        return succeed(before)
 
     def info(self) -> Deferred[StoreInfo]:
         uses = [used for _, used in self._originals.values()]

@@ -6,7 +6,9 @@ maintained ``redis`` client (the ``redis`` extra), imported only when a Redis st
 Keys, under a prefix (``cg:``), one namespace per tenant::
 
     cg:t:TENANT:o:ID     an original (a string: its exact bytes)
-    cg:t:TENANT:f:KEY    a frozen repair text
+    cg:t:TENANT:f:KEY    a frozen text (a repair, an epoch of the cache-aware policy)
+    cg:t:TENANT:c:KEY    when conversation KEY's prompt cache expires (a number, Unix time; the
+                         key expires CACHE_RECORD_DAYS later: Redis drops it, no eviction, no purge)
     cg:lru:o, cg:lru:f   sorted sets: every original's / frozen text's key, scored by last use (µs stamps that only grow)
     cg:meta              a hash: bytes_o, bytes_f (sizes kept in step) and gen (see below)
 
@@ -36,7 +38,15 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 from zope.interface import implementer
 
-from cg.store.base import DEFAULT_MAX_BYTES, EVICT_TO, IStore, StoreError, StoreInfo, as_store_error
+from cg.store.base import (
+    CACHE_RECORD_DAYS,
+    DEFAULT_MAX_BYTES,
+    EVICT_TO,
+    IStore,
+    StoreError,
+    StoreInfo,
+    as_store_error,
+)
 from cg.store.threaded import Connection, ThreadedStore
 
 if TYPE_CHECKING:
@@ -334,6 +344,16 @@ if count > 0 then redis.call('HSET', meta, 'gen', fresh) end
 return count
 """
 
+# KEYS[1]: a conversation's cache record; ARGV: the expiry to keep if later (Unix time), and the
+# record's lifetime in ms from now if it is kept. -> the expiry recorded before, or nil.
+_CACHE_UNTIL = """#!lua
+local before = redis.call('GET', KEYS[1])
+if not before or tonumber(before) < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+return before
+"""
+
 # -> {originals, their bytes, the oldest last use or nil, frozen texts, their bytes}
 _INFO = """#!lua flags=no-writes
 local oldest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
@@ -368,8 +388,8 @@ class RedisDB:
         self.on_change = on_change
         self.client = address.client(password)
         self._meta, self._lru_o, self._lru_f = prefix + "meta", prefix + "lru:o", prefix + "lru:f"
-        self._put, self._freeze, self._touch, self._purge, self._info = (
-            self.client.register_script(source) for source in (_PUT, _FREEZE, _TOUCH, _PURGE, _INFO)
+        self._put, self._freeze, self._touch, self._purge, self._info, self._cache_until = (
+            self.client.register_script(source) for source in (_PUT, _FREEZE, _TOUCH, _PURGE, _INFO, _CACHE_UNTIL)
         )
         self._seen: bytes | None = None
         self._down_since: float | None = None  # when a command last timed out
@@ -444,6 +464,12 @@ class RedisDB:
                 keys=[self._meta, self._lru_o, self._lru_f],
                 args=[self._now(), len(by_table["originals"]), *by_table["originals"], *by_table["frozen"]],
             )
+
+    def cache_until(self, tenant: str, key: str, until: float) -> float | None:
+        keep_ms = max(1, round((until - self.clock() + CACHE_RECORD_DAYS * 86400) * 1000))
+        with self._talking():
+            before = self._cache_until(keys=[self._key("c", tenant, key)], args=[repr(until), keep_ms])
+        return None if before is None else float(before)
 
     def check(self) -> None:
         with self._talking():

@@ -14,7 +14,15 @@ from typing import cast
 import attrs
 from zope.interface import implementer
 
-from cg.store.base import DEFAULT_MAX_BYTES, EVICT_TO, IStore, StoreError, StoreInfo, as_store_error
+from cg.store.base import (
+    CACHE_RECORD_DAYS,
+    DEFAULT_MAX_BYTES,
+    EVICT_TO,
+    IStore,
+    StoreError,
+    StoreInfo,
+    as_store_error,
+)
 from cg.store.threaded import Connection, ThreadedStore
 
 # Seconds to wait before trying again to open a store that failed to open.
@@ -150,6 +158,34 @@ class SQLiteDB:
             evicted, count = self._evict(protect_frozen={(tenant, key)})
         return stored, evicted, count
 
+    def cache_until(self, tenant: str, key: str, until: float) -> float | None:
+        """Keep the later of ``until`` and the recorded expiry of conversation ``key``'s cache;
+        the recorded one (None: none). Records expired CACHE_RECORD_DAYS ago go.
+
+        Committed without an fsync (synchronous=NORMAL, for this transaction only): one runs per
+        request, and what a power cut may lose is the latest few records, which then read as an
+        earlier request's (at worst one conversation re-decided while its cache was warm).
+        """
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            with self._transaction():
+                row = self.conn.execute(
+                    "SELECT until FROM caches WHERE tenant = ? AND key = ?", (tenant, key)
+                ).fetchone()
+                before = None if row is None else float(row[0])
+                if before is None or before < until:
+                    self.conn.execute(
+                        "INSERT INTO caches (tenant, key, until) VALUES (?, ?, ?)"
+                        " ON CONFLICT (tenant, key) DO UPDATE SET until = excluded.until",
+                        (tenant, key, until),
+                    )
+                self.conn.execute(
+                    "DELETE FROM caches WHERE until < ?", (self.clock() - CACHE_RECORD_DAYS * 86400,)
+                )
+        finally:
+            self.conn.execute("PRAGMA synchronous = FULL")
+        return before
+
     def _evict(self, protect_originals=frozenset(), protect_frozen=frozenset()) -> tuple[list, int]:
         """Least recently used originals first; frozen texts only once no original is left,
         because dropping one changes bytes a provider has cached."""
@@ -241,6 +277,15 @@ class SQLiteDB:
         return count
 
 
+# When each conversation's prompt cache expires (IStore.cache_until): no content, not counted in
+# the store's size, never evicted; dropped CACHE_RECORD_DAYS after expiring.
+_CACHES = """
+    CREATE TABLE IF NOT EXISTS caches (
+        tenant TEXT NOT NULL, key TEXT NOT NULL, until REAL NOT NULL, PRIMARY KEY (tenant, key));
+    CREATE INDEX IF NOT EXISTS caches_by_until ON caches (until);
+"""
+
+
 def _migrate(conn: sqlite3.Connection, path: str) -> None:
     """Create the tables in a new file, and again where someone dropped them (nothing to lose)."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -248,6 +293,12 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
         raise StoreError(f"{path} has schema version {version}; this cg knows {SCHEMA_VERSION}")
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if version == SCHEMA_VERSION and {"originals", "frozen"} <= tables:
+        if "caches" not in tables:  # a store made before cache records: add their table
+            try:
+                conn.executescript(f"BEGIN IMMEDIATE; {_CACHES} COMMIT;")
+            except sqlite3.OperationalError:  # cg-store, on a file it may not write
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
         return  # a read only: cg-store can open a store it may not write
     # body last: an eviction scan reads size and last_used without walking a blob's pages.
     conn.executescript(
@@ -261,6 +312,7 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
             tenant TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL,
             last_used REAL NOT NULL, body BLOB NOT NULL, PRIMARY KEY (tenant, key));
         CREATE INDEX IF NOT EXISTS frozen_by_use ON frozen (last_used);
+        {_CACHES}
         PRAGMA user_version = {SCHEMA_VERSION};
         COMMIT;
         """

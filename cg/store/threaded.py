@@ -50,6 +50,9 @@ class Backend(Protocol):
     def touch(self, keys: Iterable[tuple[str, str, str]]) -> None:
         """Last use to now for ("originals" | "frozen", tenant, id-or-key) triples."""
 
+    def cache_until(self, tenant: str, key: str, until: float) -> float | None:
+        """Keep the later expiry of a conversation's cache; the one recorded before."""
+
     def check(self) -> None:
         """A cheap read: raises if the store cannot be read."""
 
@@ -231,6 +234,10 @@ class Connection:
         self.flush()
         with self._writing():
             return self._db().freeze(tenant, key, text)
+
+    def cache_until(self, tenant: str, key: str, until: float) -> float | None:
+        with self._writing():
+            return self._db().cache_until(tenant, key, until)
 
     def get(self, tenant: str, id_: str) -> bytes | None:
         with self._reading():
@@ -436,6 +443,9 @@ class ThreadedStore:
             return failure
 
         return self._submit(self._connection.frozen, tenant, key).addErrback(failed)
+
+    def cache_until(self, tenant: str, key: str, until: float) -> Deferred[float | None]:
+        return self._submit(self._connection.cache_until, tenant, key, until).addErrback(self._write_failed)
 
     def info(self) -> Deferred[StoreInfo]:
         return self._submit(self._connection.info)

@@ -4,6 +4,7 @@ import re
 
 import attrs
 
+from cg.compaction.options import COLD_POLICY
 from cg.exchange.keepalive import DEFAULT_BUDGET, DEFAULT_MAX_CONVERSATIONS, DEFAULT_MAX_IDLE
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
@@ -42,6 +43,7 @@ class Config:
     offload_min_tokens: int = 2000
     keep_tools: tuple[str, ...] = ("Read",)
     disabled_components: tuple[str, ...] = ()
+    cold_policy: bool = COLD_POLICY[1] == "on"  # the cache-aware policy (cg.compaction.cold)
     changelog: str | None = None
     max_expand_rounds: int = 3
     max_held: int = 16 << 20

@@ -87,6 +87,7 @@ class Forward:
     # --keepalive: the conversation (tenant, session id, model) and its cache lifetime (None: it
     # cannot be kept warm); None when the request does not concern keep-alive.
     keepalive: tuple[tuple[str, bytes, str | None], float | None] | None = None
+    cache: tuple[str, float] | None = None  # the cache-aware policy's (conversation key, cache lifetime)
 
 
 class ExchangeDriver:
@@ -104,6 +105,7 @@ class ExchangeDriver:
         self.originals: dict[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
         self.warm: tuple[tuple[str, bytes, str | None], float | None] | None = None  # Forward.keepalive
         self.warm_generation: int | None = None  # of round 0 in the keep-alive, once sent
+        self.cache: tuple[str, float] | None = None  # Forward.cache
         reads = self.reads = dialect.response_shape(request.uri)
         self.decode = reads is not None
         body = self._body = request.content.getvalue()
@@ -175,6 +177,7 @@ class ExchangeDriver:
     def _prepared(self, forward: Forward):
         self.tenant, self.originals, self.model = forward.tenant, forward.originals, forward.model
         self.warm = forward.keepalive
+        self.cache = forward.cache
         body = None if not forward.body and self.request.method in _BODYLESS else forward.body
         self.feed(Prepared(body, forward.rewrite, forward.session, forward.seq))
 
@@ -193,6 +196,8 @@ class ExchangeDriver:
             key, lifetime = self.warm
             self.warm_generation = self.proxy.keepalive.sent(key, lifetime, body, self.request.uri,
                                                              self.upstream_headers)
+        if command.round and self.cache is not None:
+            self.proxy.cache_used(self.tenant, self.cache)  # an expand round: the cache lives on
         self.stats.bytes_to_upstream += len(body or b"")
         pending = self.pending = self.proxy.upstream.request(
             self.request.method, origin, base_path + self.request.uri, self.upstream_headers, body

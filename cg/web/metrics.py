@@ -77,6 +77,9 @@ class MeteredStore:
     def frozen(self, tenant: str, key: str) -> Deferred:
         return self._timed("frozen", lambda: self._store.frozen(tenant, key))
 
+    def cache_until(self, tenant: str, key: str, until: float) -> Deferred:
+        return self._timed("cache_until", lambda: self._store.cache_until(tenant, key, until))
+
     def info(self) -> "Deferred[StoreInfo]":
         return self._timed("info", self._store.info)
 

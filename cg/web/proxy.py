@@ -7,6 +7,7 @@ new originals stored first) before the exchange forwards it.
 
 import itertools
 import time
+from collections import OrderedDict
 from urllib.parse import unquote
 
 import attrs
@@ -16,6 +17,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import resource, server
 
+from cg.compaction import cold
 from cg.compaction.repair import repair_answer
 from cg.exchange import keepalive
 from cg.exchange.record import ExchangeRecord
@@ -49,6 +51,7 @@ class ProxyResource(resource.Resource):
         max_held: int = 16 << 20,
         continuation_timeout: float = 600.0,
         clock=time.perf_counter,
+        now=time.time,
         reactor=None,
         keepalive=None,
     ):
@@ -69,6 +72,10 @@ class ProxyResource(resource.Resource):
             from twisted.internet import reactor
         self.reactor = reactor
         self.clock = clock
+        self.now = now  # wall-clock time: when a conversation's prompt cache expires (cg.compaction.cold)
+        # The cache-aware policy's epochs read so far, per (tenant, conversation key): frozen first
+        # writer wins, so what was read once stays true; only later ones are read again.
+        self._epochs: OrderedDict[tuple[str, str], list[cold.Epoch | None]] = OrderedDict()
         # Request numbers for the change log, unique across restarts of this process.
         self.seqs = itertools.count(int(time.time()) * 1_000_000)
         self._in_flight: set = set()
@@ -159,7 +166,99 @@ class ProxyResource(resource.Resource):
             warm = ((tenant, conversation, model), keepalive.lifetime(incoming.body.value))
         unchanged = Forward(body, seq, session, tenant, model=model, keepalive=warm)
         texts = self._repair_texts(incoming, unchanged.tenant) if incoming.repairs else defer.succeed({})
-        return texts.addCallback(lambda texts: self._finish(unchanged, incoming, texts))
+        older = self._cold(incoming, unchanged, conversation.decode("latin-1"))
+        both = defer.gatherResults([texts, older], consumeErrors=True)
+        return both.addCallback(lambda results: self._finish(unchanged, incoming, *results))
+
+    def _cold(self, incoming, unchanged: Forward, conversation: str) -> defer.Deferred:
+        """The cache-aware policy's part (--cold-policy, cg.compaction.cold): fires with (the
+        stronger config for older messages or None, (conversation key, cache lifetime) or None).
+
+        Each request records, in the store, how long its conversation's prompt cache lives; one
+        that comes after it expired is cold, and re-decides the older history as an epoch, frozen
+        in the store (first writer wins) before anything is forwarded. Every request applies the
+        latest epoch its history matches. Never fails: a store that cannot say when the cache
+        expires leaves the request warm; one that cannot read the epochs leaves those this cg
+        read before, and makes none (after a restart: first-sight decisions, so a marker an
+        epoch sent before goes whole, one cache write and nothing lost). count_tokens applies
+        epochs, and records and makes none.
+        """
+        policy = self.rewriter.config.cold
+        if policy is None or not conversation or incoming.injection is None or self.store is None:
+            return defer.succeed((None, None))
+        stats = self.stats.compaction.cold
+        stats.checked += 1
+        tenant, body, shape = unchanged.tenant, incoming.body, incoming.dialect
+        key = cold.conversation_key(conversation, unchanged.model)
+        now, ttl = self.now(), cold.cache_ttl(body, shape)
+        if incoming.stash:
+            expired = self.store.cache_until(tenant, key, now + ttl).addErrback(lambda failure: None)
+        else:
+            expired = defer.succeed(None)
+
+        def decided(results):
+            expired, (known, complete) = results
+            if not complete:
+                stats.unknown += 1
+            current = cold.latest(known, body, shape)
+            if not (complete and incoming.stash and policy.is_cold(expired, now)) or len(known) >= cold.MAX_EPOCHS:
+                return current
+            stats.cold += 1
+            made = policy.epoch(body, shape, current)
+            if made is None:
+                return current
+            return self._freeze_epoch(tenant, key, known, made).addCallback(lambda known: cold.latest(known, body, shape))
+
+        def applied(epoch):
+            stats.applied += epoch is not None
+            return cold.older(epoch, body, shape, self.rewriter.config.compact), (key, ttl) if incoming.stash else None
+
+        gathered = defer.gatherResults([expired, self._read_epochs(tenant, key)], consumeErrors=True)
+        return gathered.addCallback(decided).addCallback(applied)
+
+    def _read_epochs(self, tenant: str, key: str) -> defer.Deferred:
+        """(a conversation's epochs, whether that is all of them): those read before, then any
+        another cg (or this one, before a restart) froze since. A store that cannot read them
+        leaves those read before (not all: no new one is made then)."""
+        found = list(self._epochs.get((tenant, key), ()))
+
+        def read(_=None):
+            if len(found) >= cold.MAX_EPOCHS:
+                return self._known_epochs(tenant, key, found), True
+            return self.store.frozen(tenant, cold.epoch_key(key, len(found))).addCallback(got)
+
+        def got(text):
+            if text is None:
+                return self._known_epochs(tenant, key, found), True
+            found.append(cold.Epoch.loads(text))
+            return read()
+
+        return read().addErrback(lambda failure: (list(self._epochs.get((tenant, key), ())), False))
+
+    def _freeze_epoch(self, tenant: str, key: str, known: list, made: cold.Epoch) -> defer.Deferred:
+        """`known` with `made` frozen after them, or with what another cg froze there first; as it
+        was if the store cannot freeze (the request is cold: its bytes cost nothing extra)."""
+
+        def frozen(text: bytes):
+            stored = cold.Epoch.loads(text)
+            self.stats.compaction.cold.epochs += stored == made
+            return self._known_epochs(tenant, key, [*known, stored])
+
+        return self.store.freeze(tenant, cold.epoch_key(key, len(known)), made.dumps()).addCallbacks(
+            frozen, lambda failure: known
+        )
+
+    def _known_epochs(self, tenant: str, key: str, epochs: list) -> list:
+        self._epochs[(tenant, key)] = epochs
+        self._epochs.move_to_end((tenant, key))
+        while len(self._epochs) > _EPOCH_CONVERSATIONS:
+            self._epochs.popitem(last=False)
+        return epochs
+
+    def cache_used(self, tenant: str, cache: tuple[str, float]) -> None:
+        """An expand round sent the conversation's prompt to the provider again: its cache lives on."""
+        key, ttl = cache
+        self.store.cache_until(tenant, key, self.now() + ttl).addErrback(lambda failure: None)
 
     def _repair_texts(self, incoming, tenant: str) -> defer.Deferred:
         """The answer for each expand call the client answered with an error, frozen per tool_use_id.
@@ -200,13 +299,16 @@ class ProxyResource(resource.Resource):
         pairs = defer.gatherResults([one(r) for r in incoming.repairs], consumeErrors=True)
         return pairs.addCallback(lambda pairs: {key: text for key, text in pairs if text is not None})
 
-    def _finish(self, unchanged: Forward, incoming, texts: dict) -> defer.Deferred[Forward] | Forward:
-        rewrite = self.rewriter.finish(incoming, texts)
+    def _finish(self, unchanged: Forward, incoming, texts: dict, cold_part=(None, None)) -> defer.Deferred[Forward] | Forward:
+        older, cache = cold_part
+        unchanged = attrs.evolve(unchanged, cache=cache)
+        rewrite = self.rewriter.finish(incoming, texts, older=older)
         if self.observe or not rewrite.originals:
             return self._chosen(unchanged, rewrite, {})
-        return self._vouched(unchanged, incoming, texts, rewrite, again=True)
+        return self._vouched(unchanged, incoming, texts, rewrite, again=True, older=older)
 
-    def _vouched(self, unchanged: Forward, incoming, texts: dict, rewrite, again: bool) -> defer.Deferred[Forward] | Forward:
+    def _vouched(self, unchanged: Forward, incoming, texts: dict, rewrite, again: bool,
+                 older=None) -> defer.Deferred[Forward] | Forward:
         """Markers only for originals the store vouches for: it first stores those it does not know.
 
         A store that forgot some while storing the others (it broke and came back, or another
@@ -224,14 +326,15 @@ class ProxyResource(resource.Resource):
 
         def stored(_):
             if again and len(self.store.known(tenant, rewrite.originals)) < len(rewrite.originals):
-                return self._vouched(unchanged, incoming, texts, rewrite, again=False)
+                return self._vouched(unchanged, incoming, texts, rewrite, again=False, older=older)
             return self._chosen(unchanged, rewrite, rewrite.originals)
 
         def unstored(failure):
             # Offloads sent on earlier turns stay while the store still vouches for them, so the
             # bytes the provider has cached do not change. The store logs the failure, once.
             self.stats.compaction.store_fail_open += 1
-            vouched = self.rewriter.finish(incoming, texts, lossy=frozenset(self.store.known(tenant, known)))
+            vouched = self.rewriter.finish(incoming, texts, lossy=frozenset(self.store.known(tenant, known)),
+                                           older=older)
             return self._chosen(unchanged, vouched, vouched.originals)
 
         return self.store.put(tenant, new).addCallbacks(stored, unstored)
@@ -327,3 +430,4 @@ def _error(request, which, status: int, message: str) -> bytes:
 
 
 _UNKNOWABLE = object()  # the store could not say whether a repair text is frozen
+_EPOCH_CONVERSATIONS = 10_000  # conversations whose epochs ProxyResource keeps in memory

@@ -55,7 +55,7 @@ def _restore_sighup(previous):
 
 def rewrite_config(config: Config) -> RewriteConfig:
     return options.rewrite_config(config.expand, config.offload_min_tokens, config.keep_tools,
-                                  config.disabled_components)
+                                  config.disabled_components, config.cold_policy)
 
 
 def _why_not_listening(description: str, failure) -> str:

@@ -121,6 +121,7 @@ class Options(usage.Options):
             "would be saved, but forward the original bytes.",
         ],
         _option(options.OFFLOAD_MIN_TOKENS, int),
+        _option(options.COLD_POLICY),
         [
             "max-expand-rounds",
             None,
@@ -199,7 +200,8 @@ class Options(usage.Options):
     def postOptions(self):
         if not self["listen"]:
             self["listen"] = [DEFAULT_LISTEN]
-        for option, allowed in (("expand", ("on", "off")), ("mode", ("forward", "observe"))):
+        for option, allowed in (("expand", ("on", "off")), ("cold-policy", ("on", "off")),
+                                ("mode", ("forward", "observe"))):
             if self[option] not in allowed:
                 raise usage.UsageError(f"--{option} must be one of {', '.join(allowed)}")
         try:
@@ -262,6 +264,7 @@ class Options(usage.Options):
             offload_min_tokens=self["offload-min-tokens"],
             keep_tools=options.keep_tools(self["keep-tools"]),
             disabled_components=tuple(self["disable"]),
+            cold_policy=self["cold-policy"] == "on",
             changelog=self["changelog"],
             max_expand_rounds=self["max-expand-rounds"],
             max_held=parse_size(self["max-held"]),

@@ -1,0 +1,233 @@
+"""The cache-aware policy: when the provider's prompt cache for a conversation has expired, re-decide
+its older tool results under a stronger policy, then replay those decisions byte for byte.
+
+Pure: no clock, no store, no I/O. Every decision cg makes at first sight is replayed on every later
+turn because the provider caches exact bytes (cg.compaction.pipeline). A request that comes after
+the cache expired is written to the cache in full anyway, so changing bytes of its history then
+costs no extra cache write: that is the one moment cg may decide the history again. The new
+decisions are an *epoch*: which messages they cover (the first ``cutoff``), a fingerprint of the
+last covered message as the client sent it (a history the client rewrote or compacted no longer
+matches), and the stronger policy's parameters. The caller (cg.web.proxy, or cg.record.replay
+offline) keeps epochs per conversation in the store (first writer wins) and passes them in; what
+cg forwards is then a pure function of (body, epochs), the same bytes on every later turn, after a
+restart and on any cg sharing the store.
+
+The stronger policy, for the results of messages older than the last ``recent_turns`` model turns:
+a lower offload threshold, and file views (Claude Code's ``Read``, kept whole at first sight) that
+a later ``Edit``/``Write``/``MultiEdit`` of the same file, or a ``Read`` of it showing other text,
+superseded are offloaded too.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+
+import attrs
+
+from cg.compaction.pipeline import LIST_KEY, CompactConfig, Older
+from cg.wire.body import ParsedBody
+from cg.wire.dialect import ANTHROPIC
+
+VERSION = 1  # what an epoch's fields mean; an epoch of another version is not applied
+
+TTL_5M, TTL_1H, TTL_24H = 300.0, 3600.0, 86400.0
+# Anthropic: a breakpoint asking for the 1-hour lifetime (the bytes, so an escaped quote inside a
+# tool result cannot match: `\"ttl\"` has a backslash before its closing quote).
+_TTL_1H = re.compile(rb'"ttl"\s*:\s*"1h"')
+
+# Items a model writes: an assistant message (every dialect), and the Responses API's calls and
+# reasoning. A run of them in a row is one model turn.
+_MODEL_ITEMS = frozenset({"function_call", "custom_tool_call", "reasoning"})
+# Claude Code's file tools: a view (its result is the file's text) and what supersedes one.
+VIEW_TOOLS = frozenset({"Read"})
+FILE_TOOLS = frozenset({"Read", "Edit", "Write", "MultiEdit"})
+MAX_EPOCHS = 64  # per conversation: a bound on the store reads that find them
+
+
+@attrs.frozen
+class Epoch:
+    """A cold request's re-decision: the results of messages ``[0, cutoff)`` get the stronger
+    config (offload above ``min_tokens``; superseded file views too when ``views``), on every
+    later request whose message ``cutoff - 1`` still has the fingerprint ``last``."""
+
+    cutoff: int
+    last: str
+    min_tokens: int
+    views: bool
+
+    def dumps(self) -> bytes:
+        """The text frozen in the store (sorted keys: the same epoch, the same bytes)."""
+        return json.dumps({"v": VERSION, "cutoff": self.cutoff, "last": self.last, "min_tokens": self.min_tokens,
+                           "views": self.views}, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def loads(cls, text: bytes) -> Epoch | None:
+        """The epoch frozen as ``text``; None for one this cg does not read (another version)."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or value.get("v") != VERSION:
+            return None
+        cutoff, last, min_tokens, views = (value.get(k) for k in ("cutoff", "last", "min_tokens", "views"))
+        if type(cutoff) is not int or not isinstance(last, str) or type(min_tokens) is not int or (
+                not isinstance(views, bool)):
+            return None
+        return cls(cutoff, last, min_tokens, views)
+
+
+@attrs.frozen
+class ColdPolicy:
+    """When a request is cold, and what it re-decides. Defaults measured: docs/performance.md,
+    "The cache-aware policy".
+
+    ``margin``: seconds past the recorded expiry before a request counts as cold. A wrong "cold"
+    costs a cache write of the history from the first changed result on, so it errs late: it
+    covers the provider taking a request some seconds after cg sent it, and clocks of cg
+    instances sharing a store that disagree by a little.
+    """
+
+    recent_turns: int = 2
+    offload_min_tokens: int = 1000
+    views: bool = True
+    margin: float = 60.0
+
+    def is_cold(self, expired: float | None, now: float) -> bool:
+        """Whether the conversation's cache, recorded to live until ``expired`` (Unix time; None:
+        nothing recorded, so nothing is known), has surely expired at ``now``."""
+        return expired is not None and now > expired + self.margin
+
+    def epoch(self, body: ParsedBody, dialect: str, current: Epoch | None = None) -> Epoch | None:
+        """The epoch a cold request makes: everything before its last ``recent_turns`` model turns.
+        None when there is no older history, or when ``current`` (the epoch this body matches)
+        already decides it under the same parameters."""
+        items = body.value.get(LIST_KEY[dialect])
+        if not isinstance(items, list):
+            return None
+        cutoff = _recent_start(items, self.recent_turns)
+        if cutoff is None or cutoff < 1:
+            return None
+        if (current is not None and current.cutoff >= cutoff
+                and (current.min_tokens, current.views) == (self.offload_min_tokens, self.views)):
+            return None
+        return Epoch(cutoff, fingerprint(body, dialect, cutoff - 1), self.offload_min_tokens, self.views)
+
+
+def _recent_start(items: list[object], turns: int) -> int | None:
+    """Where the last ``turns`` model turns start (None: fewer than that)."""
+    seen = 0
+    index = len(items)
+    while index > 0:
+        index -= 1
+        if _is_model(items[index]) and (index == 0 or not _is_model(items[index - 1])):
+            seen += 1
+            if seen == turns:
+                return index
+    return None
+
+
+def _is_model(item: object) -> bool:
+    return isinstance(item, dict) and (item.get("role") == "assistant" or item.get("type") in _MODEL_ITEMS)
+
+
+def fingerprint(body: ParsedBody, dialect: str, index: int) -> str:
+    """Message (input item) ``index`` as the client sent it, hashed."""
+    start, end = body.spans[(LIST_KEY[dialect], index)]
+    return hashlib.sha256(body.doc[start:end].encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def cache_ttl(body: ParsedBody, dialect: str) -> float:
+    """How long the provider keeps this request's prompt cached, at the longest: Anthropic's
+    5 minutes, or an hour when a ``cache_control`` breakpoint asks for ``"ttl": "1h"``; OpenAI's
+    up to an hour (it says 5 to 10 minutes, up to an hour off-peak), a day with
+    ``prompt_cache_retention: "24h"``."""
+    if dialect == ANTHROPIC:
+        return TTL_1H if _TTL_1H.search(body.raw) else TTL_5M
+    return TTL_24H if body.value.get("prompt_cache_retention") == "24h" else TTL_1H
+
+
+def latest(epochs: Sequence[Epoch | None], body: ParsedBody, dialect: str) -> Epoch | None:
+    """The latest of a conversation's epochs that this body matches (None: none does).
+
+    An epoch matches while the body still holds its last covered message byte for byte. The
+    latest was made at the latest cold request, which decided the whole history before it again;
+    an earlier one only counts when a rewritten history no longer holds the later one's message.
+    """
+    items = body.value.get(LIST_KEY[dialect])
+    if not isinstance(items, list):
+        return None
+    for epoch in reversed(epochs):
+        if epoch is not None and 0 < epoch.cutoff <= len(items) and (
+                fingerprint(body, dialect, epoch.cutoff - 1) == epoch.last):
+            return epoch
+    return None
+
+
+def older(epoch: Epoch | None, body: ParsedBody, dialect: str, config: CompactConfig) -> Older | None:
+    """What ``epoch`` (one this body matches: ``latest``) asks of the pipeline."""
+    if epoch is None:
+        return None
+    strong, views = _configs(config, epoch.min_tokens)
+    items = body.value.get(LIST_KEY[dialect])
+    superseded = (_superseded(items, epoch.cutoff) if epoch.views and dialect == ANTHROPIC and isinstance(items, list)
+                  else frozenset())
+    return Older(epoch.cutoff, strong, views, superseded)
+
+
+@functools.lru_cache(maxsize=64)
+def _configs(config: CompactConfig, min_tokens: int) -> tuple[CompactConfig, CompactConfig]:
+    """The stronger configs: a lower offload threshold; and, for a superseded view, the view tools no
+    longer kept whole. Built once each: a config is part of every memo key."""
+    strong = attrs.evolve(config, offload_min_tokens=min(min_tokens, config.offload_min_tokens))
+    return strong, attrs.evolve(strong, keep_tools=strong.keep_tools - VIEW_TOOLS)
+
+
+def _superseded(messages: list[object], cutoff: int) -> frozenset[tuple[int, int]]:
+    """(message, block) of each file view among ``messages[:cutoff]`` that a later call on the same
+    ``file_path`` in those messages superseded: an edit or a write of the file, or a read of it that
+    showed other text. A read that showed the same text does not: dedup made that one a pointer
+    to this one, which must keep the text. Anthropic's tool_use/tool_result.
+
+    Only the covered messages count: the answer must not change as the history grows.
+    """
+    calls: dict[str, tuple[str, str]] = {}  # tool_use id -> (tool, file_path)
+    written: dict[str, int] = {}  # file_path -> the last assistant message editing or writing it
+    views: list[tuple[int, int, str, object]] = []  # (message, block, file_path, the result's content)
+    for index, message in enumerate(messages[:cutoff]):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            continue
+        role = message.get("role")
+        for block_index, block in enumerate(message["content"]):
+            if not isinstance(block, dict):
+                continue
+            if role == "assistant" and block.get("type") == "tool_use" and block.get("name") in FILE_TOOLS:
+                tool_input = block.get("input")
+                path = tool_input.get("file_path") if isinstance(tool_input, dict) else None
+                if isinstance(path, str) and isinstance(block.get("id"), str):
+                    calls[block["id"]] = (block["name"], path)
+                    if block["name"] not in VIEW_TOOLS:
+                        written[path] = index
+            elif role == "user" and block.get("type") == "tool_result":
+                tool_use_id = block.get("tool_use_id")
+                call = calls.get(tool_use_id) if isinstance(tool_use_id, str) else None
+                if call is not None and call[0] in VIEW_TOOLS:
+                    views.append((index, block_index, call[1], block.get("content")))
+    return frozenset(
+        (index, block_index) for n, (index, block_index, path, content) in enumerate(views)
+        if written.get(path, -1) > index or any(p == path and c != content for _, _, p, c in views[n + 1:])
+    )
+
+
+def conversation_key(conversation: str, model: str | None) -> str:
+    """The store's name for a conversation's cache: its id and model (another model's requests, such
+    as Claude Code's side requests to a small model, have a cache of their own)."""
+    return hashlib.sha256(f"{model or ''}\0{conversation}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def epoch_key(conversation: str, index: int) -> str:
+    """The frozen text holding epoch ``index`` of a conversation (``conversation_key``)."""
+    return f"cold:{conversation}:{index}"

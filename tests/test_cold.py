@@ -1,0 +1,297 @@
+"""The cache-aware policy (cg.compaction.cold), pure: when a request is cold, what an epoch covers,
+and that the bytes it decides replay exactly on every later turn; and its offline replay."""
+
+import copy
+import json
+import re
+
+import attrs
+import pytest
+from fixturedata import claude_code_body, codex_body
+from test_compact import tool_turn
+
+from cg.compaction import cold
+from cg.compaction.cold import ColdPolicy, Epoch
+from cg.compaction.options import rewrite_config
+from cg.compaction.pipeline import Memo
+from cg.compaction.rewrite import Rewriter
+from cg.compaction.tokens import estimate_tokens
+from cg.record.replay import Sent, replay
+from cg.wire.body import ParsedBody
+from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
+from cg.wire.markers import marker_id
+
+MARKER = re.compile(r"<<cg:([0-9a-f]{16})>>")
+POLICY = ColdPolicy(recent_turns=2, offload_min_tokens=500, views=True)
+CONFIG = rewrite_config(cold=True)
+FIRST_SIGHT = rewrite_config(cold=False)
+
+
+def log(i: int, lines: int = 140) -> str:
+    """A test log of ~1,700 tokens: kept whole at first sight (offloaded above 2,000 tokens),
+    offloaded by an epoch (above 500 or 1,000: its excerpt elides about 1,000)."""
+    return "\n".join(f"ok test_{i}_{n:03d} in 0.{n % 97:02d}s" for n in range(lines))
+
+
+def test_a_log_is_between_the_two_thresholds():
+    assert 1000 < estimate_tokens(log(0)) < 2000
+
+
+def conversation(turns: list[list[dict]]) -> dict:
+    """Claude Code's fixture with these tool turns after its own, cache_control on the newest block."""
+    body = copy.deepcopy(claude_code_body("p_second_request_tool_result"))
+    for message in body["messages"]:
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            block.pop("cache_control", None)
+    for turn in turns:
+        body["messages"] += copy.deepcopy(turn)
+    body["messages"][-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return body
+
+
+def raw(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def bash_turns(n: int) -> list[list[dict]]:
+    return [tool_turn(f"toolu_{i:03d}", "Bash", log(i)) for i in range(n)]
+
+
+def parsed(body: dict) -> ParsedBody:
+    result = ParsedBody.parse(raw(body))
+    assert result is not None
+    return result
+
+
+def messages_bytes(forwarded: bytes, count: int) -> bytes:
+    """The first `count` messages of a forwarded body, as bytes."""
+    body = ParsedBody.parse(forwarded)
+    assert body is not None
+    start, end = body.spans[("messages", 0)][0], body.spans[("messages", count - 1)][1]
+    return body.doc[start:end].encode()
+
+
+def forward(rewriter: Rewriter, body: dict, epochs: list, policy: ColdPolicy = POLICY) -> bytes:
+    incoming = rewriter.parse(raw(body), b"/v1/messages?beta=true", "conversation")
+    assert incoming is not None
+    epoch = cold.latest(epochs, incoming.body, incoming.dialect)
+    older = cold.older(epoch, incoming.body, incoming.dialect, rewriter.config.compact)
+    return rewriter.finish(incoming, older=older).body
+
+
+# --- when a request is cold
+
+
+def test_cold_only_past_the_recorded_expiry_and_the_margin():
+    policy = ColdPolicy(margin=60.0)
+    assert not policy.is_cold(None, 1e12)  # nothing recorded: unknown history is warm
+    assert not policy.is_cold(1000.0, 1000.0)
+    assert not policy.is_cold(1000.0, 1060.0)
+    assert policy.is_cold(1000.0, 1060.5)
+
+
+def test_the_cache_lifetime_the_client_asked_for():
+    body = conversation(bash_turns(1))
+    assert cold.cache_ttl(parsed(body), ANTHROPIC) == cold.TTL_5M
+    body["system"][-1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    assert cold.cache_ttl(parsed(body), ANTHROPIC) == cold.TTL_1H
+    # The same words inside a tool result are text, not a breakpoint.
+    quoted = conversation([tool_turn("toolu_x", "Bash", '{"cache_control": {"ttl": "1h"}}')])
+    assert cold.cache_ttl(parsed(quoted), ANTHROPIC) == cold.TTL_5M
+    # OpenAI keeps a prefix up to an hour; a day when asked to.
+    assert cold.cache_ttl(parsed({"model": "gpt-5", "input": []}), RESPONSES) == cold.TTL_1H
+    retained = {"model": "gpt-5", "input": [], "prompt_cache_retention": "24h"}
+    assert cold.cache_ttl(parsed(retained), RESPONSES) == cold.TTL_24H
+
+
+# --- what an epoch covers
+
+
+def test_an_epoch_covers_everything_before_the_last_turns():
+    body = conversation(bash_turns(5))
+    epoch = POLICY.epoch(parsed(body), ANTHROPIC)
+    assert epoch is not None
+    messages = body["messages"]
+    # The last 2 assistant messages and what follows them are the recent turns.
+    assert [m["role"] for m in messages[epoch.cutoff:]] == ["assistant", "user", "assistant", "user"]
+    assert epoch.cutoff == len(messages) - 4
+    assert (epoch.min_tokens, epoch.views) == (500, True)
+    assert ColdPolicy(recent_turns=7).epoch(parsed(body), ANTHROPIC) is None  # no older history
+
+
+def test_no_new_epoch_where_the_current_one_covers_as_much():
+    body = parsed(conversation(bash_turns(5)))
+    epoch = POLICY.epoch(body, ANTHROPIC)
+    assert POLICY.epoch(body, ANTHROPIC, epoch) is None
+    assert attrs.evolve(POLICY, offload_min_tokens=250).epoch(body, ANTHROPIC, epoch) is not None
+
+
+def test_an_epoch_is_frozen_as_text_and_read_back():
+    epoch = Epoch(12, "ab" * 16, 500, True)
+    assert Epoch.loads(epoch.dumps()) == epoch
+    assert epoch.dumps() == b'{"cutoff":12,"last":"' + b"ab" * 16 + b'","min_tokens":500,"v":1,"views":true}'
+    for other in (b'{"v":2,"cutoff":12,"last":"x","min_tokens":500,"views":true}', b"[]", b"not json",
+                  b'{"v":1,"cutoff":"12","last":"x","min_tokens":500,"views":true}',
+                  b'{"v":1,"cutoff":12,"last":"x","min_tokens":500,"views":1}'):
+        assert Epoch.loads(other) is None
+
+
+# --- applying epochs: the same bytes on every later turn
+
+
+def test_an_epoch_replays_the_same_bytes_on_every_later_turn():
+    turns = bash_turns(12)
+    rewriter = Rewriter(CONFIG)
+    first_sight = forward(Rewriter(CONFIG), conversation(turns[:8]), [])
+    assert MARKER.search(first_sight.decode()) is None  # every log kept whole at first sight
+
+    cold_body = conversation(turns[:8])
+    epoch = POLICY.epoch(parsed(cold_body), ANTHROPIC)
+    assert epoch is not None
+    sent = [forward(rewriter, conversation(turns[:k]), [epoch]) for k in range(8, 13)]
+    covered = {marker_id(log(i).encode()) for i in range(8 - 2)}  # the logs before the last 2 turns
+    assert set(MARKER.findall(sent[0].decode())) == covered
+    for k, (this, following) in enumerate(zip(sent, sent[1:]), 8):
+        count = len(conversation(turns[:k])["messages"])
+        assert messages_bytes(this, count - 1) == messages_bytes(following, count - 1)  # the last moves its mark
+    # The same with a fresh memo, in any order: a pure function of (body, epochs).
+    assert forward(Rewriter(CONFIG, Memo()), conversation(turns[:11]), [epoch]) == sent[3]
+
+
+def test_results_newer_than_the_cutoff_get_first_sight_decisions():
+    body = conversation(bash_turns(8))
+    epoch = POLICY.epoch(parsed(body), ANTHROPIC)
+    assert epoch is not None
+    with_epoch = ParsedBody.parse(forward(Rewriter(CONFIG), body, [epoch]))
+    without = ParsedBody.parse(forward(Rewriter(CONFIG), body, []))
+    assert with_epoch is not None and without is not None
+    count = len(body["messages"])
+    for index in range(epoch.cutoff, count):
+        start, end = with_epoch.spans[("messages", index)]
+        other_start, other_end = without.spans[("messages", index)]
+        assert with_epoch.doc[start:end] == without.doc[other_start:other_end]
+    assert with_epoch.doc != without.doc
+
+
+def test_a_rewritten_or_compacted_history_matches_no_epoch():
+    turns = bash_turns(8)
+    body = conversation(turns)
+    epoch = POLICY.epoch(parsed(body), ANTHROPIC)
+    assert epoch is not None
+    assert cold.latest([epoch], parsed(body), ANTHROPIC) == epoch
+    later = conversation(bash_turns(10))
+    assert cold.latest([epoch], parsed(later), ANTHROPIC) == epoch
+
+    rewritten = copy.deepcopy(later)  # the client changed the last covered message
+    rewritten["messages"][epoch.cutoff - 1]["content"][0]["content"] = "[Old tool result content cleared]"
+    assert cold.latest([epoch], parsed(rewritten), ANTHROPIC) is None
+    compacted = conversation(bash_turns(2))  # a summary and a few turns: shorter than the epoch
+    assert cold.latest([epoch], parsed(compacted), ANTHROPIC) is None
+    assert MARKER.search(forward(Rewriter(CONFIG), rewritten, [epoch]).decode()) is None
+
+
+def test_the_latest_matching_epoch_wins():
+    turns = bash_turns(12)
+    first = POLICY.epoch(parsed(conversation(turns[:6])), ANTHROPIC)
+    second = POLICY.epoch(parsed(conversation(turns[:10])), ANTHROPIC)
+    assert first is not None and second is not None and second.cutoff > first.cutoff
+    body = parsed(conversation(turns))
+    assert cold.latest([first, second], body, ANTHROPIC) == second
+    assert cold.latest([first, None, second, None], body, ANTHROPIC) == second  # unreadable ones skipped
+    # A history rewritten after the first epoch still matches it.
+    rewritten = conversation(turns)
+    rewritten["messages"][second.cutoff - 1]["content"][0]["content"] = "cleared"
+    assert cold.latest([first, second], parsed(rewritten), ANTHROPIC) == first
+
+
+def read_turn(tool_id: str, path: str, text: str) -> list[dict]:
+    return tool_turn(tool_id, "Read", text, {"file_path": path})
+
+
+def edit_turn(tool_id: str, path: str) -> list[dict]:
+    return tool_turn(tool_id, "Edit", "The file has been updated.", {"file_path": path, "old_string": "a",
+                                                                          "new_string": "b"})
+
+
+def test_a_file_view_superseded_by_a_later_call_on_the_file_is_offloaded():
+    view_a, view_b, view_c, view_d, view_d2 = log(100), log(101), log(102), log(103), log(104)
+    turns = [read_turn("toolu_ra", "/p/a.py", view_a), read_turn("toolu_rb", "/p/b.py", view_b),
+             read_turn("toolu_rc", "/p/c.py", view_c), read_turn("toolu_rd", "/p/d.py", view_d),
+             edit_turn("toolu_ea", "/p/a.py"), read_turn("toolu_rb2", "/p/b.py", view_b),
+             read_turn("toolu_rd2", "/p/d.py", view_d2), *bash_turns(1),
+             edit_turn("toolu_ec", "/p/c.py"), *bash_turns(1)]
+    body = conversation(turns)
+    epoch = POLICY.epoch(parsed(body), ANTHROPIC)
+    assert epoch is not None
+    found = set(MARKER.findall(forward(Rewriter(CONFIG), body, [epoch]).decode()))
+    assert marker_id(view_a.encode()) in found  # read, then edited: superseded
+    assert marker_id(view_d.encode()) in found  # read again, showing other text: superseded
+    # Read again with the same text: the second is dedup's pointer to the first, which keeps it whole.
+    assert marker_id(view_b.encode()) in found and found.isdisjoint(
+        {marker_id(view_c.encode()), marker_id(view_d2.encode())})  # c: edited only after the cutoff
+    forwarded = forward(Rewriter(CONFIG), body, [epoch]).decode()
+    assert forwarded.count(json.dumps(view_b)) == 1 and forwarded.count(json.dumps(view_d2)) == 1
+    no_views = attrs.evolve(epoch, views=False)
+    assert marker_id(view_a.encode()) not in MARKER.findall(forward(Rewriter(CONFIG), body, [no_views]).decode())
+
+
+def test_openai_and_responses_bodies_get_epochs_too():
+    chat = {"model": "gpt-5", "tools": [{"type": "function", "function": {"name": "sh", "parameters": {}}}],
+            "messages": [{"role": "user", "content": "go"}]}
+    for i in range(5):
+        chat["messages"] += [{"role": "assistant", "content": None,
+                              "tool_calls": [{"id": f"c{i}", "type": "function",
+                                              "function": {"name": "sh", "arguments": "{}"}}]},
+                             {"role": "tool", "tool_call_id": f"c{i}", "content": log(i)}]
+    epoch = POLICY.epoch(parsed(chat), OPENAI)
+    assert epoch is not None and epoch.cutoff == len(chat["messages"]) - 4
+    rewriter = Rewriter(CONFIG)
+    incoming = rewriter.parse(raw(chat), b"/v1/chat/completions")
+    assert incoming is not None
+    older = cold.older(cold.latest([epoch], incoming.body, OPENAI), incoming.body, OPENAI, CONFIG.compact)
+    assert set(MARKER.findall(rewriter.finish(incoming, older=older).body.decode())) == {
+        marker_id(log(i).encode()) for i in range(3)}
+
+    body = copy.deepcopy(codex_body("first_request"))
+    for i in range(4):  # each model turn: reasoning and a call in a row, then its output
+        body["input"] += [{"type": "reasoning", "id": f"rs{i}", "summary": [], "encrypted_content": "x"},
+                          {"type": "function_call", "id": f"fc{i}", "name": "exec_command", "arguments": "{}",
+                           "call_id": f"call{i}"},
+                          {"type": "function_call_output", "call_id": f"call{i}", "output": log(i)}]
+    epoch = POLICY.epoch(parsed(body), RESPONSES)
+    assert epoch is not None and epoch.cutoff == len(body["input"]) - 6
+
+
+# --- the offline replay
+
+
+def session(gaps: list[float], turns: int = 10) -> list[Sent]:
+    """A conversation growing by one Bash turn per request, after these idle gaps."""
+    out, now = [], 1_800_000_000.0
+    for k in range(turns):
+        now += gaps[k] if k < len(gaps) else 5.0
+        out.append(Sent(now, "/v1/messages", raw(conversation(bash_turns(k + 1))), 100))
+    return out
+
+
+def test_replay_simulates_the_policy_on_the_requests_times():
+    config = attrs.evolve(CONFIG, cold=POLICY)
+    warm = replay(session([5.0] * 10), config)
+    assert not any(t.cold for t in warm) and sum(t.cold_offloads for t in warm) == 0
+    assert [t.cost_cg for t in warm] == [t.cost_cg for t in replay(session([5.0] * 10), FIRST_SIGHT)]
+
+    gaps = [5.0] * 6 + [POLICY.margin + cold.TTL_5M + 1.0]  # the 7th request comes after the cache expired
+    turns = replay(session(gaps), config)
+    assert [t.cold for t in turns] == [False] * 6 + [True] + [False] * 3
+    assert turns[6].cold_offloads == 7 - 2 and sum(t.cold_offloads for t in turns) == 5  # counted once
+    assert turns[6].cold_expand_cost > 0
+    first_sight = replay(session(gaps), FIRST_SIGHT)
+    assert sum(t.cost_cg for t in turns[7:]) < sum(t.cost_cg for t in first_sight[7:])
+    # A gap within the margin is not cold.
+    assert not any(t.cold for t in replay(session([5.0] * 6 + [cold.TTL_5M + POLICY.margin - 1.0]), config))
+
+
+@pytest.mark.parametrize("turns", [3, 9])
+def test_replay_makes_no_epoch_without_older_history(turns):
+    config = attrs.evolve(CONFIG, cold=ColdPolicy(recent_turns=turns + 5))
+    assert sum(t.cold_offloads for t in replay(session([5.0, 400.0], turns), config)) == 0
