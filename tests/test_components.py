@@ -430,6 +430,7 @@ _LOG_PIECES = st.sampled_from(["E", "E ", "\n", " ", "\r", "\t", "x", "error", "
 
 @settings(max_examples=1500, deadline=None)
 @example(text="E\nerror: the line a match of E and a line break covers")
+@example(text="E\nE\nE\nerror: a hint of E and a line break must not hide the next line's")
 @given(text=st.lists(_LOG_PIECES, max_size=40).map("".join))
 def test_error_lines_are_found_as_the_pattern_finds_them(text):
     """The fast search decides which lines an excerpt keeps: it must find what the pattern does."""

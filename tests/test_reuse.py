@@ -142,3 +142,60 @@ def test_a_turn_planned_against_the_last_is_planned_as_from_scratch(results, edi
         assert (got.body, got.changes, got.originals, got.runs, got.reverted) == (
             want.body, want.changes, want.originals, want.runs, want.reverted)
     assert carried.memo.bodies.hits == len(results) - 1
+
+
+def _result(call_id: str, text: str) -> str:
+    return json.dumps({"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": text}]})
+
+
+_COLOURED = "\x1b[31mred\x1b[0m " * 20  # textclean rewrites it: an edit inside its message
+
+
+def _bodies(*arrays: str) -> bytes:
+    """A body whose "messages" key comes once per value given (a duplicate key: the last one wins)."""
+    return ('{"model":"m",' + ",".join(f'"messages":{a}' for a in arrays) + ',"tools":[{"name":"Bash"}]}').encode()
+
+
+def _list(*messages: str) -> str:
+    return "[" + ",".join(messages) + "]"
+
+
+def _warm_and_cold(*turns: bytes) -> tuple[bytes, bytes]:
+    """The last turn's forwarded body after the others (one conversation), and from scratch."""
+    warm = Rewriter(RewriteConfig())
+    for turn in turns:
+        got = warm.finish(warm.parse(turn, b"/v1/messages", "c")).body
+    cold = Rewriter(RewriteConfig())
+    return got, cold.finish(cold.parse(turns[-1], b"/v1/messages", "c")).body
+
+
+def test_a_duplicate_key_keeps_only_the_last_ones_spans():
+    doc = _bodies(_list(_result("t1", "a"), _result("t2", "c")), _list(_result("t3", "x"))).decode()
+    value, spans = jsonbytes.load(doc, {"messages": {jsonbytes.EACH: {}}})
+    assert value == json.loads(doc)
+    assert ("messages", 1) not in spans  # the first array's second message is not the body's
+    start, end = spans[("messages", 0)]
+    assert json.loads(doc[start:end]) == value["messages"][0]
+
+
+def test_a_turn_after_a_duplicate_key_is_planned_as_from_scratch():
+    """Neither a message's value, nor the spans walked inside it, nor its plan may come from an
+    array a duplicate key replaced: the last would splice at the wrong place."""
+    a, c, d = _result("t1", "a"), _result("t2", "c"), _result("t4", "d")
+    coloured, other = _result("t1", _COLOURED), _result("t1234567890", "\x1b[32mgreen\x1b[0m " * 20)
+    turns = [
+        (_bodies(_list(coloured)), _bodies(_list(coloured), _list(other))),  # spans walked inside
+        (_bodies(_list(a, c), _list(_result("t5", _COLOURED), _result("t6", "y"))), _bodies(_list(a, c, d))),  # plan
+        (_bodies(_list(a, c), '"xyz"'), _bodies(_list(a, _result("t2", _COLOURED), d))),  # value ("xyz"[1])
+        (_bodies(_list(a, c), _list(a)), _bodies(_list(a, c, d))),  # parsed at all ([a][1]: IndexError)
+        (_bodies(_list(a, c), "7"), _bodies(_list(a, c, d))),  # nor raise (7[1]: TypeError)
+    ]
+    for earlier, turn in turns:
+        warm, cold = _warm_and_cold(earlier, turn)
+        assert warm == cold
+        json.loads(warm)
+
+
+def test_a_number_the_shared_prefix_cuts_is_scanned_again():
+    previous = ParsedBody.parse(b'{"messages":[],"system":1,"tools":[]}')
+    assert ParsedBody.parse(b'{"messages":[],"system":12,"tools":[]}', previous.earlier()).value["system"] == 12

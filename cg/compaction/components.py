@@ -168,7 +168,7 @@ _ERROR_LINE = re.compile(rf"(?m)^(?:E\s.*|.*(?:{_ERROR_WORDS}).*)$")
 # What every match of _ERROR_LINE holds, found fast in ASCII text: a word in the lowered text
 # (case-sensitive literals let the regex engine skip ahead) or "E" and a space starting a line.
 _ERROR_WORD_HINT = re.compile("error|fail|fatal|panic|traceback|exception")
-_E_LINE_HINT = re.compile(r"\nE\s")
+_E_LINE_HINT = re.compile(r"\n(?=E\s)")  # a lookahead: "\nE\n" must not hide the next line's "\n"
 # A test run's lines that say what failed, or how many passed and failed: pytest, jest, go test,
 # cargo test, mocha and TAP. Failures are kept before totals when there are more than fit. Each
 # match starts at the newline before its line, a literal the regex engine finds fast (a line

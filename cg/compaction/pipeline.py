@@ -280,7 +280,10 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     last = body.earlier_carried.get(cache_key, []) if cache_key else []
     planned: list[_Planned] = []
     for index, message in enumerate(messages):
-        if index < len(last) and body.spans[(key, index)][1] <= body.shared:
+        span = body.spans[(key, index)]
+        # The same place, too: a duplicate key past the shared prefix could have made another
+        # array the earlier body's messages (the last one wins).
+        if index < len(last) and span[1] <= body.shared and cast(_Planned, last[index]).span == span:
             done = cast(_Planned, last[index])
         else:
             done = _plan_message(body, key, index, message, walk)
@@ -303,6 +306,7 @@ class _Planned:
     texts: tuple[str, ...] = ()  # its results' texts and IDs, for "seen earlier" after it
     ids: tuple[str, ...] = ()
     tool_names: tuple[tuple[str, str], ...] = ()  # the calls it makes: (call ID, tool name)
+    span: jsonbytes.Span = (0, 0)  # where the message was
 
     def add_to(self, out: Plan, walk: "_Walk") -> None:
         out.edits.extend(self.edits)
@@ -348,7 +352,7 @@ def _plan_message(body: ParsedBody, key: str, index: int, message: object, walk:
         if any(step.lossy for step in decision.steps):
             originals.append((result_id, result.text))
     return _Planned(tuple(edits), tuple(changes), tuple(originals), tuple(ran), tuple(reverted),
-                    tuple(texts), tuple(ids), tuple(calls))
+                    tuple(texts), tuple(ids), tuple(calls), body.spans[(key, index)])
 
 
 def _message_spans(body: ParsedBody, key: str, index: int) -> dict[jsonbytes.Path, jsonbytes.Span]:

@@ -56,13 +56,20 @@ class Reuse:
         if span is None:
             return None
         start, end = span
-        if not ((start == pos and end <= self.limit) or (start + self.shift == pos and start >= self.tail)):
+        in_suffix = start + self.shift == pos and start >= self.tail
+        if not ((start == pos and end <= self.limit) or in_suffix):
             return None
         value: Any = self.value  # the spans say what each step of the path indexes
         for key in path:
             value = value[key]
+        if end == self.limit and not in_suffix and not isinstance(value, (dict, list, str)):
+            return None  # a number may go on past the shared prefix: "1" shared, then "12"
         self.taken.append(path)
         return value, pos + end - start
+
+    def forget(self, prefix: Path) -> None:
+        """Paths at or below `prefix` were not taken after all (a duplicate key: the last one wins)."""
+        self.taken[:] = [path for path in self.taken if path[:len(prefix)] != prefix]
 
 
 def common_prefix(a: AnyStr, b: AnyStr, block: int = 1 << 16) -> int:
@@ -182,6 +189,8 @@ def _parse_object(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path
         if below is None:
             members[key], pos = _scan_value(doc, pos)
         else:
+            if key in members:  # a duplicate key: the last one wins, so only its spans may stand
+                _forget(path + (key,), spans, reuse)
             members[key], pos = _parse(doc, pos, below, path + (key,), spans, reuse)
         pos = _skip(doc, pos)
         if doc[pos] == "}":
@@ -189,6 +198,14 @@ def _parse_object(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path
         if doc[pos] != ",":
             raise ValueError(f"expected ',' or '}}' at {pos}")
         pos = _skip(doc, pos + 1)
+
+
+def _forget(prefix: Path, spans: dict[Path, Span], reuse: Reuse | None) -> None:
+    """Drop the spans recorded at or below `prefix` (and what `reuse` took there)."""
+    for path in [path for path in spans if path[:len(prefix)] == prefix]:
+        del spans[path]
+    if reuse is not None:
+        reuse.forget(prefix)
 
 
 def _parse_array(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path, Span],
