@@ -719,3 +719,25 @@ def test_a_last_use_is_recorded_at_most_once_a_minute_per_original():
     assert touched.fresh("", ["a"]) == ()
     now[0] = 2 * TOUCH_EVERY
     assert touched.fresh("", ["a", "b"]) == ("a", "b")
+
+
+def test_stores_opening_a_new_file_at_once_all_open(tmp_path):
+    """Workers (or two cg) starting on one new SQLite file race to set it up; none may lose (a
+    store that cannot open serves no offload until it retries)."""
+    failures = []
+
+    def open_it(path, barrier):
+        barrier.wait()
+        try:
+            SQLiteDB.open(str(path)).close()
+        except StoreError as e:
+            failures.append(str(e))
+
+    for n in range(200):
+        barrier = threading.Barrier(4)
+        threads = [threading.Thread(target=open_it, args=(tmp_path / f"{n}.sqlite3", barrier)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert failures == []

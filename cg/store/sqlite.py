@@ -63,26 +63,34 @@ class SQLiteDB:
         (and, running as root, its owner), so they are 0600 too.
         """
         path = os.path.abspath(path)
-        conn = None
-        try:
-            if create:
-                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-            # mode=rw: never let sqlite create the file (it would with the umask's mode).
-            uri = "file:" + urllib.request.pathname2url(path) + "?mode=rw"
-            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None)
-            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes on a new file
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode.lower() != "wal":
-                raise StoreError(f"cannot switch {path} to WAL mode (got {mode})")
-            conn.execute("PRAGMA synchronous = FULL")  # a put's commit survives power loss
-            conn.execute("PRAGMA journal_size_limit = 67108864")
-            _migrate(conn, path)
-            return cls(conn, max_bytes, clock)
-        except Exception as e:
-            if conn is not None:
-                conn.close()
-            raise StoreError(f"cannot open store {path}: {as_store_error(e)}") from e
+        give_up_at = time.monotonic() + BUSY_TIMEOUT
+        while True:
+            conn = None
+            try:
+                if create:
+                    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+                # mode=rw: never let sqlite create the file (it would with the umask's mode).
+                uri = "file:" + urllib.request.pathname2url(path) + "?mode=rw"
+                conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None)
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes on a new file
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise StoreError(f"cannot switch {path} to WAL mode (got {mode})")
+                conn.execute("PRAGMA synchronous = FULL")  # a put's commit survives power loss
+                conn.execute("PRAGMA journal_size_limit = 67108864")
+                _migrate(conn, path)
+                return cls(conn, max_bytes, clock)
+            except Exception as e:
+                if conn is not None:
+                    conn.close()
+                if _locked(e) and time.monotonic() < give_up_at:
+                    # Another process setting up the same new file (workers starting at once):
+                    # switching a file to WAL takes a lock SQLite does not wait for. This is the
+                    # store's thread (or cg-store), never the reactor's.
+                    time.sleep(0.01)
+                    continue
+                raise StoreError(f"cannot open store {path}: {as_store_error(e)}") from e
 
     def close(self) -> None:
         self.conn.close()
@@ -284,6 +292,11 @@ _CACHES = """
         tenant TEXT NOT NULL, key TEXT NOT NULL, until REAL NOT NULL, PRIMARY KEY (tenant, key));
     CREATE INDEX IF NOT EXISTS caches_by_until ON caches (until);
 """
+
+
+def _locked(error: Exception) -> bool:
+    """Whether SQLite refused for a lock another connection holds (worth trying again)."""
+    return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)
 
 
 def _migrate(conn: sqlite3.Connection, path: str) -> None:
