@@ -9,6 +9,7 @@ at first sight) through cg to the fake provider; cg's wall clock is a FakeClock 
 
 import re
 
+import attrs
 import pytest
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
@@ -23,7 +24,9 @@ from cg.testing import claude_code_bytes, default_reply
 from cg.wire.markers import marker_id
 
 MARKER = re.compile(rb"<<cg:([0-9a-f]{16})>>")
-POLICY = ColdPolicy()  # what --cold-policy on runs
+# --cold-policy with a lower threshold for older results: these logs are below first sight's, so an
+# epoch offloads them (the default's epochs offload superseded file views only).
+POLICY = ColdPolicy(offload_min_tokens=1000)
 RECENT = POLICY.recent_turns
 SESSION = [("x-claude-code-session-id", "9f0c6a1e-3b7d-4c2a-8e55-0d1f2a3b4c5d")]
 TURNS = bash_turns(RECENT + 6)
@@ -56,6 +59,8 @@ def cold_cg(make_cg, fake, clock):
     def make(**overrides):
         running = make_cg(anthropic_upstream=fake.url, expand=True, cold_policy=True, **overrides)
         running.service.resource.now = clock
+        rewriter = running.service.resource.rewriter
+        rewriter.config = attrs.evolve(rewriter.config, cold=POLICY)
         return running
 
     return make

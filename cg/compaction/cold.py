@@ -92,7 +92,7 @@ class ColdPolicy:
     """
 
     recent_turns: int = 2
-    offload_min_tokens: int = 1000
+    offload_min_tokens: int = 2000  # first sight's: on its own, a cold request only offloads superseded views
     views: bool = True
     margin: float = 60.0
 

@@ -33,7 +33,7 @@ COLD_POLICY = (
     "cold-policy",
     "on",
     "on: when a conversation's prompt cache has expired (no request for longer than its lifetime), "
-    "offload its older tool results more (a lower threshold, superseded file views), then replay "
+    "offload its older tool results more (file views a later edit or read superseded), then replay "
     "those decisions on every later turn; kept in the store. off: first-sight decisions only.",
 )
 DISABLE_HELP = (
