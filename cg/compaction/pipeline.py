@@ -223,9 +223,9 @@ class Memo:
     parse, and a body parsed against its conversation's last one shares its string objects), so a
     memo hit needs no encoding or SHA-256. `bodies` (conversation -> its last body as
     `cg.wire.body.Earlier`, kept by `cg.compaction.rewrite.Rewriter`) is bounded by the bytes of
-    the bodies it holds, not by a count: an entry holds about 2.5 times its bytes (the bytes and
-    their parsed values, not the decoded text), and the default, 48 MiB of bodies, keeps about 150
-    conversations of 330 KB (docs/performance.md, Gateway). Every table is bounded in entries and
+    the bodies it holds, not by a count: an entry holds about 3.6 times its bytes (the bytes, and
+    parsed values 2.6 times them; not the decoded text), and the default, 48 MiB of bodies (~170
+    MiB held), keeps about 150 conversations of 330 KB (docs/performance.md, Gateway). Every table is bounded in entries and
     in the text it holds, least recently used out first, and counts its hits and misses.
     """
 
