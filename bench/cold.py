@@ -26,9 +26,7 @@ it. Replayed once at rate 1 and priced for every rule (the cost is linear in the
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import subprocess
 import sys
 import time
@@ -39,7 +37,7 @@ import attrs
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from rewrite import machine  # noqa: E402
+from rewrite import bench_main, machine  # noqa: E402
 from sessions import GAPS, TURNS, generated_sessions  # noqa: E402
 from sweep import RULES, TRANSCRIPTS  # noqa: E402
 
@@ -242,16 +240,7 @@ def _pct(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 short sessions, 3 settings: a smoke run")
-    parser.add_argument("--sessions", type=int, help=f"generated sessions [default: {SESSIONS}, 3 with --quick]")
-    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    args = parser.parse_args(argv)
-    result = run(args.quick, args.sessions or (3 if args.quick else SESSIONS))
-    print(report(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return bench_main(argv, __doc__, run, report, "3 short sessions, 3 settings: a smoke run", sessions=SESSIONS)
 
 
 if __name__ == "__main__":

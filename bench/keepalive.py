@@ -25,9 +25,7 @@ spared minus what its pings cost) as a share of the via-cg bill without it.
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's cg, whatever is installed: it reads the checkout's fixtures too
 
 import sessions  # noqa: E402
-from rewrite import machine  # noqa: E402
+from rewrite import bench_main, machine  # noqa: E402
 from sessions import GAPS, TURNS, generated_sessions  # noqa: E402
 
 from cg.exchange.keepalive import DEFAULT_BUDGET, DEFAULT_MAX_IDLE, MARGIN, Policy  # noqa: E402
@@ -163,16 +161,7 @@ def report(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 short sessions: a smoke run (< 10 s)")
-    parser.add_argument("--sessions", type=int, help=f"generated sessions [default: {SESSIONS}, 3 with --quick]")
-    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    args = parser.parse_args(argv)
-    result = run(args.quick, args.sessions or (3 if args.quick else SESSIONS))
-    print(report(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return bench_main(argv, __doc__, run, report, "3 short sessions: a smoke run (< 10 s)", sessions=SESSIONS)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ compare rows of one run.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import statistics
@@ -29,7 +28,7 @@ import sys
 import time
 
 from gateway import Conversation
-from rewrite import machine
+from rewrite import bench_main, machine
 from sessions import LIMIT, Content, Template
 
 from cg.compaction.pipeline import Memo
@@ -106,16 +105,7 @@ def report(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="20 conversations, 6 rounds")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
-    args = parser.parse_args(argv)
-    result = run(args.quick)
-    print(report(result))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=1)
-    return 0
+    return bench_main(argv, __doc__, run, report, "20 conversations, 6 rounds")
 
 
 if __name__ == "__main__":

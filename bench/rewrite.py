@@ -905,16 +905,28 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run, a few seconds)")
-    parser.add_argument("--json", metavar="PATH", help="write every sample and figure to PATH")
+def bench_main(argv: list[str] | None, doc: str, run, report, quick_help: str,
+               sessions: int | None = None) -> int:
+    """The command line the in-process benches share: --quick, --json PATH and, for those that
+    replay generated sessions (`sessions`: how many by default), --sessions N; then run, report."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    if sessions is not None:
+        parser.add_argument("--sessions", type=int, help=f"generated sessions [default: {sessions}, 3 with --quick]")
+    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
     args = parser.parse_args(argv)
-    result = run(args.quick)
+    if sessions is None:
+        result = run(args.quick)
+    else:
+        result = run(args.quick, args.sessions or (3 if args.quick else sessions))
     print(report(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return bench_main(argv, __doc__, run, report, "fewer samples (a smoke run, a few seconds)")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ offloads (this machine's, in-process).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -58,7 +57,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's cg, whatever is installed: it reads the checkout's fixtures too
 
 from rewrite import KINDS as TURN_KINDS  # noqa: E402
-from rewrite import MORE_KINDS, machine  # noqa: E402
+from rewrite import MORE_KINDS, bench_main, machine  # noqa: E402
 from sessions import GAPS, LIMIT, TURNS, generated_sessions  # noqa: E402
 
 from cg.compaction import components  # noqa: E402
@@ -415,16 +414,7 @@ def report(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 short sessions, 12 settings: a smoke run (< 1 min)")
-    parser.add_argument("--sessions", type=int, help=f"generated sessions [default: {SESSIONS}, 3 with --quick]")
-    parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
-    args = parser.parse_args(argv)
-    result = run(args.quick, args.sessions or (3 if args.quick else SESSIONS))
-    print(report(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return bench_main(argv, __doc__, run, report, "3 short sessions, 12 settings: a smoke run (< 1 min)", sessions=SESSIONS)
 
 
 if __name__ == "__main__":
