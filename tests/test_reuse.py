@@ -199,3 +199,17 @@ def test_a_turn_after_a_duplicate_key_is_planned_as_from_scratch():
 def test_a_number_the_shared_prefix_cuts_is_scanned_again():
     previous = ParsedBody.parse(b'{"messages":[],"system":1,"tools":[]}')
     assert ParsedBody.parse(b'{"messages":[],"system":12,"tools":[]}', previous.earlier()).value["system"] == 12
+
+
+def test_a_side_request_to_another_model_leaves_the_main_thread_s_body():
+    """Claude Code sends small-model side requests under the same session id: the main thread's
+    next turn is still parsed and planned against its own last body."""
+    rewriter = Rewriter(RewriteConfig())
+    history = [{"role": "user", "content": "x" * 5000}]
+    main = {**body(history), "model": "claude-opus-4-8"}
+    side = {**body([{"role": "user", "content": "a title for this"}]), "model": "claude-haiku-4-5"}
+    first = rewriter.parse(json.dumps(main).encode(), b"/v1/messages", "session")
+    rewriter.parse(json.dumps(side).encode(), b"/v1/messages", "session")
+    grown = {**main, "messages": [*history, {"role": "assistant", "content": "ok"}]}
+    then = rewriter.parse(json.dumps(grown).encode(), b"/v1/messages", "session")
+    assert then.body.value["messages"][0] is first.body.value["messages"][0]  # taken, not scanned

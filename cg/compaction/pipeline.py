@@ -221,7 +221,7 @@ class Memo:
     Decisions are keyed by (result text, tool name, config, lossy, seen earlier in the request):
     everything a decision depends on. The text itself is the key (its hash is computed once per
     parse, and a body parsed against its conversation's last one shares its string objects), so a
-    memo hit needs no encoding or SHA-256. `bodies` (conversation -> its last body as
+    memo hit needs no encoding or SHA-256. `bodies` (conversation and model -> its last body as
     `cg.wire.body.Earlier`, kept by `cg.compaction.rewrite.Rewriter`) is bounded by the bytes of
     the bodies it holds, not by a count: an entry holds about 3.6 times its bytes (the bytes, and
     parsed values 2.6 times them; not the decoded text), and the default, 48 MiB of bodies (~170

@@ -5,6 +5,8 @@ injected (the model can ask for the original back); elsewhere only the reformat
 components run. Anything unexpected forwards the client's bytes unchanged.
 """
 
+import re
+
 import attrs
 
 from cg.compaction import expand
@@ -25,6 +27,10 @@ _PATHS = {
     b"/v1/responses": (RESPONSES, True),
 }
 
+
+# A request's model, as clients put it: near the start of the body.
+_MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
+_MODEL_WITHIN = 4096
 
 # What a streamed chat request without stream_options gets, so the inspector can sum the rounds'
 # usage: the same bytes at the same place (the body's end) on every turn.
@@ -88,11 +94,15 @@ class Rewriter:
         if route is None or not raw:
             return None
         dialect, stash = route
-        # The conversation's last body: the next one repeats most of it (memo.bodies).
-        body = ParsedBody.parse(raw, self.memo.bodies.take(conversation))
+        # The conversation's last body to this model: the next one repeats most of it (memo.bodies).
+        # Claude Code's side requests to a small model share the session id; keyed apart, they do
+        # not push the main thread's body out. A hint only: reuse is decided by the bytes.
+        model = _MODEL.search(raw, 0, _MODEL_WITHIN)
+        key = f"{conversation}\0{model[1].decode('latin-1') if model else ''}"
+        body = ParsedBody.parse(raw, self.memo.bodies.take(key))
         if body is None:
             return None
-        self.memo.bodies.put(conversation, body.earlier(), len(raw))
+        self.memo.bodies.put(key, body.earlier(), len(raw))
         injection = self._injection(body, dialect)
         # Exactly where cg manages expand does it repair the client's answers to expand calls.
         repairs = find_repairs(body, dialect) if injection is not None else []
