@@ -15,12 +15,14 @@ from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from test_broken_store import send
 from test_cold import bash_turns, conversation, log, messages_bytes
+from test_inspect_proxy import until
 from test_store import FakeClock
 from twisted.internet import defer
+from twisted.internet.task import Clock
 
 from cg.compaction.cold import TTL_1H, TTL_5M, ColdPolicy
 from cg.store import StoreError
-from cg.testing import claude_code_bytes, default_reply
+from cg.testing import JSONReply, anthropic_message, claude_code_bytes, default_reply
 from cg.wire.markers import marker_id
 
 MARKER = re.compile(rb"<<cg:([0-9a-f]{16})>>")
@@ -221,3 +223,23 @@ def test_count_tokens_sizes_what_cg_sends_and_records_nothing(cold_cg, fake, clo
     assert markers(fake.received[3]) == older_than_recent(k + 2)
     stats = running.stats.compaction.cold
     assert (stats.cold, stats.epochs, stats.applied) == (2, 2, 3)
+
+
+@inlineCallbacks
+def test_a_keepalive_ping_keeps_the_cache_alive(cold_cg, fake, clock):
+    """--keepalive's pings refresh the prompt cache: a request after a gap the pings bridged is warm,
+    not cold (an epoch then would change the history's bytes, a full cache write the pings paid to avoid)."""
+    running = cold_cg(keepalive=True)
+    pings = running.service.keepalive.clock = Clock()
+    k = RECENT + 1
+    yield turn(running, k)
+    fake.enqueue(JSONReply(anthropic_message("", usage={"input_tokens": 3, "cache_read_input_tokens": 2100,
+                                                        "cache_creation_input_tokens": 0, "output_tokens": 1})))
+    clock.advance(TTL_5M - 30.0)
+    pings.advance(TTL_5M - 30.0)
+    yield until(lambda: running.stats.keepalive.usage.cache_read_tokens > 0)
+    clock.advance(COLD_GAP - (TTL_5M - 30.0))  # cold from the request, warm from the ping
+    yield turn(running, k + 1)
+    assert len(fake.received) == 3
+    assert markers(fake.received[2]) == set()
+    assert running.stats.compaction.cold.cold == 0

@@ -12,6 +12,7 @@ exchange as the client response's producer; a client that stops reading pauses t
 and a client that leaves cancels the upstream request. Timers run on the proxy's reactor only.
 """
 
+import functools
 import zlib
 from collections import deque
 
@@ -194,8 +195,11 @@ class ExchangeDriver:
         self.round = command.round
         if command.round == 0 and self.warm is not None:
             key, lifetime = self.warm
+            # A ping refreshes the prompt cache: the cache-aware policy must count it as a use.
+            refreshed = None if self.cache is None else functools.partial(self.proxy.cache_used, self.tenant,
+                                                                          self.cache)
             self.warm_generation = self.proxy.keepalive.sent(key, lifetime, body, self.request.uri,
-                                                             self.upstream_headers)
+                                                             self.upstream_headers, refreshed)
         if command.round and self.cache is not None:
             self.proxy.cache_used(self.tenant, self.cache)  # an expand round: the cache lives on
         self.stats.bytes_to_upstream += len(body or b"")

@@ -10,6 +10,8 @@ memory only, never logged nor stored, and dropped when the conversation's keep-a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import ujson
 from twisted.internet import defer
@@ -40,6 +42,9 @@ class Last:
     body: bytes
     target: bytes  # the request-target as the client sent it
     headers: Headers = attrs.field(repr=False)  # as sent upstream: the client's credentials
+    # Called when a ping was answered (the prompt cache lives on): the cache-aware policy records
+    # it (cg.web.proxy.cache_used), else the next real request would look cold while it is warm.
+    refreshed: Callable[[], object] | None = attrs.field(default=None, repr=False, eq=False)
 
 
 class KeepAlive:
@@ -58,12 +63,14 @@ class KeepAlive:
         self._stopped = False
         stats.enabled = True
 
-    def sent(self, key: Key, lifetime: float | None, body: bytes, target: bytes, headers: Headers) -> int | None:
+    def sent(self, key: Key, lifetime: float | None, body: bytes, target: bytes, headers: Headers,
+             refreshed: Callable[[], object] | None = None) -> int | None:
         """A real request of conversation ``key`` went upstream; returns its generation for ``answered``
-        (None: this conversation is not kept warm)."""
+        (None: this conversation is not kept warm). ``refreshed``: called after each ping answered."""
         if self._stopped:
             return None
-        generation, commands = self.scheduler.sent(key, self.clock.seconds(), lifetime, Last(body, target, headers))
+        last = Last(body, target, headers, refreshed)
+        generation, commands = self.scheduler.sent(key, self.clock.seconds(), lifetime, last)
         self._do(commands)
         return generation
 
@@ -126,6 +133,8 @@ class KeepAlive:
         ok = 200 <= code < 300
         usage = _usage(body) if ok else Usage()
         self.stats.usage += usage
+        if ok and ping.payload.refreshed is not None:
+            ping.payload.refreshed()
         if ok:
             log.info("keep-alive ping {n}/{budget} {code}: cache_read={read} cache_write={write} input={input}",
                      n=ping.number, budget=self.policy.budget, code=code, read=usage.cache_read_tokens,
