@@ -295,3 +295,16 @@ def test_replay_simulates_the_policy_on_the_requests_times():
 def test_replay_makes_no_epoch_without_older_history(turns):
     config = attrs.evolve(CONFIG, cold=ColdPolicy(recent_turns=turns + 5))
     assert sum(t.cold_offloads for t in replay(session([5.0, 400.0], turns), config)) == 0
+
+
+def test_replay_keeps_each_models_cache_apart():
+    """As cg does (cold.conversation_key): a side request to another model in the gap does not keep
+    the main model's cache warm."""
+    config = attrs.evolve(CONFIG, cold=POLICY)
+    main = session([5.0] * 7, 7)
+    gap = POLICY.margin + cold.TTL_5M + 1.0
+    later = [Sent(t.time + gap, t.path, t.body, t.output_tokens) for t in session([5.0] * 8, 8)[7:]]
+    side = json.loads(main[-1].body)
+    side["model"] = "claude-haiku-4-5"
+    turns = replay([*main, Sent(main[-1].time + gap - 30.0, "/v1/messages", raw(side), 10), *later], config)
+    assert [t.cold for t in turns] == [False] * 8 + [True]

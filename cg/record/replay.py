@@ -218,7 +218,8 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
     warm = _KeepWarm(keep_warm) if keep_warm is not None else None
     config = config or RewriteConfig()
     rewriter = Rewriter(config)
-    state = _Conversation(config.cold) if config.cold is not None else None
+    # Per model, as cg keys it (cold.conversation_key): a side request to another model has a cache of its own.
+    states: dict[str | None, _Conversation] = {}
     sizer = _Sizer()
     caches: dict[tuple[str, str], tuple[PromptCache, PromptCache]] = {}
     seen: set[str] = set()
@@ -237,7 +238,10 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         price = table.price(model, _provider(request.path))
         incoming = rewriter.parse(request.body, request.path.encode(), conversation)
         epoch, was_cold = None, False
-        if state is not None and incoming is not None and incoming.injection is not None:
+        if config.cold is not None and incoming is not None and incoming.injection is not None:
+            state = states.get(model)
+            if state is None:
+                state = states[model] = _Conversation(config.cold)
             epoch, was_cold = state.step(request.time, incoming)
         older = None if epoch is None or incoming is None else cold.older(epoch, incoming.body, incoming.dialect,
                                                                           config.compact)
