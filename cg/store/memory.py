@@ -12,6 +12,9 @@ from zope.interface import implementer
 
 from cg.store.base import CACHE_RECORD_DAYS, DEFAULT_MAX_BYTES, EVICT_TO, IStore, StoreInfo, StoreStats
 
+# Seconds between sweeps of expired cache records: days old when they go, they need no hurry.
+_SWEEP_EVERY = 3600.0
+
 
 @implementer(IStore)
 @attrs.define
@@ -31,6 +34,7 @@ class MemoryStore:
     )
     _total: int = attrs.field(default=0, init=False)
     _caches: dict[tuple[str, str], float] = attrs.field(factory=dict, init=False)
+    _caches_swept: float = attrs.field(default=float("-inf"), init=False)
 
     def _use(self, table: OrderedDict[tuple[str, str], tuple[bytes, float]], key: tuple[str, str]) -> None:
         table[key] = (table[key][0], self.clock())
@@ -95,9 +99,12 @@ class MemoryStore:
         return succeed(self._frozen[tenant, key][0])
 
     def cache_until(self, tenant: str, key: str, until: float) -> Deferred[float | None]:
-        stale = self.clock() - CACHE_RECORD_DAYS * 86400
-        for old in [k for k, recorded in self._caches.items() if recorded < stale]:
-            del self._caches[old]
+        now = self.clock()
+        if now - self._caches_swept >= _SWEEP_EVERY:  # a scan of every record: not on every request
+            self._caches_swept = now
+            stale = now - CACHE_RECORD_DAYS * 86400
+            for old in [k for k, recorded in self._caches.items() if recorded < stale]:
+                del self._caches[old]
         before = self._caches.get((tenant, key))
         if before is None or before < until:
             self._caches[tenant, key] = until
