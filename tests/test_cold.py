@@ -8,6 +8,8 @@ import re
 import attrs
 import pytest
 from fixturedata import claude_code_body, codex_body
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_compact import tool_turn
 
 from cg.compaction import cold
@@ -103,6 +105,54 @@ def test_the_cache_lifetime_the_client_asked_for():
     retained = {"model": "gpt-5", "input": [], "prompt_cache_retention": "24h"}
     assert cold.cache_ttl(parsed(retained), RESPONSES) == cold.TTL_24H
 
+
+
+# --- what cg remembers between requests (cold.Known)
+
+
+def test_a_conversation_known_warm_asks_the_store_nothing_for_half_a_margin():
+    known, margin = cold.Known(), 60.0
+    assert not known.warm("t", "k", 1000.0, 1300.0, margin)  # nothing learned
+    known.stored("t", "k", 1300.0)
+    assert not known.warm("t", "k", 1000.0, 1300.0, margin)  # its epochs not read yet
+    known.set_epochs("t", "k", [])
+    assert known.warm("t", "k", 1000.0, 1300.0, margin)
+    assert known.warm("t", "k", 1029.0, 1329.0, margin)
+    assert not known.warm("t", "k", 1030.0, 1330.0, margin)  # the store's record would lag half a margin
+    assert known.warm("t", "k", 1240.0, None, margin)  # a count records nothing: warm until a margin before
+    assert not known.warm("t", "k", 1240.5, None, margin)
+    assert not known.warm("another tenant", "k", 1000.0, 1300.0, margin)
+    known.stored("t", "k", 1200.0)  # an earlier expiry recorded later: the store keeps the later one
+    assert known.warm("t", "k", 1000.0, 1300.0, margin)
+
+
+def test_what_is_known_is_bounded_in_conversations():
+    known = cold.Known(max_conversations=2)
+    for key in ("a", "b", "c"):
+        known.set_epochs("t", key, [None])
+        known.stored("t", key, 2000.0)
+    assert known.epochs("t", "a") == [] and not known.warm("t", "a", 1000.0, None, 60.0)
+    assert known.epochs("t", "c") == [None] and known.warm("t", "c", 1000.0, None, 60.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 500), st.sampled_from([cold.TTL_5M, cold.TTL_1H])), min_size=1, max_size=40))
+def test_skipping_the_store_never_changes_whether_a_request_is_cold(requests):
+    """Requests at any pace: a request that skips the store would have been found warm by it, and
+    the store's expiry lags the newest request's by less than half a margin (so another cg's
+    "cold" still means surely expired)."""
+    policy, known = ColdPolicy(), cold.Known()
+    now, stored, newest = 1_000_000.0, None, None
+    for gap, ttl in requests:
+        now += gap
+        if known.warm("t", "k", now, now + ttl, policy.margin):
+            assert not policy.is_cold(stored, now)
+        else:
+            stored = now + ttl if stored is None else max(stored, now + ttl)
+            known.stored("t", "k", now + ttl)
+            known.set_epochs("t", "k", [])
+        newest = now + ttl
+        assert newest - stored < policy.margin / 2
 
 # --- what an epoch covers
 

@@ -90,7 +90,7 @@ def test_a_request_after_the_cache_expired_re_decides_the_older_history(cold_cg,
     count = len(body(k + 2)["messages"])
     assert messages_bytes(fake.received[3].body, count - 1) == messages_bytes(fake.received[2].body, count - 1)
     stats = running.stats.snapshot()["compaction"]["cold"]
-    assert stats == {"checked": 4, "cold": 1, "epochs": 1, "applied": 2, "unknown": 0}
+    assert stats == {"checked": 4, "cold": 1, "epochs": 1, "applied": 2, "unknown": 0, "known_warm": 1}
 
 
 @inlineCallbacks
@@ -196,7 +196,7 @@ def test_epochs_the_store_cannot_read_leave_what_is_known(cold_cg, fake, clock, 
     for running in (first, second):
         monkeypatch.setattr(running.service.resource.store, "frozen",
                             lambda tenant, key: defer.fail(StoreError("the store is down")))
-    clock.advance(10)
+    clock.advance(POLICY.margin)  # far enough that the first asks the store again (cold.Known)
     yield turn(first, k + 2)  # it read the epoch before: it still applies it
     assert markers(fake.received[2]) == epoch_markers
     yield turn(second, k + 2)  # it never read it: first sight, the results whole (one cache write, no loss)
@@ -243,3 +243,24 @@ def test_a_keepalive_ping_keeps_the_cache_alive(cold_cg, fake, clock):
     assert len(fake.received) == 3
     assert markers(fake.received[2]) == set()
     assert running.stats.compaction.cold.cold == 0
+
+
+@inlineCallbacks
+def test_a_conversation_at_a_busy_pace_asks_the_store_once_per_half_margin(cold_cg, fake, clock, monkeypatch):
+    running = cold_cg()
+    store = running.service.resource.store
+    asked: list[str] = []
+    for name in ("cache_until", "frozen"):
+        real = getattr(store, name)
+        monkeypatch.setattr(store, name, lambda *args, real=real, name=name: asked.append(name) or real(*args))
+    k = RECENT + 1
+    for step in range(4):  # every 10 s: the first asks, the next two are known warm
+        yield turn(running, k + step)
+        clock.advance(10)
+    assert asked.count("cache_until") == 2 and asked.count("frozen") == 2
+    assert running.stats.compaction.cold.known_warm == 2
+    # What it skipped is what the store would have answered: the same bytes on each turn.
+    assert all(markers(r) == set() for r in fake.received)
+    clock.advance(COLD_GAP)
+    yield turn(running, k + 4)  # cold: the store is asked, and an epoch made
+    assert markers(fake.received[-1]) == older_than_recent(k + 4)

@@ -24,6 +24,7 @@ import functools
 import hashlib
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import attrs
@@ -117,6 +118,65 @@ class ColdPolicy:
         return Epoch(cutoff, fingerprint(body, dialect, cutoff - 1), self.offload_min_tokens, self.views)
 
 
+@attrs.define
+class Known:
+    """What this cg last learned from the store of each conversation (tenant, key): its epochs,
+    and an expiry its cache surely lives until (the store holds that one or a later one).
+
+    A request that finds its conversation surely warm asks the store nothing (`warm`): an epoch is
+    frozen only at a request ``margin`` seconds past the stored expiry, which this record keeps
+    ahead of it, so no cg sharing the store can have frozen one since this cg last read them (its
+    clock would have to run two margins ahead); and the expiry it would record is less than half
+    a margin past the stored one, a lag that leaves "cold" true only once the cache surely expired.
+    At most one store round trip per conversation every half a margin, whatever its pace.
+    Bounded in conversations, least recently used out first.
+    """
+
+    max_conversations: int = 10_000
+    _items: OrderedDict[tuple[str, str], _Learned] = attrs.field(factory=OrderedDict, init=False)
+
+    def epochs(self, tenant: str, key: str) -> list[Epoch | None]:
+        """The epochs read so far (a copy: frozen first writer wins, so they stay true)."""
+        learned = self._items.get((tenant, key))
+        return list(learned.epochs or ()) if learned is not None else []
+
+    def set_epochs(self, tenant: str, key: str, epochs: list[Epoch | None]) -> list[Epoch | None]:
+        """Every epoch the store holds for the conversation, as just read."""
+        self._learned(tenant, key).epochs = epochs
+        return epochs
+
+    def stored(self, tenant: str, key: str, until: float) -> None:
+        """The store now holds `until` (or a later expiry) for the conversation."""
+        learned = self._learned(tenant, key)
+        learned.until = until if learned.until is None else max(until, learned.until)
+
+    def warm(self, tenant: str, key: str, now: float, until: float | None, margin: float) -> bool:
+        """Whether a request at `now` that would record `until` (None: records nothing) can skip
+        the store: its epochs read, its cache surely warm, and nothing to record that matters."""
+        learned = self._items.get((tenant, key))
+        if learned is None or learned.epochs is None or learned.until is None or now + margin > learned.until:
+            return False
+        if until is not None and until - learned.until >= margin / 2:
+            return False
+        self._items.move_to_end((tenant, key))
+        return True
+
+    def _learned(self, tenant: str, key: str) -> _Learned:
+        learned = self._items.get((tenant, key))
+        if learned is None:
+            learned = self._items[(tenant, key)] = _Learned()
+            while len(self._items) > self.max_conversations:
+                self._items.popitem(last=False)
+        self._items.move_to_end((tenant, key))
+        return learned
+
+
+@attrs.define
+class _Learned:
+    epochs: list[Epoch | None] | None = None  # None: not read yet
+    until: float | None = None
+
+
 def _recent_start(items: list[object], turns: int) -> int | None:
     """Where the last ``turns`` model turns start (None: fewer than that)."""
     seen = 0
@@ -146,7 +206,8 @@ def cache_ttl(body: ParsedBody, dialect: str) -> float:
     up to an hour (it says 5 to 10 minutes, up to an hour off-peak), a day with
     ``prompt_cache_retention: "24h"``."""
     if dialect == ANTHROPIC:
-        return TTL_1H if _TTL_1H.search(body.raw) else TTL_5M
+        # The pattern's value first: a plain scan where a regex scan of the whole body would not be.
+        return TTL_1H if b'"1h"' in body.raw and _TTL_1H.search(body.raw) else TTL_5M
     return TTL_24H if body.value.get("prompt_cache_retention") == "24h" else TTL_1H
 
 

@@ -171,7 +171,9 @@ class ColdStats:
     froze in the store at such a request (another cg sharing the store may have frozen others);
     `applied`: requests decided under an epoch; `unknown`: requests whose epochs the store could
     not read, decided by those this cg read before (none after a restart: a marker an epoch sent
-    earlier then goes whole, one cache write and nothing lost).
+    earlier then goes whole, one cache write and nothing lost); `known_warm`: requests that asked
+    the store nothing, their conversation surely warm by what this cg last learned
+    (cg.compaction.cold.Known).
     """
 
     checked: int = 0
@@ -179,6 +181,7 @@ class ColdStats:
     epochs: int = 0
     applied: int = 0
     unknown: int = 0
+    known_warm: int = 0
 
 
 @attrs.define

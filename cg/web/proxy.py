@@ -7,7 +7,6 @@ new originals stored first) before the exchange forwards it.
 
 import itertools
 import time
-from collections import OrderedDict
 from urllib.parse import unquote
 
 import attrs
@@ -73,9 +72,8 @@ class ProxyResource(resource.Resource):
         self.reactor = reactor
         self.clock = clock
         self.now = now  # wall-clock time: when a conversation's prompt cache expires (cg.compaction.cold)
-        # The cache-aware policy's epochs read so far, per (tenant, conversation key): frozen first
-        # writer wins, so what was read once stays true; only later ones are read again.
-        self._epochs: OrderedDict[tuple[str, str], list[cold.Epoch | None]] = OrderedDict()
+        # What the cache-aware policy learned from the store, per (tenant, conversation key).
+        self._known = cold.Known(_EPOCH_CONVERSATIONS)
         # Request numbers for the change log, unique across restarts of this process.
         self.seqs = itertools.count(int(time.time()) * 1_000_000)
         self._in_flight: set = set()
@@ -191,8 +189,16 @@ class ProxyResource(resource.Resource):
         tenant, body, shape = unchanged.tenant, incoming.body, incoming.dialect
         key = cold.conversation_key(conversation, unchanged.model)
         now, ttl = self.now(), cold.cache_ttl(body, shape)
+
+        def applied(epoch):
+            stats.applied += epoch is not None
+            return cold.older(epoch, body, shape, self.rewriter.config.compact), (key, ttl) if incoming.stash else None
+
+        if self._known.warm(tenant, key, now, now + ttl if incoming.stash else None, policy.margin):
+            stats.known_warm += 1
+            return defer.succeed(applied(cold.latest(self._known.epochs(tenant, key), body, shape)))
         if incoming.stash:
-            expired = self.store.cache_until(tenant, key, now + ttl).addErrback(lambda failure: None)
+            expired = self._record_cache(tenant, key, now + ttl).addErrback(lambda failure: None)
         else:
             expired = defer.succeed(None)
 
@@ -209,10 +215,6 @@ class ProxyResource(resource.Resource):
                 return current
             return self._freeze_epoch(tenant, key, known, made).addCallback(lambda known: cold.latest(known, body, shape))
 
-        def applied(epoch):
-            stats.applied += epoch is not None
-            return cold.older(epoch, body, shape, self.rewriter.config.compact), (key, ttl) if incoming.stash else None
-
         gathered = defer.gatherResults([expired, self._read_epochs(tenant, key)], consumeErrors=True)
         return gathered.addCallback(decided).addCallback(applied)
 
@@ -220,20 +222,20 @@ class ProxyResource(resource.Resource):
         """(a conversation's epochs, whether that is all of them): those read before, then any
         another cg (or this one, before a restart) froze since. A store that cannot read them
         leaves those read before (not all: no new one is made then)."""
-        found = list(self._epochs.get((tenant, key), ()))
+        found = self._known.epochs(tenant, key)
 
         def read(_=None):
             if len(found) >= cold.MAX_EPOCHS:
-                return self._known_epochs(tenant, key, found), True
+                return self._known.set_epochs(tenant, key, found), True
             return self.store.frozen(tenant, cold.epoch_key(key, len(found))).addCallback(got)
 
         def got(text):
             if text is None:
-                return self._known_epochs(tenant, key, found), True
+                return self._known.set_epochs(tenant, key, found), True
             found.append(cold.Epoch.loads(text))
             return read()
 
-        return read().addErrback(lambda failure: (list(self._epochs.get((tenant, key), ())), False))
+        return read().addErrback(lambda failure: (self._known.epochs(tenant, key), False))
 
     def _freeze_epoch(self, tenant: str, key: str, known: list, made: cold.Epoch) -> defer.Deferred:
         """`known` with `made` frozen after them, or with what another cg froze there first; as it
@@ -242,23 +244,25 @@ class ProxyResource(resource.Resource):
         def frozen(text: bytes):
             stored = cold.Epoch.loads(text)
             self.stats.compaction.cold.epochs += stored == made
-            return self._known_epochs(tenant, key, [*known, stored])
+            return self._known.set_epochs(tenant, key, [*known, stored])
 
         return self.store.freeze(tenant, cold.epoch_key(key, len(known)), made.dumps()).addCallbacks(
             frozen, lambda failure: known
         )
 
-    def _known_epochs(self, tenant: str, key: str, epochs: list) -> list:
-        self._epochs[(tenant, key)] = epochs
-        self._epochs.move_to_end((tenant, key))
-        while len(self._epochs) > _EPOCH_CONVERSATIONS:
-            self._epochs.popitem(last=False)
-        return epochs
+    def _record_cache(self, tenant: str, key: str, until: float) -> defer.Deferred:
+        """The store's "keep the later expiry" (cg.store), remembered: fires with the previous one."""
+
+        def recorded(before):
+            self._known.stored(tenant, key, until)
+            return before
+
+        return self.store.cache_until(tenant, key, until).addCallback(recorded)
 
     def cache_used(self, tenant: str, cache: tuple[str, float]) -> None:
         """An expand round sent the conversation's prompt to the provider again: its cache lives on."""
         key, ttl = cache
-        self.store.cache_until(tenant, key, self.now() + ttl).addErrback(lambda failure: None)
+        self._record_cache(tenant, key, self.now() + ttl).addErrback(lambda failure: None)
 
     def _repair_texts(self, incoming, tenant: str) -> defer.Deferred:
         """The answer for each expand call the client answered with an error, frozen per tool_use_id.
@@ -430,4 +434,4 @@ def _error(request, which, status: int, message: str) -> bytes:
 
 
 _UNKNOWABLE = object()  # the store could not say whether a repair text is frozen
-_EPOCH_CONVERSATIONS = 10_000  # conversations whose epochs ProxyResource keeps in memory
+_EPOCH_CONVERSATIONS = 10_000  # conversations whose epochs and expiry ProxyResource keeps in memory
