@@ -10,12 +10,12 @@ The model is defined by `_MODEL`: each UTF-8 byte mapped to a class letter by a 
 (bytes.translate), and patterns counted without overlap (bytes.count). That definition decides
 which results are offloaded, so its numbers must never change; `_counts` computes the same
 numbers faster. `bytes.count` of a two-letter pattern crawls over a string of two or three
-letters (about 0.3 GB/s), so every pattern of two different classes is counted at once from one
-string of pair codes (16 x the class of a byte + the class of the next, added as big integers:
-C speed, no carries), each as the length of that string with the other codes deleted. Such a
-pattern cannot overlap itself, so counting positions is counting occurrences. "uu" and "pp" can
-overlap themselves ("uuu" holds one), so they are counted as the model says; ".ss" is a pair
-code followed by another.
+letters (about 0.3 GB/s), so every pattern of two classes is counted at once from one string of
+pair codes (16 x the class of a byte + the class of the next, added as big integers: C speed, no
+carries), translated once into the disjoint groups of codes the patterns split into, each group
+then counted as one byte (C's tightest loop). Such a pattern cannot overlap itself, so counting
+positions is counting occurrences; "uu" and "pp" can ("uuu" holds one), and are counted from
+their pairs' runs; ".ss" is one group followed by another.
 """
 
 import functools
@@ -60,48 +60,46 @@ for _index, _members in enumerate(_GROUPS):
     for _byte in _members:
         _CLASS[_byte] = _index
 _FIRST, _SECOND = bytes(c << 4 for c in _CLASS), bytes(_CLASS)  # a pair's code: first + second
-_ALL = frozenset(range(_OTHER + 1))
 
 
-def _deleting_all_but(firsts: frozenset[int], seconds: frozenset[int]) -> bytes:
-    """The bytes.translate `delete` argument keeping only the pair codes (first, second)."""
-    return bytes(code for code in range(256) if not (code >> 4 in firsts and code & 15 in seconds))
+def _group(code: int) -> int:
+    """The letter of the one group a pair code belongs to ('.': none the model counts)."""
+    first, second = code >> 4, code & 15
+    letters = (_UP, _LOW)
+    if second in letters:
+        if first in letters:
+            return {(_LOW, _UP): ord("l"), (_UP, _LOW): ord("u"), (_UP, _UP): ord("U")}.get((first, second), ord("."))
+        return ord("P") if first == _PUNCT else ord("A")
+    for cls, after_other, twice in ((_DIGIT, "0", "."), (_PUNCT, "p", "Q"), (_BREAK, "n", "."),
+                                    (_SPACE, "s", "W")):
+        if second == cls:
+            return ord(twice if first == cls else after_other)
+    return ord(".")
 
 
-def _after_other(*classes: int) -> bytes:
-    """Pairs of a byte outside `classes` then one inside: the model's ".x" patterns."""
-    return _deleting_all_but(_ALL - set(classes), frozenset(classes))
-
-
-# The model's patterns of two different classes, as sets of pair codes, in _MODEL order.
-_PAIRS = {
-    b".a": _after_other(_UP, _LOW),
-    b"lu": _deleting_all_but(frozenset({_LOW}), frozenset({_UP})),
-    b"ul": _deleting_all_but(frozenset({_UP}), frozenset({_LOW})),
-    b".0": _after_other(_DIGIT),
-    b"pa": _deleting_all_but(frozenset({_PUNCT}), frozenset({_UP, _LOW})),
-    b".p": _after_other(_PUNCT),
-    b".n": _after_other(_BREAK),
-    b".s": _after_other(_SPACE),
-}
-# ".ss": a pair (other, space) then a pair (space, space), flagged 1 and 2 (they cannot overlap).
-_SPACE_FLAGS = bytes(
-    1 if code >> 4 != _SPACE and code & 15 == _SPACE else 2 if code == _SPACE * 17 else 0 for code in range(256)
-)
-_CASE_TABLE, _PUNCTUATION_TABLE, _CHARACTER_TABLE = _MODEL[1][0], _MODEL[4][0], _MODEL[7][0]
-_UP_UP, _PUNCT_PUNCT = bytes([_UP * 17]), bytes([_PUNCT * 17])
+# Every pair code's group: the model's patterns of two classes split into disjoint sets of codes,
+# so that one translate and a single-byte count per group (C's tightest loop) count them all.
+# ".a" is "A" (a letter after neither a letter nor punctuation) plus "pa" ("P"); "U" and "Q" are
+# the pairs of "uu" and "pp"; ".ss" is "s" then "W".
+_PAIR_GROUPS = bytes(_group(code) for code in range(256))
+_SINGLE_GROUPS = ((b"lu", b"l"), (b"ul", b"u"), (b".0", b"0"), (b"pa", b"P"), (b".p", b"p"), (b".n", b"n"),
+                  (b".s", b"s"))
+_CHARACTER_TABLE = _MODEL[7][0]
 
 
 def _counts(data: bytes) -> list[int]:
     """The model's features, in _MODEL order: what counting each pattern in its table gives."""
     if len(data) < 3:
         return _model_counts(data)
-    pairs = (int.from_bytes(data[:-1].translate(_FIRST), "big")
-             + int.from_bytes(data[1:].translate(_SECOND), "big")).to_bytes(len(data) - 1, "big")
-    found = {pattern: len(pairs.translate(None, others)) for pattern, others in _PAIRS.items()}
-    found[b"uu"] = _run_pairs(pairs, _UP_UP, data, _CASE_TABLE, b"uu")
-    found[b"pp"] = _run_pairs(pairs, _PUNCT_PUNCT, data, _PUNCTUATION_TABLE, b"pp")
-    found[b".ss"] = pairs.translate(_SPACE_FLAGS).count(b"\x01\x02")
+    groups = (int.from_bytes(data[:-1].translate(_FIRST), "big")
+              + int.from_bytes(data[1:].translate(_SECOND), "big")).to_bytes(len(data) - 1, "big").translate(_PAIR_GROUPS)
+    found = {pattern: groups.count(letter) for pattern, letter in _SINGLE_GROUPS}
+    found[b".a"] = groups.count(b"A") + found[b"pa"]
+    # A run of a class L long is a run of its pairs' group L - 1 long, which holds L // 2 of the
+    # model's (non-overlapping) "uu" or "pp": the group's count less its own non-overlapping pairs.
+    found[b"uu"] = groups.count(b"U") - groups.count(b"UU")
+    found[b"pp"] = groups.count(b"Q") - groups.count(b"QQ")
+    found[b".ss"] = groups.count(b"sW")
     if data.isascii():  # most tool output: tabs, and no multi-byte characters
         found.update({b"t": data.count(b"\t"), b"2": 0, b"3": 0, b"4": 0})
     else:
@@ -109,13 +107,6 @@ def _counts(data: bytes) -> list[int]:
         found.update((letter, characters.count(letter)) for letter in (b"t", b"2", b"3", b"4"))
     return [found[pattern] for _, patterns in _MODEL for pattern, _ in patterns]
 
-
-def _run_pairs(pairs: bytes, code: bytes, data: bytes, table: bytes, pattern: bytes) -> int:
-    """The model's count of `pattern` (a class twice), from the pair codes where no run of the
-    class is longer than 2 (then every pair is one occurrence), else as the model counts it."""
-    if code * 2 not in pairs:
-        return pairs.count(code)
-    return data.translate(table).count(pattern)
 
 
 def _model_counts(data: bytes) -> list[int]:
