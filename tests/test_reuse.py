@@ -213,3 +213,18 @@ def test_a_side_request_to_another_model_leaves_the_main_thread_s_body():
     grown = {**main, "messages": [*history, {"role": "assistant", "content": "ok"}]}
     then = rewriter.parse(json.dumps(grown).encode(), b"/v1/messages", "session")
     assert then.body.value["messages"][0] is first.body.value["messages"][0]  # taken, not scanned
+
+
+def test_conversations_without_a_session_id_each_parse_against_their_own_last_turn():
+    """An SDK client sends no session header: interleaved conversations are told apart by how
+    their messages open."""
+    rewriter = Rewriter(RewriteConfig())
+    histories = [[{"role": "user", "content": f"task {n}: " + "x" * 600}] for n in range(3)]
+    for history in histories:
+        rewriter.parse(json.dumps(body(history)).encode(), b"/v1/messages")
+    for turn in range(2):
+        for history in histories:
+            history += [{"role": "assistant", "content": f"step {turn}"}, {"role": "user", "content": "go on"}]
+            parsed = rewriter.parse(json.dumps(body(history)).encode(), b"/v1/messages")
+            assert parsed.body.shared > len(json.dumps(history[0]))  # its own last turn, not another's
+    assert rewriter.memo.bodies.hits == 6

@@ -5,6 +5,7 @@ injected (the model can ask for the original back); elsewhere only the reformat
 components run. Anything unexpected forwards the client's bytes unchanged.
 """
 
+import hashlib
 import re
 
 import attrs
@@ -31,6 +32,11 @@ _PATHS = {
 # A request's model, as clients put it: near the start of the body.
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
 _MODEL_WITHIN = 4096
+
+# A conversation without a session header (an SDK client's) goes by how its messages open: an
+# agent's history grows at its end, so these bytes stay the same from turn to turn.
+_MESSAGES_OPEN = re.compile(rb'"(?:messages|input)"\s*:\s*\[')
+_OPENING_BYTES = 512
 
 # What a streamed chat request without stream_options gets, so the inspector can sum the rounds'
 # usage: the same bytes at the same place (the body's end) on every turn.
@@ -88,7 +94,8 @@ class Rewriter:
         """The parsed request to `uri`, or None where cg leaves the body alone.
 
         `conversation` (e.g. Claude Code's session id) names whose last body this one
-        most likely extends; only messages they share byte for byte are reused.
+        most likely extends; without one, how its messages open does. Only messages they share
+        byte for byte are reused.
         """
         route = _PATHS.get(split_path(uri))
         if route is None or not raw:
@@ -98,7 +105,7 @@ class Rewriter:
         # Claude Code's side requests to a small model share the session id; keyed apart, they do
         # not push the main thread's body out. A hint only: reuse is decided by the bytes.
         model = _MODEL.search(raw, 0, _MODEL_WITHIN)
-        key = f"{conversation}\0{model[1].decode('latin-1') if model else ''}"
+        key = f"{conversation or _opening(raw)}\0{model[1].decode('latin-1') if model else ''}"
         body = ParsedBody.parse(raw, self.memo.bodies.take(key))
         if body is None:
             return None
@@ -159,3 +166,15 @@ class Rewriter:
             return edits  # the client's own options, byte for byte (with or without usage)
         close = len(body.doc.rstrip()) - 1  # the object's closing brace
         return [*edits, ((close, close), _USAGE_OPTION)]
+
+
+def _opening(raw: bytes) -> str:
+    """A name for a session-less conversation: a digest of the first bytes of its messages (or
+    input items). Conversations that open alike share it, and reuse only what they share."""
+    for name in (b'"messages"', b'"input"'):
+        at = raw.find(name)
+        found = _MESSAGES_OPEN.match(raw, at) if at >= 0 else None
+        if found is not None:
+            opening = raw[found.end():found.end() + _OPENING_BYTES]
+            return "opening:" + hashlib.blake2b(opening, digest_size=8).hexdigest()
+    return ""
