@@ -223,13 +223,17 @@ class Memo:
     parse, and a body parsed against its conversation's last one shares its string objects), so a
     memo hit needs no encoding or SHA-256. `bodies` (conversation and model -> its last body as
     `cg.wire.body.Earlier`, kept by `cg.compaction.rewrite.Rewriter`) is bounded by the bytes of
-    the bodies it holds, not by a count: an entry holds about 3.6 times its bytes (the bytes, and
-    parsed values 2.6 times them; not the decoded text), and the default, 48 MiB of bodies (~170
-    MiB held), keeps about 150 conversations of 330 KB (docs/performance.md, Gateway). Every table is bounded in entries and
-    in the text it holds, least recently used out first, and counts its hits and misses.
+    the bodies it holds, not by a count: an entry holds about 2.8 times its bytes (the bytes, their
+    parsed values and spans, the plans carried; not the decoded text), and the default, 48 MiB of
+    bodies (~135 MiB held), keeps about 150 conversations of 330 KB (docs/performance.md,
+    Gateway). A turn parsed against its conversation's last body looks up decisions only for its
+    new messages, so `decisions` matter after a body was evicted, or a restart: they keep 16 Mi
+    characters (~25 MiB held; 64 Mi held ~100 MiB for no hit the gateway bench could see). Every
+    table is bounded in entries and in the text it holds, least recently used out first, and
+    counts its hits and misses.
     """
 
-    def __init__(self, max_entries: int = 10_000, max_chars: int = 64 << 20, max_body_bytes: int = 48 << 20):
+    def __init__(self, max_entries: int = 10_000, max_chars: int = 16 << 20, max_body_bytes: int = 48 << 20):
         self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_entries, max_chars)
         self.bodies: _Bounded[str, Earlier] = _Bounded(max_entries, max_body_bytes)
 
