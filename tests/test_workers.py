@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -188,3 +189,28 @@ def test_one_scrape_counts_every_workers_requests(spawn, fake_provider, tmp_path
         assert counted is not None and float(counted[1]) == 2.0, text.decode()
     proc.send_signal(signal.SIGTERM)
     assert_clean_stop(proc)
+
+
+def test_a_workers_port_accepts_one_connection_each_time_it_is_ready():
+    """Workers sharing a socket take turns: each takes one connection when the socket is ready,
+    so an idle one gets the next instead of the first awake taking a whole burst."""
+    from twisted.internet import protocol, reactor
+
+    from cg.web.service import take_turns
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    listening.setblocking(False)
+    clients = [socket.create_connection(listening.getsockname()) for _ in range(3)]
+    built: list[object] = []
+    factory = protocol.Factory.forProtocol(protocol.Protocol)
+    factory.buildProtocol = lambda addr: built.append(addr) or protocol.Protocol()  # type: ignore[method-assign]
+    port = take_turns(reactor.adoptStreamPort(listening.fileno(), socket.AF_INET, factory))
+    try:
+        for taken in (1, 2, 3):
+            port.doRead()  # what the reactor calls when the socket is ready
+            assert len(built) == taken
+    finally:
+        port.stopListening()
+        listening.close()
+        for client in clients:
+            client.close()

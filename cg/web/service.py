@@ -77,6 +77,24 @@ def listening_url(description: str, address) -> str:
     return f"{scheme}://[{host}]:{address.port}" if ":" in host else f"{scheme}://{host}:{address.port}"
 
 
+def take_turns(port):
+    """A listening port that accepts one connection each time its socket is ready, not a burst.
+
+    Workers share one listening socket; Twisted's port accepts up to 100 connections at a time
+    (more when it took them all), so after a restart the first worker awake took every client's
+    new connection and kept it, and a busy one took as many as an idle one. One at a time, an
+    idle worker takes the next: it is back at the socket first.
+    """
+    accept_ready = port.doRead
+
+    def accept_one():
+        port.numberAccepts = 1
+        return accept_ready()
+
+    port.doRead = accept_one
+    return port
+
+
 def bind_now(listening: defer.Deferred, descriptions: tuple[str, ...]) -> None:
     """Exit with one line if `listening` (every endpoint's, gathered) has failed already.
 
@@ -237,7 +255,7 @@ class CGService(service.Service):
 
     def _adopt(self, fd: int, family: int):
         """A socket the parent of --workers bound: the reactor keeps its own copy of it."""
-        port = self.reactor.adoptStreamPort(fd, family, self.connections)
+        port = take_turns(self.reactor.adoptStreamPort(fd, family, self.connections))
         os.close(fd)
         return port
 
