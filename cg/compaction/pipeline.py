@@ -227,13 +227,14 @@ class Memo:
     parsed values and spans, the plans carried; not the decoded text), and the default, 48 MiB of
     bodies (~135 MiB held), keeps about 150 conversations of 330 KB (docs/performance.md,
     Gateway). A turn parsed against its conversation's last body looks up decisions only for its
-    new messages, so `decisions` matter after a body was evicted, or a restart: they keep 16 Mi
-    characters (~25 MiB held; 64 Mi held ~100 MiB for no hit the gateway bench could see). Every
+    new messages, so `decisions` matter after a body was evicted, or a restart: they keep 32 Mi
+    characters (~50 MiB held), the results of ~100 conversations of 330 KB (bench/pipeline.py's
+    "no body memo" row: with 16 Mi it took 3.5 times as long; 64 Mi held ~100 MiB). Every
     table is bounded in entries and in the text it holds, least recently used out first, and
     counts its hits and misses.
     """
 
-    def __init__(self, max_entries: int = 10_000, max_chars: int = 16 << 20, max_body_bytes: int = 48 << 20):
+    def __init__(self, max_entries: int = 10_000, max_chars: int = 32 << 20, max_body_bytes: int = 48 << 20):
         self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_entries, max_chars)
         self.bodies: _Bounded[str, Earlier] = _Bounded(max_entries, max_body_bytes)
 
