@@ -100,6 +100,17 @@ def test_the_cache_lifetime_the_client_asked_for():
     # The same words inside a tool result are text, not a breakpoint.
     quoted = conversation([tool_turn("toolu_x", "Bash", '{"cache_control": {"ttl": "1h"}}')])
     assert cold.cache_ttl(parsed(quoted), ANTHROPIC) == cold.TTL_5M
+    # ... and so are the same keys in a tool call's input; a breakpoint on a tool, or on a block
+    # inside a tool result, asks for itself.
+    called = conversation(bash_turns(1))
+    called["messages"][-2]["content"][0]["input"] = {"cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    assert cold.cache_ttl(parsed(called), ANTHROPIC) == cold.TTL_5M
+    on_tool = conversation(bash_turns(1))
+    on_tool["tools"][0]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    assert cold.cache_ttl(parsed(on_tool), ANTHROPIC) == cold.TTL_1H
+    inside = conversation([tool_turn("toolu_x", "Bash", [{"type": "text", "text": "ok",
+                                                           "cache_control": {"type": "ephemeral", "ttl": "1h"}}])])
+    assert cold.cache_ttl(parsed(inside), ANTHROPIC) == cold.TTL_1H
     # OpenAI keeps a prefix up to an hour; a day when asked to.
     assert cold.cache_ttl(parsed({"model": "gpt-5", "input": []}), RESPONSES) == cold.TTL_1H
     retained = {"model": "gpt-5", "input": [], "prompt_cache_retention": "24h"}

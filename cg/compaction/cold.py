@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -31,14 +30,12 @@ import attrs
 
 from cg.compaction.pipeline import LIST_KEY, CompactConfig, Older
 from cg.wire.body import ParsedBody
+from cg.wire.cache import TTL_1H, TTL_5M, asks_for_an_hour
 from cg.wire.dialect import ANTHROPIC
 
 VERSION = 1  # what an epoch's fields mean; an epoch of another version is not applied
 
-TTL_5M, TTL_1H, TTL_24H = 300.0, 3600.0, 86400.0
-# Anthropic: a breakpoint asking for the 1-hour lifetime (the bytes, so an escaped quote inside a
-# tool result cannot match: `\"ttl\"` has a backslash before its closing quote).
-_TTL_1H = re.compile(rb'"ttl"\s*:\s*"1h"')
+TTL_24H = 86400.0  # OpenAI's prompt_cache_retention "24h"; Anthropic's two: cg.wire.cache
 
 # Items a model writes: an assistant message (every dialect), and the Responses API's calls and
 # reasoning. A run of them in a row is one model turn.
@@ -206,9 +203,9 @@ def cache_ttl(body: ParsedBody, dialect: str) -> float:
     up to an hour (it says 5 to 10 minutes, up to an hour off-peak), a day with
     ``prompt_cache_retention: "24h"``."""
     if dialect == ANTHROPIC:
-        # The pattern's value first: a plain scan where a regex scan of the whole body would not be.
-        return TTL_1H if b'"1h"' in body.raw and _TTL_1H.search(body.raw) else TTL_5M
+        return TTL_1H if asks_for_an_hour(body.value) else TTL_5M
     return TTL_24H if body.value.get("prompt_cache_retention") == "24h" else TTL_1H
+
 
 
 def latest(epochs: Sequence[Epoch | None], body: ParsedBody, dialect: str) -> Epoch | None:
