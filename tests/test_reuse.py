@@ -228,3 +228,24 @@ def test_conversations_without_a_session_id_each_parse_against_their_own_last_tu
             parsed = rewriter.parse(json.dumps(body(history)).encode(), b"/v1/messages")
             assert parsed.body.shared > len(json.dumps(history[0]))  # its own last turn, not another's
     assert rewriter.memo.bodies.hits == 6
+
+
+@settings(max_examples=300, deadline=None)
+@given(history=st.lists(MESSAGE, max_size=8), added=st.lists(MESSAGE, max_size=3), style=STYLE,
+       cuts=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 0.2), TEXT), max_size=6), turns=st.integers(1, 3))
+def test_a_splice_in_bytes_is_the_text_spliced_and_encoded(history, added, style, cuts, turns):
+    """apply splices the client's bytes at offsets it works out from those it knows (the ends,
+    the shared parts' edges, the last turn's edits): the same bytes as splicing the decoded text."""
+    previous = None
+    for turn in range(turns):
+        raw = json.dumps(body(history + added[:turn]), **style).encode()
+        parsed = ParsedBody.parse(raw, previous)
+        size = len(parsed.doc)
+        spans = sorted((int(a * size), min(size, int(a * size) + int(b * size))) for a, b, _ in cuts)
+        edits, end = [], -1
+        for (start, stop), (_, _, text) in zip(spans, cuts):
+            if start > end:  # non-overlapping, as the stages make them
+                edits.append(((start, stop), text))
+                end = stop
+        assert parsed.apply(edits) == jsonbytes.splice(parsed.doc, edits).encode("utf-8")
+        previous = parsed.earlier()

@@ -7,6 +7,7 @@ exactly as the client sent them.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Hashable, Mapping, Sequence
 
 import attrs
@@ -38,6 +39,12 @@ class ParsedBody:
     last one, whose `carried` is `earlier_carried`: what the stages above cached about its
     messages, each under its own key, valid here for the messages that end within `shared`.
     They fill this body's `carried` for the next turn.
+
+    `offsets` maps character offsets of `doc` to byte offsets of `raw` where they are known (the
+    edges of what it shares with the last body, where that body's edits were): `apply` splices
+    the client's bytes, encoding only the text between an edit and the nearest known offset, and
+    adds the edits' own for the next turn. One that decoded to wide characters costs a decode,
+    a join and an encode of the whole body otherwise (~1.2 ms for 330 KB).
     """
 
     raw: bytes
@@ -48,6 +55,7 @@ class ParsedBody:
     shared: int = 0
     earlier_carried: Mapping[Hashable, Sequence[object]] = attrs.Factory(dict)
     carried: dict[Hashable, Sequence[object]] = attrs.Factory(dict)
+    offsets: dict[int, int] = attrs.Factory(dict)
 
     @classmethod
     def parse(cls, raw: bytes, previous: Earlier | None = None) -> ParsedBody | None:
@@ -60,8 +68,9 @@ class ParsedBody:
         try:
             doc = raw.decode("utf-8")
             if previous is not None and raw == previous.raw:
-                return cls(raw, doc, previous.value, previous.spans, previous.inner, len(doc), previous.carried)
-            reuse = previous.reuse(raw, doc) if previous is not None else None
+                return cls(raw, doc, previous.value, previous.spans, previous.inner, len(doc), previous.carried,
+                           offsets=dict(previous.offsets))
+            reuse, offsets = previous.reuse(raw, doc) if previous is not None else (None, {})
             value, spans = jsonbytes.load(doc, _BODY_SPINE, reuse)
         except ValueError:
             return None
@@ -70,15 +79,44 @@ class ParsedBody:
         if reuse is None or previous is None:
             return cls(raw, doc, value, spans)
         inner = {path: previous.inner[path] for path in reuse.taken if path in previous.inner}
-        return cls(raw, doc, value, spans, inner, reuse.limit, previous.carried)
+        return cls(raw, doc, value, spans, inner, reuse.limit, previous.carried, offsets=offsets)
 
     def earlier(self) -> Earlier:
-        """What the conversation's next body is parsed against."""
-        return Earlier(self.raw, len(self.doc), self.value, self.spans, self.inner, self.carried)
+        """What the conversation's next body is parsed against (`apply` adds to its offsets)."""
+        return Earlier(self.raw, len(self.doc), self.value, self.spans, self.inner, self.carried, self.offsets)
 
     def apply(self, edits: list[tuple[jsonbytes.Span, str]]) -> bytes:
         """The body with `edits` spliced in; the very same bytes object when there are none."""
-        return jsonbytes.splice(self.doc, edits).encode("utf-8") if edits else self.raw
+        if not edits:
+            return self.raw
+        at = self._byte_offsets({point for span, _ in edits for point in span})
+        pieces: list[bytes] = []
+        position = 0
+        for (start, end), text in sorted(edits, key=lambda edit: edit[0]):
+            pieces += (self.raw[position:at[start]], text.encode("utf-8"))
+            position = at[end]
+        pieces.append(self.raw[position:])
+        return b"".join(pieces)
+
+    def _byte_offsets(self, points: set[int]) -> dict[int, int]:
+        """The byte offset of each character offset in `points`, each from the nearest known one
+        (the body's ends, and `offsets`), which they join."""
+        known = self.offsets
+        known.setdefault(0, 0)
+        known.setdefault(len(self.doc), len(self.raw))
+        if len(self.doc) == len(self.raw):  # ASCII: every character one byte
+            known.update((point, point) for point in points)
+            return known
+        edges = sorted(known)
+        for point in sorted(points - known.keys()):  # in order: each one known for the next
+            after = bisect.bisect_left(edges, point)
+            before, following = edges[after - 1], edges[after]
+            if point - before <= following - point:
+                known[point] = known[before] + _utf8_length(self.doc[before:point])
+            else:
+                known[point] = known[following] - _utf8_length(self.doc[point:following])
+            edges.insert(after, point)
+        return known
 
 
 @attrs.frozen
@@ -93,9 +131,12 @@ class Earlier:
     spans: dict[jsonbytes.Path, jsonbytes.Span]
     inner: InnerSpans
     carried: dict[Hashable, Sequence[object]]
+    offsets: dict[int, int]  # character offset -> byte offset, where known (ParsedBody.offsets)
 
-    def reuse(self, raw: bytes, doc: str) -> jsonbytes.Reuse:
-        """What `doc` (`raw` decoded) shares with this body, in characters: its prefix and suffix.
+    def reuse(self, raw: bytes, doc: str) -> tuple[jsonbytes.Reuse, dict[int, int]]:
+        """What `doc` (`raw` decoded) shares with this body, in characters: its prefix and suffix;
+        and the byte offsets known for `doc` (this body's, inside the shared prefix, and the
+        shared parts' edges).
 
         Compared as bytes, each cut at a character boundary, and counted in characters from the
         part that differs (the new turn, usually a few KB): no second decode of the whole body.
@@ -109,13 +150,21 @@ class Earlier:
         middle = len(raw[prefix:len(raw) - suffix].decode("utf-8"))
         suffix_chars = _chars(raw[len(raw) - suffix:])
         prefix_chars = len(doc) - middle - suffix_chars
+        offsets = {chars: at for chars, at in self.offsets.items() if chars <= prefix_chars}
+        offsets[prefix_chars] = prefix
+        offsets[len(doc) - suffix_chars] = len(raw) - suffix
         return jsonbytes.Reuse(self.value, self.spans, limit=prefix_chars, tail=self.chars - suffix_chars,
-                               shift=len(doc) - self.chars)
+                               shift=len(doc) - self.chars), offsets
 
 
 def _continues(byte: int) -> bool:
     """Whether a UTF-8 byte continues a character (10xxxxxx) rather than starting one."""
     return byte & 0xC0 == 0x80
+
+
+def _utf8_length(text: str) -> int:
+    """How many bytes `text` takes in UTF-8 (an ASCII slice of a wide text is ASCII again)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def _chars(utf8: bytes) -> int:
