@@ -8,7 +8,7 @@ cache stays valid. Anything unexpected means "no change": compaction never fails
 """
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, TypeVar, cast
 
 import attrs
@@ -134,8 +134,33 @@ class Compaction:
 
     body: bytes
     changed: bool
-    originals: dict[str, bytes]
+    originals: Mapping[str, bytes]
     changes: list[Change]
+
+
+class Originals(Mapping[str, bytes]):
+    """Marker ID -> original, each encoded when it is read.
+
+    A turn's plan carries every original its history holds (each offloaded result, every turn);
+    the proxy reads the bytes only of those the store does not know yet, or that an expand call
+    asks for.
+    """
+
+    def __init__(self) -> None:
+        self._texts: dict[str, str] = {}
+
+    def add(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """(marker ID, original text) pairs: texts that encode (the decisions encoded them)."""
+        self._texts.update(pairs)
+
+    def __getitem__(self, result_id: str) -> bytes:
+        return self._texts[result_id].encode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
 
 
 @attrs.frozen
@@ -257,7 +282,7 @@ class Plan:
     """Compaction as span edits of a ParsedBody, with the originals to stash first."""
 
     edits: list[tuple[jsonbytes.Span, str]]
-    originals: dict[str, bytes]
+    originals: Originals
     changes: list[Change]
     runs: Counter[str] = attrs.Factory(Counter)  # component -> tool results it ran on
     reverted: Counter[str] = attrs.Factory(Counter)  # component -> rewrites undone by the contract
@@ -278,8 +303,8 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     key = LIST_KEY[dialect]
     messages = body.value.get(key)
     if not isinstance(messages, list):
-        return Plan([], {}, [])
-    out = Plan([], {}, [])
+        return Plan([], Originals(), [])
+    out = Plan([], Originals(), [])
     walk = _Walk(dialect, config, lossy, memo, older)
     cache_key = ("plan", dialect, config, lossy, older) if isinstance(lossy, bool) else None
     last = body.earlier_carried.get(cache_key, []) if cache_key else []
@@ -305,7 +330,7 @@ class _Planned:
 
     edits: tuple[tuple[jsonbytes.Span, str], ...] = ()
     changes: tuple[Change, ...] = ()
-    originals: tuple[tuple[str, str], ...] = ()  # (marker ID, result text): encoded when used
+    originals: tuple[tuple[str, str], ...] = ()  # (marker ID, result text): encoded when read
     ran: tuple[str, ...] = ()
     reverted: tuple[str, ...] = ()
     texts: tuple[str, ...] = ()  # its results' texts and IDs, for "seen earlier" after it
@@ -316,7 +341,7 @@ class _Planned:
     def add_to(self, out: Plan, walk: "_Walk") -> None:
         out.edits.extend(self.edits)
         out.changes.extend(self.changes)
-        out.originals.update((result_id, text.encode("utf-8")) for result_id, text in self.originals)
+        out.originals.add(self.originals)
         out.runs.update(self.ran)
         out.reverted.update(self.reverted)
         walk.seen_texts.update(self.texts)

@@ -7,6 +7,7 @@ components run. Anything unexpected forwards the client's bytes unchanged.
 
 import hashlib
 import re
+from collections.abc import Mapping
 
 import attrs
 
@@ -55,7 +56,7 @@ class Rewrite:
     """What to forward. `originals` must be stored before `body` is sent."""
 
     body: bytes
-    originals: dict[str, bytes]
+    originals: Mapping[str, bytes]
     changes: list[Change]
     injected: bool
     stash: bool
@@ -143,7 +144,7 @@ class Rewriter:
             usage_added=incoming.usage_added,
         )
 
-    def originals(self, incoming: Incoming) -> dict[str, bytes]:
+    def originals(self, incoming: Incoming) -> Mapping[str, bytes]:
         """The originals this body itself holds (by marker ID), as lossy compaction would stash them."""
         return plan(incoming.body, incoming.dialect, self.config.compact, True, self.memo).originals
 

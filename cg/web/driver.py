@@ -15,6 +15,7 @@ and a client that leaves cancels the upstream request. Timers run on the proxy's
 import functools
 import zlib
 from collections import deque
+from collections.abc import Mapping
 
 import attrs
 from twisted.internet import defer, task
@@ -83,7 +84,7 @@ class Forward:
     session: str = "-"
     tenant: str = ""
     rewrite: Rewrite | None = None
-    originals: dict[str, bytes] = attrs.Factory(dict)
+    originals: Mapping[str, bytes] = attrs.Factory(dict)
     model: str | None = None  # the request's, for the change log's usage line
     # --keepalive: the conversation (tenant, session id, model) and its cache lifetime (None: it
     # cannot be kept warm); None when the request does not concern keep-alive.
@@ -103,7 +104,7 @@ class ExchangeDriver:
         self.seq = next(proxy.seqs)
         self.tenant = ""  # whose originals expand calls may read
         self.model: str | None = None
-        self.originals: dict[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
+        self.originals: Mapping[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
         self.warm: tuple[tuple[str, bytes, str | None], float | None] | None = None  # Forward.keepalive
         self.warm_generation: int | None = None  # of round 0 in the keep-alive, once sent
         self.cache: tuple[str, float] | None = None  # Forward.cache

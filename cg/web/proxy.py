@@ -7,6 +7,7 @@ new originals stored first) before the exchange forwards it.
 
 import itertools
 import time
+from collections.abc import Mapping
 from urllib.parse import unquote
 
 import attrs
@@ -235,7 +236,11 @@ class ProxyResource(resource.Resource):
             found.append(cold.Epoch.loads(text))
             return read()
 
-        return read().addErrback(lambda failure: (self._known.epochs(tenant, key), False))
+        def unread(failure):
+            self._known.doubt(tenant, key)
+            return self._known.epochs(tenant, key), False
+
+        return read().addErrback(unread)
 
     def _freeze_epoch(self, tenant: str, key: str, known: list, made: cold.Epoch) -> defer.Deferred:
         """`known` with `made` frozen after them, or with what another cg froze there first; as it
@@ -324,7 +329,7 @@ class ProxyResource(resource.Resource):
         known = self.store.known(tenant, rewrite.originals)
         if known:
             self.store.touch(tenant, known)
-        new = {i: original for i, original in rewrite.originals.items() if i not in known}
+        new = {i: rewrite.originals[i] for i in rewrite.originals if i not in known}  # only these encoded
         if not new:
             return self._chosen(unchanged, rewrite, rewrite.originals)
 
@@ -343,7 +348,7 @@ class ProxyResource(resource.Resource):
 
         return self.store.put(tenant, new).addCallbacks(stored, unstored)
 
-    def _chosen(self, unchanged: Forward, rewrite, originals: dict[str, bytes]) -> Forward:
+    def _chosen(self, unchanged: Forward, rewrite, originals: Mapping[str, bytes]) -> Forward:
         """Counts and logs what the rewrite did; forwards it (in observe mode, the body as it came)."""
         self.stats.compaction.record(rewrite, len(unchanged.body))
         self.stats.expand.repairs += rewrite.repaired
