@@ -135,6 +135,10 @@ def test_a_conversation_known_warm_asks_the_store_nothing_for_half_a_margin():
     assert not known.warm("another tenant", "k", 1000.0, 1300.0, margin)
     known.stored("t", "k", 1200.0)  # an earlier expiry recorded later: the store keeps the later one
     assert known.warm("t", "k", 1000.0, 1300.0, margin)
+    known.doubt("t", "k")  # the store could not read the epochs: ask it again, keep applying those read
+    assert not known.warm("t", "k", 1000.0, 1300.0, margin) and known.epochs("t", "k") == []
+    known.set_epochs("t", "k", [None])
+    assert known.warm("t", "k", 1000.0, 1300.0, margin) and known.epochs("t", "k") == [None]
 
 
 def test_what_is_known_is_bounded_in_conversations():

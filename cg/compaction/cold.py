@@ -135,12 +135,19 @@ class Known:
     def epochs(self, tenant: str, key: str) -> list[Epoch | None]:
         """The epochs read so far (a copy: frozen first writer wins, so they stay true)."""
         learned = self._items.get((tenant, key))
-        return list(learned.epochs or ()) if learned is not None else []
+        return list(learned.epochs) if learned is not None else []
 
     def set_epochs(self, tenant: str, key: str, epochs: list[Epoch | None]) -> list[Epoch | None]:
         """Every epoch the store holds for the conversation, as just read."""
-        self._learned(tenant, key).epochs = epochs
+        learned = self._learned(tenant, key)
+        learned.epochs, learned.read = epochs, True
         return epochs
+
+    def doubt(self, tenant: str, key: str) -> None:
+        """The store could not say which epochs it holds now: ask it again next time."""
+        learned = self._items.get((tenant, key))
+        if learned is not None:
+            learned.read = False
 
     def stored(self, tenant: str, key: str, until: float) -> None:
         """The store now holds `until` (or a later expiry) for the conversation."""
@@ -151,7 +158,7 @@ class Known:
         """Whether a request at `now` that would record `until` (None: records nothing) can skip
         the store: its epochs read, its cache surely warm, and nothing to record that matters."""
         learned = self._items.get((tenant, key))
-        if learned is None or learned.epochs is None or learned.until is None or now + margin > learned.until:
+        if learned is None or not learned.read or learned.until is None or now + margin > learned.until:
             return False
         if until is not None and until - learned.until >= margin / 2:
             return False
@@ -170,7 +177,8 @@ class Known:
 
 @attrs.define
 class _Learned:
-    epochs: list[Epoch | None] | None = None  # None: not read yet
+    epochs: list[Epoch | None] = attrs.Factory(list)
+    read: bool = False  # whether `epochs` are all the store held at the last read
     until: float | None = None
 
 
