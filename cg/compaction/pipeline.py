@@ -339,14 +339,21 @@ class _Planned:
     span: jsonbytes.Span = (0, 0)  # where the message was
 
     def add_to(self, out: Plan, walk: "_Walk") -> None:
-        out.edits.extend(self.edits)
-        out.changes.extend(self.changes)
-        out.originals.add(self.originals)
-        out.runs.update(self.ran)
-        out.reverted.update(self.reverted)
-        walk.seen_texts.update(self.texts)
-        walk.seen_ids.update(self.ids)
-        walk.tool_names.update(self.tool_names)
+        # Most messages have no results or calls: Counter.update is a Python-level call each.
+        if self.edits:
+            out.edits.extend(self.edits)
+            out.changes.extend(self.changes)
+        if self.originals:
+            out.originals.add(self.originals)
+        if self.ran:
+            out.runs.update(self.ran)
+        if self.reverted:
+            out.reverted.update(self.reverted)
+        if self.texts:
+            walk.seen_texts.update(self.texts)
+            walk.seen_ids.update(self.ids)
+        if self.tool_names:
+            walk.tool_names.update(self.tool_names)
 
 
 def _plan_message(body: ParsedBody, key: str, index: int, message: object, walk: "_Walk") -> _Planned:
