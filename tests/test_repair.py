@@ -73,6 +73,22 @@ def test_claude_codes_no_such_tool_answer_is_repaired_and_nothing_else_changes()
     assert new == js_style(block).decode()  # the client's spelling: compact, raw non-ASCII, "<" raw
 
 
+def test_an_expand_call_is_found_past_a_prefix_the_last_turn_did_not_name_it_in():
+    """A turn parsed against the conversation's last body searches only past what they share when
+    that body named no expand call; once one is named, the next turn searches it whole."""
+    body = followup()
+    expand_turn = body["messages"][2:4]
+    del body["messages"][2:]
+    first = ParsedBody.parse(js_style(body))
+    assert find_repairs(first, "anthropic") == []
+    body["messages"] += [*expand_turn, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    second = ParsedBody.parse(js_style(body), first.earlier())
+    assert second.shared > 0 and [r.tool_use_id for r in find_repairs(second, "anthropic")] == [EXPAND_ID]
+    body["messages"].append({"role": "user", "content": [{"type": "text", "text": "go on"}]})
+    third = ParsedBody.parse(js_style(body), second.earlier())  # the call is in the shared prefix now
+    assert [r.tool_use_id for r in find_repairs(third, "anthropic")] == [EXPAND_ID]
+
+
 def test_a_repaired_body_repaired_again_is_unchanged():
     out, _, _ = repaired(js_style(followup()))
     again, repairs, edits = repaired(out)

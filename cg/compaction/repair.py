@@ -92,16 +92,19 @@ def looks_like_error(text: str, is_error: object = None) -> bool:
 
 
 _EXPAND_TOOL_BYTES = EXPAND_TOOL.encode()
+_UNNAMED = "repair: no expand tool named"  # ParsedBody.carried: the body's bytes never name it
 
 
 def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
     """The error answers to expand calls in `body`'s messages (Responses: input items), in order.
 
     A body that never names the expand tool holds no call to it: one C-speed search instead of a
-    walk of every message on every turn. (A name spelled with \\u escapes of plain letters would
-    be missed; no client writes JSON so.)
+    walk of every message on every turn, and only past what it shares with the conversation's
+    last body when that one did not name it either. (A name spelled with \\u escapes of plain
+    letters would be missed; no client writes JSON so.)
     """
-    if _EXPAND_TOOL_BYTES not in body.raw:  # the bytes: one byte a character, where the text may take two
+    if not _names_expand(body):
+        body.carried[_UNNAMED] = ()
         return []
     if dialect == RESPONSES:
         return _responses_repairs(body)
@@ -219,3 +222,13 @@ def _repaired_content(content: object, text: str) -> object:
         if marks:
             return [{"type": "text", "text": text, "cache_control": marks[-1]}]
     return text
+
+
+def _names_expand(body: ParsedBody) -> bool:
+    """Whether the body's bytes name the expand tool (one byte a character, where the text may
+    take two); a shared prefix the last body did not name it in is not searched again."""
+    start = 0
+    shared = body.offsets.get(body.shared) if _UNNAMED in body.earlier_carried else None
+    if shared is not None:
+        start = max(0, shared - len(_EXPAND_TOOL_BYTES) + 1)  # a name across the prefix's end
+    return body.raw.find(_EXPAND_TOOL_BYTES, start) >= 0
