@@ -20,6 +20,7 @@ from cg.compaction.rewrite import Rewriter
 from cg.compaction.tokens import estimate_tokens
 from cg.record.replay import Sent, replay
 from cg.wire.body import ParsedBody
+from cg.wire.cache import cache_lifetime
 from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
 from cg.wire.markers import marker_id
 
@@ -111,6 +112,10 @@ def test_the_cache_lifetime_the_client_asked_for():
     inside = conversation([tool_turn("toolu_x", "Bash", [{"type": "text", "text": "ok",
                                                            "cache_control": {"type": "ephemeral", "ttl": "1h"}}])])
     assert cold.cache_ttl(parsed(inside), ANTHROPIC) == cold.TTL_1H
+    # Automatic caching: the request's own cache_control places the breakpoint.
+    automatic = {**conversation(bash_turns(1)), "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    assert cold.cache_ttl(parsed(automatic), ANTHROPIC) == cold.TTL_1H
+    assert cache_lifetime({"model": "m", "messages": [], "cache_control": {"type": "ephemeral"}}) == cold.TTL_5M
     # OpenAI keeps a prefix up to an hour; a day when asked to.
     assert cold.cache_ttl(parsed({"model": "gpt-5", "input": []}), RESPONSES) == cold.TTL_1H
     retained = {"model": "gpt-5", "input": [], "prompt_cache_retention": "24h"}
@@ -127,6 +132,8 @@ def test_a_conversation_known_warm_asks_the_store_nothing_for_half_a_margin():
     known.stored("t", "k", 1300.0)
     assert not known.warm("t", "k", 1000.0, 1300.0, margin)  # its epochs not read yet
     known.set_epochs("t", "k", [])
+    assert not known.warm("t", "k", 1000.0, 1300.0, margin)  # one read: another cg may freeze one just after
+    known.set_epochs("t", "k", [])  # a second read that found the same settles them
     assert known.warm("t", "k", 1000.0, 1300.0, margin)
     assert known.warm("t", "k", 1029.0, 1329.0, margin)
     assert not known.warm("t", "k", 1030.0, 1330.0, margin)  # the store's record would lag half a margin
@@ -138,12 +145,15 @@ def test_a_conversation_known_warm_asks_the_store_nothing_for_half_a_margin():
     known.doubt("t", "k")  # the store could not read the epochs: ask it again, keep applying those read
     assert not known.warm("t", "k", 1000.0, 1300.0, margin) and known.epochs("t", "k") == []
     known.set_epochs("t", "k", [None])
-    assert known.warm("t", "k", 1000.0, 1300.0, margin) and known.epochs("t", "k") == [None]
+    assert not known.warm("t", "k", 1000.0, 1300.0, margin) and known.epochs("t", "k") == [None]
+    known.set_epochs("t", "k", [None])
+    assert known.warm("t", "k", 1000.0, 1300.0, margin)
 
 
 def test_what_is_known_is_bounded_in_conversations():
     known = cold.Known(max_conversations=2)
     for key in ("a", "b", "c"):
+        known.set_epochs("t", key, [None])
         known.set_epochs("t", key, [None])
         known.stored("t", key, 2000.0)
     assert known.epochs("t", "a") == [] and not known.warm("t", "a", 1000.0, None, 60.0)

@@ -57,9 +57,10 @@ def asks_for_an_hour(body: Mapping[str, object]) -> bool:
 
 
 def _cacheable(body: Mapping[str, object]) -> list[list[object]]:
-    """The lists whose blocks may carry a breakpoint: tools, system, each message's content, and
-    the content of a tool result in it."""
-    lists: list[list[object]] = []
+    """The lists whose blocks may carry a breakpoint: the request itself (automatic caching: a
+    top-level ``cache_control``), tools, system, each message's content, and the content of a
+    tool result in it."""
+    lists: list[list[object]] = [[body]]
     for key in ("tools", "system"):
         value = body.get(key)
         if isinstance(value, list):
