@@ -123,9 +123,11 @@ class Known:
     A request that finds its conversation surely warm asks the store nothing (`warm`): an epoch is
     frozen only at a request ``margin`` seconds past the stored expiry, which this record keeps
     ahead of it, so no cg sharing the store can have frozen one since this cg last read them (its
-    clock would have to run two margins ahead); and the expiry it would record is less than half
-    a margin past the stored one, a lag that leaves "cold" true only once the cache surely expired.
-    At most one store round trip per conversation every half a margin, whatever its pace.
+    clock would have to run two margins ahead), once two reads in a row found the same epochs (a
+    cg that took the conversation for cold just before this one recorded its expiry may freeze
+    one just after this one read them); and the expiry it would record is less than half a
+    margin past the stored one, a lag that leaves "cold" true only once the cache surely expired.
+    Two store round trips per conversation every half a margin at most, whatever its pace.
     Bounded in conversations, least recently used out first.
     """
 
@@ -138,8 +140,11 @@ class Known:
         return list(learned.epochs) if learned is not None else []
 
     def set_epochs(self, tenant: str, key: str, epochs: list[Epoch | None]) -> list[Epoch | None]:
-        """Every epoch the store holds for the conversation, as just read."""
+        """Every epoch the store holds for the conversation, as just read. Only a read that finds
+        what the one before it found settles them: a cg that took the conversation for cold at
+        the same moment as this one's last visit may have frozen one just after that read."""
         learned = self._learned(tenant, key)
+        learned.settled = learned.read and epochs == learned.epochs
         learned.epochs, learned.read = epochs, True
         return epochs
 
@@ -147,7 +152,7 @@ class Known:
         """The store could not say which epochs it holds now: ask it again next time."""
         learned = self._items.get((tenant, key))
         if learned is not None:
-            learned.read = False
+            learned.read = learned.settled = False
 
     def stored(self, tenant: str, key: str, until: float) -> None:
         """The store now holds `until` (or a later expiry) for the conversation."""
@@ -158,7 +163,7 @@ class Known:
         """Whether a request at `now` that would record `until` (None: records nothing) can skip
         the store: its epochs read, its cache surely warm, and nothing to record that matters."""
         learned = self._items.get((tenant, key))
-        if learned is None or not learned.read or learned.until is None or now + margin > learned.until:
+        if learned is None or not learned.settled or learned.until is None or now + margin > learned.until:
             return False
         if until is not None and until - learned.until >= margin / 2:
             return False
@@ -179,6 +184,7 @@ class Known:
 class _Learned:
     epochs: list[Epoch | None] = attrs.Factory(list)
     read: bool = False  # whether `epochs` are all the store held at the last read
+    settled: bool = False  # and the read before found the same
     until: float | None = None
 
 

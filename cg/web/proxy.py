@@ -251,8 +251,12 @@ class ProxyResource(resource.Resource):
             self.stats.compaction.cold.epochs += stored == made
             return self._known.set_epochs(tenant, key, [*known, stored])
 
+        def unfrozen(failure):
+            self._known.doubt(tenant, key)  # another cg's may be there: read them again next time
+            return known
+
         return self.store.freeze(tenant, cold.epoch_key(key, len(known)), made.dumps()).addCallbacks(
-            frozen, lambda failure: known
+            frozen, unfrozen
         )
 
     def _record_cache(self, tenant: str, key: str, until: float) -> defer.Deferred:
