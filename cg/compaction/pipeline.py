@@ -156,6 +156,9 @@ class Originals(Mapping[str, bytes]):
     def __getitem__(self, result_id: str) -> bytes:
         return self._texts[result_id].encode("utf-8")
 
+    def __contains__(self, result_id: object) -> bool:
+        return result_id in self._texts  # Mapping's would encode the text to answer
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._texts)
 
