@@ -249,3 +249,14 @@ def test_a_splice_in_bytes_is_the_text_spliced_and_encoded(history, added, style
                 end = stop
         assert parsed.apply(edits) == jsonbytes.splice(parsed.doc, edits).encode("utf-8")
         previous = parsed.earlier()
+
+
+def test_a_short_session_less_chat_keeps_its_name_as_it_grows():
+    """How a session-less conversation opens is its first message (its first 512 bytes when
+    longer), not the bytes after it, which change every turn."""
+    rewriter = Rewriter(RewriteConfig())
+    messages = [{"role": "user", "content": "hello"}]
+    for _ in range(4):
+        rewriter.parse(json.dumps(body(messages)).encode(), b"/v1/messages")
+        messages = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    assert (rewriter.memo.bodies.hits, len(rewriter.memo.bodies)) == (3, 1)

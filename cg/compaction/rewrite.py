@@ -6,6 +6,7 @@ components run. Anything unexpected forwards the client's bytes unchanged.
 """
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 
@@ -170,12 +171,23 @@ class Rewriter:
 
 
 def _opening(raw: bytes) -> str:
-    """A name for a session-less conversation: a digest of the first bytes of its messages (or
-    input items). Conversations that open alike share it, and reuse only what they share."""
+    """A name for a session-less conversation: a digest of its first message (or input item), or
+    of its first 512 bytes when it is longer. Conversations that open alike share it, and reuse
+    only what they share; what follows the first message changes as the history grows."""
     for name in (b'"messages"', b'"input"'):
         at = raw.find(name)
         found = _MESSAGES_OPEN.match(raw, at) if at >= 0 else None
         if found is not None:
             opening = raw[found.end():found.end() + _OPENING_BYTES]
+            text = opening.decode("utf-8", "ignore")  # a character the window cuts: after the message
+            try:
+                _, end = _FIRST_ITEM.raw_decode(text, len(text) - len(text.lstrip()))
+            except ValueError:  # longer than the window (or no item): the window lies inside it
+                pass
+            else:
+                opening = text[:end].encode("utf-8")
             return "opening:" + hashlib.blake2b(opening, digest_size=8).hexdigest()
     return ""
+
+
+_FIRST_ITEM = json.JSONDecoder()
