@@ -55,6 +55,7 @@ def test_default_listen_has_a_backlog_of_1024():
         (["--store", "/var/lib/cg/store.sqlite3"], "--store: unknown store URL"),
         (["--store", "postgres://db/cg"], "--store: unknown store URL"),
         (["--request-head-timeout", "0"], "--request-head-timeout must be more than 0"),
+        (["--memo-mb", "-1"], "--memo-mb must be 0 or more"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(argv, message):

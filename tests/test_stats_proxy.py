@@ -116,3 +116,19 @@ def test_the_change_log_places_a_text_part(make_cg, fake, tmp_path):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(c["message"], c["block"], c["part"], c["step"], c["component"]) for c in lines
             if c["kind"] == "compaction"] == [(3, 0, 1, 0, "textclean"), (3, 0, 1, 1, "offload")]
+
+
+@inlineCallbacks
+def test_memo_mb_sizes_what_a_re_sent_history_is_parsed_against(make_cg, fake):
+    """--memo-mb: the text the memo keeps; 0 keeps no conversation's last body."""
+    session = [("x-claude-code-session-id", "0b7c3a52-5f0e-4b8e-9d1a-2c6f4e8a9b10")]
+    first = claude_code_body("p_second_request_tool_result")
+    turns = [first, {**first, "messages": [*first["messages"], {"role": "assistant", "content": "ok"},
+                                           {"role": "user", "content": "go on"}]}]
+    for memo_mb, hits in ((80, 1), (0, 0)):
+        running = make_cg(anthropic_upstream=fake.url, memo_mb=memo_mb)
+        for body in turns:
+            client = yield post(running.port, claude_code_bytes(body), session)
+            assert split_response((yield client.closed))[0] == 200
+        stats = yield from get_stats(running.port)
+        assert stats["compaction"]["memo"]["bodies"]["hits"] == hits

@@ -266,6 +266,12 @@ class Memo:
         self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_entries, max_chars)
         self.bodies: _Bounded[str, Earlier] = _Bounded(max_entries, max_body_bytes)
 
+    @classmethod
+    def sized(cls, text_bytes: int) -> "Memo":
+        """A memo keeping `text_bytes` of text (--memo-mb): three fifths bodies, two fifths
+        decisions, as the defaults split their 80 MiB. The process holds ~2.3 times as much."""
+        return cls(max_chars=text_bytes * 2 // 5, max_body_bytes=text_bytes * 3 // 5)
+
     def __len__(self) -> int:
         return len(self.decisions)
 

@@ -13,6 +13,7 @@ from twisted.logger import Logger
 
 from cg import __version__
 from cg.compaction import options
+from cg.compaction.pipeline import Memo
 from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.exchange.keepalive import Policy
 from cg.record.changelog import open_changelog
@@ -155,7 +156,7 @@ class CGService(service.Service):
         self._store_info.clock = reactor
         self._store_untold = False  # the start-up line said "opening": say the count once known
         self._previous_hup = None
-        rewriter = Rewriter(rewrite_config(config))
+        rewriter = Rewriter(rewrite_config(config), Memo.sized(config.memo_mb << 20))
         self.stats.memo = rewriter.memo
         self.keepalive = None
         if config.keepalive:
