@@ -383,3 +383,24 @@ def test_replay_keeps_each_models_cache_apart():
     side["model"] = "claude-haiku-4-5"
     turns = replay([*main, Sent(main[-1].time + gap - 30.0, "/v1/messages", raw(side), 10), *later], config)
     assert [t.cold for t in turns] == [False] * 8 + [True]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["Read", "Edit", "Write", "Bash"]), st.sampled_from(["a.py", "b.py"]),
+                          st.sampled_from(["one", "two", ["one"]])), max_size=12), st.integers(0, 30))
+def test_superseded_views_are_those_a_later_call_supersedes(calls, cutoff):
+    """One pass over the views gives the definition: a view is superseded by a later edit or
+    write of its file, or by a later read of it that showed other text."""
+    messages = []
+    for n, (tool, path, content) in enumerate(calls):
+        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{n}", "name": tool,
+                                                        "input": {"file_path": path}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{n}", "content": content}]}]
+    def later_supersedes(n: int, path: str, content: object) -> bool:
+        return any(m > n and p == path and ((t in ("Edit", "Write") and 2 * m < cutoff)  # the call is covered
+                                            or (t == "Read" and 2 * m + 1 < cutoff and c != content))  # its result
+                   for m, (t, p, c) in enumerate(calls))
+
+    expected = {(2 * n + 1, 0) for n, (tool, path, content) in enumerate(calls)
+                if tool == "Read" and 2 * n + 1 < cutoff and later_supersedes(n, path, content)}
+    assert cold._superseded(messages, cutoff) == expected

@@ -221,7 +221,6 @@ def cache_ttl(body: ParsedBody, dialect: str) -> float:
     return TTL_24H if body.value.get("prompt_cache_retention") == "24h" else TTL_1H
 
 
-
 def latest(epochs: Sequence[Epoch | None], body: ParsedBody, dialect: str) -> Epoch | None:
     """The latest of a conversation's epochs that this body matches (None: none does).
 
@@ -288,10 +287,19 @@ def _superseded(messages: list[object], cutoff: int) -> frozenset[tuple[int, int
                 call = calls.get(tool_use_id) if isinstance(tool_use_id, str) else None
                 if call is not None and call[0] in VIEW_TOOLS:
                     views.append((index, block_index, call[1], block.get("content")))
-    return frozenset(
-        (index, block_index) for n, (index, block_index, path, content) in enumerate(views)
-        if written.get(path, -1) > index or any(p == path and c != content for _, _, p, c in views[n + 1:])
-    )
+    superseded = set()
+    later: dict[str, tuple[object, bool]] = {}  # file_path -> (a later view's content, whether later ones differ)
+    for index, block_index, path, content in reversed(views):  # one pass, whatever the number of views
+        if path in later:
+            shown, mixed = later[path]
+            if mixed or shown != content:
+                superseded.add((index, block_index))
+            later[path] = (shown, mixed or shown != content)
+        else:
+            later[path] = (content, False)
+        if written.get(path, -1) > index:
+            superseded.add((index, block_index))
+    return frozenset(superseded)
 
 
 def conversation_key(conversation: str, model: str | None) -> str:
