@@ -173,7 +173,8 @@ class ProxyResource(resource.Resource):
         """The cache-aware policy's part (--cold-policy, cg.compaction.cold): fires with (the
         stronger config for older messages or None, (conversation key, cache lifetime) or None).
 
-        Each request records, in the store, how long its conversation's prompt cache lives; one
+        Each request records, in the store, how long its conversation's prompt cache lives (but
+        for one this cg surely knows to be warm, which asks the store nothing: cold.Known); one
         that comes after it expired is cold, and re-decides the older history as an epoch, frozen
         in the store (first writer wins) before anything is forwarded. Every request applies the
         latest epoch its history matches. Never fails: a store that cannot say when the cache
