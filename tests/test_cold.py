@@ -71,7 +71,7 @@ def messages_bytes(forwarded: bytes, count: int) -> bytes:
     body = ParsedBody.parse(forwarded)
     assert body is not None
     start, end = body.spans[("messages", 0)][0], body.spans[("messages", count - 1)][1]
-    return body.doc[start:end].encode()
+    return forwarded[start:end]
 
 
 def forward(rewriter: Rewriter, body: dict, epochs: list, policy: ColdPolicy = POLICY) -> bytes:

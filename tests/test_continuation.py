@@ -179,7 +179,7 @@ def test_a_malformed_input_shown_in_the_answer_is_cut_short():
 def insertion_point(raw: bytes) -> int:
     """Where a continuation inserts: just before the messages array's closing bracket."""
     body = continuation.ParsedBody.parse(raw)
-    return len(body.doc[:body.spans[("messages",)][1] - 1].encode())
+    return body.spans[("messages",)][1] - 1
 
 
 def claude_code_request(name="p_second_request_tool_result", **changes) -> bytes:

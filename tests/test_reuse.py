@@ -39,6 +39,7 @@ def test_reuse_gives_a_fresh_parse(history, added, edit_at, edited, style, tools
     after = json.dumps(body(grown, tools[1]), **style).encode()
     previous = ParsedBody.parse(before)
     reused, fresh = ParsedBody.parse(after, previous.earlier()), ParsedBody.parse(after)
+    assert fresh.value == json.loads(after)
     assert reused.value == fresh.value
     assert reused.spans == fresh.spans
     assert reused.doc == fresh.doc
@@ -231,24 +232,30 @@ def test_conversations_without_a_session_id_each_parse_against_their_own_last_tu
 
 
 @settings(max_examples=300, deadline=None)
-@given(history=st.lists(MESSAGE, max_size=8), added=st.lists(MESSAGE, max_size=3), style=STYLE,
-       cuts=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 0.2), TEXT), max_size=6), turns=st.integers(1, 3))
-def test_a_splice_in_bytes_is_the_text_spliced_and_encoded(history, added, style, cuts, turns):
-    """apply splices the client's bytes at offsets it works out from those it knows (the ends,
-    the shared parts' edges, the last turn's edits): the same bytes as splicing the decoded text."""
-    previous = None
-    for turn in range(turns):
-        raw = json.dumps(body(history + added[:turn]), **style).encode()
-        parsed = ParsedBody.parse(raw, previous)
-        size = len(parsed.doc)
-        spans = sorted((int(a * size), min(size, int(a * size) + int(b * size))) for a, b, _ in cuts)
-        edits, end = [], -1
-        for (start, stop), (_, _, text) in zip(spans, cuts):
-            if start > end:  # non-overlapping, as the stages make them
-                edits.append(((start, stop), text))
-                end = stop
-        assert parsed.apply(edits) == jsonbytes.splice(parsed.doc, edits).encode("utf-8")
-        previous = parsed.earlier()
+@given(history=st.lists(MESSAGE, max_size=8), style=STYLE)
+def test_spans_are_byte_offsets_and_values_the_clients_strings(history, style):
+    """A body is parsed as its Latin-1 view: each message's span holds its UTF-8 bytes, and its
+    value has the strings the client meant, escaped or not."""
+    raw = json.dumps(body(history), **style).encode()
+    parsed = ParsedBody.parse(raw)
+    assert parsed.value == json.loads(raw)
+    for index, message in enumerate(history):
+        start, end = parsed.spans[("messages", index)]
+        assert json.loads(raw[start:end]) == message == parsed.value["messages"][index]
+
+
+def test_a_body_that_is_not_utf8_is_not_parsed():
+    """Invalid UTF-8 in a string cg scans, whether new or past a shared prefix, is not a body cg
+    edits (it is forwarded untouched), as a decode of the whole body would have found."""
+    history = [{"role": "user", "content": "caf\u00e9"}]
+    good = json.dumps(body(history), ensure_ascii=False).encode()
+    assert ParsedBody.parse(good) is not None
+    bad = good.replace("é".encode(), b"\xe9")  # Latin-1's é, alone: not UTF-8
+    assert ParsedBody.parse(bad) is None
+    grown = json.dumps(body([{"role": "user", "content": "x"}, *history]), ensure_ascii=False).encode()
+    assert ParsedBody.parse(grown.replace("é".encode(), b"\xe9"), ParsedBody.parse(good).earlier()) is None
+    assert ParsedBody.parse('{"ké": 1}'.encode().replace("é".encode(), b"\xe9")) is None
+    assert ParsedBody.parse('{"ké": "\\u00e9"}'.encode()).value == {"ké": "é"}
 
 
 def test_a_short_session_less_chat_keeps_its_name_as_it_grows():

@@ -208,7 +208,7 @@ def _is_model(item: object) -> bool:
 def fingerprint(body: ParsedBody, dialect: str, index: int) -> str:
     """Message (input item) ``index`` as the client sent it, hashed."""
     start, end = body.spans[(LIST_KEY[dialect], index)]
-    return hashlib.sha256(body.doc[start:end].encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return hashlib.sha256(body.raw[start:end]).hexdigest()[:32]
 
 
 def cache_ttl(body: ParsedBody, dialect: str) -> float:

@@ -252,7 +252,7 @@ class Memo:
     memo hit needs no encoding or SHA-256. `bodies` (conversation and model -> its last body as
     `cg.wire.body.Earlier`, kept by `cg.compaction.rewrite.Rewriter`) is bounded by the bytes of
     the bodies it holds, not by a count: an entry holds about 2.8 times its bytes (the bytes, their
-    parsed values and spans, the plans carried; not the decoded text), and the default, 48 MiB of
+    parsed values and spans, the plans carried), and the default, 48 MiB of
     bodies (~135 MiB held), keeps about 150 conversations of 330 KB (docs/performance.md,
     Gateway). A turn parsed against its conversation's last body looks up decisions only for its
     new messages, so `decisions` matter after a body was evicted, or a restart: they keep 32 Mi

@@ -228,7 +228,7 @@ def _names_expand(body: ParsedBody) -> bool:
     """Whether the body's bytes name the expand tool (one byte a character, where the text may
     take two); a shared prefix the last body did not name it in is not searched again."""
     start = 0
-    shared = body.offsets.get(body.shared) if _UNNAMED in body.earlier_carried else None
+    shared = body.shared if _UNNAMED in body.earlier_carried else None
     if shared is not None:
         start = max(0, shared - len(_EXPAND_TOOL_BYTES) + 1)  # a name across the prefix's end
     return body.raw.find(_EXPAND_TOOL_BYTES, start) >= 0

@@ -228,7 +228,8 @@ class ClientStyle:
     without evidence a character goes raw, as JSON.stringify writes it: non-ASCII is escaped only in
     an all-ASCII document showing a \\uXXXX escape of a non-ASCII character (Python's default);
     "/" only when the document's first "/" is escaped (PHP); <, > and & only when the document has
-    none of them raw but shows one escaped (Go).
+    none of them raw but shows one escaped (Go). Only its ASCII is read, and whether it has any
+    other character: a body's Latin-1 view (`ParsedBody.doc`) serves.
     """
 
     evidence: str
@@ -281,12 +282,11 @@ def continuation_body(forwarded: bytes, assistant: dict[str, object], calls: lis
     Every byte of `forwarded` is kept; `stream` (when not None) sets the `stream` key, adding it
     if absent. Raises ValueError when `forwarded` is not a JSON object with a `messages` array.
     """
-    doc = forwarded.decode("utf-8")
-    value, spans = jsonbytes.load(doc, _CONTINUATION_SPINE)
-    if not isinstance(value, dict) or not isinstance(value.get("messages"), list):
+    body = ParsedBody.load(forwarded, _CONTINUATION_SPINE)
+    value, spans = body.value, body.spans
+    if not isinstance(value.get("messages"), list):
         raise ValueError("not a request with a messages array")
-    body = ParsedBody(forwarded, doc, value, spans)
-    style = ClientStyle(doc)
+    style = ClientStyle(body.doc)
     replies = answers(calls, resolutions)
     new: list[dict[str, object]]
     if dialect == ANTHROPIC:

@@ -113,12 +113,11 @@ def continuation_body(forwarded: bytes, response: dict[str, object], calls: list
     a one-message list first. `stream` (when not None) sets the ``stream`` key, adding it if
     absent. Raises ValueError when `forwarded` is not a JSON object with an ``input``.
     """
-    doc = forwarded.decode("utf-8")
-    value, spans = jsonbytes.load(doc, _SPINE)
-    if not isinstance(value, dict) or not isinstance(value.get("input"), (list, str)) or ("input",) not in spans:
+    body = ParsedBody.load(forwarded, _SPINE)
+    value, spans = body.value, body.spans
+    if not isinstance(value.get("input"), (list, str)) or ("input",) not in spans:
         raise ValueError("not a Responses request with an input")
-    body = ParsedBody(forwarded, doc, value, spans)
-    style = ClientStyle(doc)
+    style = ClientStyle(body.doc)
     new: list[object] = list(_output(response))
     new += [{"type": "function_call_output", "call_id": reply.call_id, "output": reply.text}
             for reply in answers(calls, resolutions)]

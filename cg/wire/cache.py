@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cg.wire import jsonbytes
+from cg.wire.body import ParsedBody
 
 TTL_5M, TTL_1H = 300.0, 3600.0
 """The two lifetimes Anthropic's cache offers (seconds)."""
@@ -82,13 +83,12 @@ def ping_body(raw: bytes) -> bytes | None:
     the cache its original wrote. None when ``raw`` is not a JSON object with a ``max_tokens``.
     """
     try:
-        doc = raw.decode("utf-8")
-        value, spans = jsonbytes.load(doc, _PING_SPINE)
+        body = ParsedBody.load(raw, _PING_SPINE)
     except ValueError:
         return None
-    if not isinstance(value, dict) or ("max_tokens",) not in spans:
+    if ("max_tokens",) not in body.spans:
         return None
-    edits = [(spans[("max_tokens",)], "1")]
-    if ("stream",) in spans:
-        edits.append((spans[("stream",)], "false"))
-    return jsonbytes.splice(doc, edits).encode("utf-8")
+    edits = [(body.spans[("max_tokens",)], "1")]
+    if ("stream",) in body.spans:
+        edits.append((body.spans[("stream",)], "false"))
+    return body.apply(edits)

@@ -5,9 +5,11 @@ It parses the document once with the stdlib's C scanner, walking in Python only 
 edit (so it knows the span of every value there), and later splices new JSON strings into those
 spans, encoded the way the client encoded the strings they replace.
 
-Offsets are str offsets. The pipeline decodes a body as UTF-8: decoding valid UTF-8 and encoding it
-back is the identity, so everything outside the spliced spans comes back as the client's exact bytes.
-(A Latin-1 view of the bytes, as markers.py uses, makes the offsets byte offsets.)
+Offsets are str offsets. A request body is parsed as its Latin-1 view (`load_bytes`): one
+character per byte, so its offsets are byte offsets, no decode of the whole body is needed, and the
+bytes between edits are the client's own. JSON's structure is ASCII, so only the values of
+non-ASCII literals differ in that view: they are decoded again from the literal's UTF-8, which also
+checks it.
 """
 
 import json
@@ -34,7 +36,8 @@ _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 @attrs.define
 class Reuse:
-    """An earlier parse sharing its first `limit` and last `tail` characters with the new document.
+    """An earlier parse sharing its first `limit` and its last characters with the new document (bytes,
+    for `load_bytes`).
 
     A value the spine records without descending (a message, the tools array) that lies wholly
     inside the shared prefix at the same position, or inside the shared suffix at the same distance
@@ -114,9 +117,22 @@ def load(doc: str, spine: Spine, reuse: Reuse | None = None) -> tuple[object, di
     `{}` records a value's span without descending. Raises ValueError on anything that is not one
     JSON document. `reuse` lets array items of an earlier parse stand (see Reuse).
     """
+    return _load(doc, spine, reuse, _TEXT)
+
+
+def load_bytes(raw: bytes, spine: Spine, reuse: Reuse | None = None) -> tuple[str, object, dict[Path, Span]]:
+    """`load` of UTF-8 `raw` through its Latin-1 view, which it returns with the value and spans:
+    offsets are byte offsets. ValueError also for UTF-8 that is not valid (in a literal it scans:
+    what `reuse` gives was checked when it was scanned)."""
+    doc = raw.decode("latin-1")
+    value, spans = _load(doc, spine, reuse, _LATIN1)
+    return doc, value, spans
+
+
+def _load(doc: str, spine: Spine, reuse: Reuse | None, scan: "_Scanners") -> tuple[object, dict[Path, Span]]:
     spans: dict[Path, Span] = {}
     try:
-        value, end = _parse(doc, _skip(doc, 0), spine, (), spans, reuse)
+        value, end = _parse(doc, _skip(doc, 0), spine, (), spans, reuse, scan)
         if _skip(doc, end) != len(doc):
             raise ValueError("trailing data after the JSON document")
     except (IndexError, StopIteration, RecursionError) as error:
@@ -127,10 +143,11 @@ def load(doc: str, spine: Spine, reuse: Reuse | None = None) -> tuple[object, di
 def spans_below(doc: str, start: int, spine: Spine) -> dict[Path, Span]:
     """The spans the spine reaches below the (already parsed) value at `start`, by relative path.
 
-    Lets a caller walk only the parts of a document it is about to edit.
+    Lets a caller walk only the parts of a document it is about to edit (its values are not
+    returned: a Latin-1 view's do for spans).
     """
     spans: dict[Path, Span] = {}
-    _parse(doc, start, spine, (), spans, None)
+    _parse(doc, start, spine, (), spans, None, _TEXT)
     return spans
 
 
@@ -152,8 +169,38 @@ def _skip(doc: str, pos: int) -> int:
     return pos
 
 
+@attrs.frozen
+class _Scanners:
+    """How a parse reads a value (from its first character) and a key (from after its quote)."""
+
+    value: Callable[[str, int], tuple[object, int]]
+    string: Callable[[str, int], tuple[str, int]]
+
+
+def _latin1_value(doc: str, pos: int) -> tuple[object, int]:
+    """A value of a Latin-1 view: scanned again from its UTF-8 when its literal is not ASCII."""
+    value, end = _scan_value(doc, pos)
+    if not doc.isascii():
+        literal = doc[pos:end]
+        if not literal.isascii():
+            value = _scan_value(literal.encode("latin-1").decode("utf-8"), 0)[0]
+    return value, end
+
+
+def _latin1_string(doc: str, pos: int) -> tuple[str, int]:
+    """A string of a Latin-1 view (`pos` after its opening quote), as `_latin1_value` reads it."""
+    text, end = _scan_string(doc, pos)
+    if not text.isascii() and not doc[pos:end].isascii():
+        text = _scan_string(doc[pos:end].encode("latin-1").decode("utf-8"), 0)[0]
+    return text, end
+
+
+_TEXT = _Scanners(_scan_value, _scan_string)
+_LATIN1 = _Scanners(_latin1_value, _latin1_string)
+
+
 def _parse(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path, Span],
-           reuse: Reuse | None) -> tuple[object, int]:
+           reuse: Reuse | None, scan: _Scanners) -> tuple[object, int]:
     value: object
     earlier = reuse.item(path, pos) if reuse is not None and not spine else None
     if earlier is not None:
@@ -162,17 +209,17 @@ def _parse(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path, Span]
         return value, end
     opener = doc[pos]
     if opener == "{" and spine:
-        value, end = _parse_object(doc, pos, spine, path, spans, reuse)
+        value, end = _parse_object(doc, pos, spine, path, spans, reuse, scan)
     elif opener == "[" and EACH in spine:
-        value, end = _parse_array(doc, pos, spine[EACH], path, spans, reuse)
+        value, end = _parse_array(doc, pos, spine[EACH], path, spans, reuse, scan)
     else:
-        value, end = _scan_value(doc, pos)
+        value, end = scan.value(doc, pos)
     spans[path] = (pos, end)
     return value, end
 
 
 def _parse_object(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path, Span],
-                  reuse: Reuse | None) -> tuple[dict[str, object], int]:
+                  reuse: Reuse | None, scan: _Scanners) -> tuple[dict[str, object], int]:
     members: dict[str, object] = {}
     pos = _skip(doc, pos + 1)
     if doc[pos] == "}":
@@ -180,18 +227,18 @@ def _parse_object(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path
     while True:
         if doc[pos] != '"':
             raise ValueError(f"expected a key at {pos}")
-        key, pos = _scan_string(doc, pos + 1)
+        key, pos = scan.string(doc, pos + 1)
         pos = _skip(doc, pos)
         if doc[pos] != ":":
             raise ValueError(f"expected ':' at {pos}")
         pos = _skip(doc, pos + 1)
         below = spine.get(key)
         if below is None:
-            members[key], pos = _scan_value(doc, pos)
+            members[key], pos = scan.value(doc, pos)
         else:
             if key in members:  # a duplicate key: the last one wins, so only its spans may stand
                 _forget(path + (key,), spans, reuse)
-            members[key], pos = _parse(doc, pos, below, path + (key,), spans, reuse)
+            members[key], pos = _parse(doc, pos, below, path + (key,), spans, reuse, scan)
         pos = _skip(doc, pos)
         if doc[pos] == "}":
             return members, pos + 1
@@ -209,13 +256,13 @@ def _forget(prefix: Path, spans: dict[Path, Span], reuse: Reuse | None) -> None:
 
 
 def _parse_array(doc: str, pos: int, spine: Spine, path: Path, spans: dict[Path, Span],
-                 reuse: Reuse | None) -> tuple[list[object], int]:
+                 reuse: Reuse | None, scan: _Scanners) -> tuple[list[object], int]:
     items: list[object] = []
     pos = _skip(doc, pos + 1)
     if doc[pos] == "]":
         return items, pos + 1
     while True:
-        value, pos = _parse(doc, pos, spine, path + (len(items),), spans, reuse)
+        value, pos = _parse(doc, pos, spine, path + (len(items),), spans, reuse, scan)
         items.append(value)
         pos = _skip(doc, pos)
         if doc[pos] == "]":
