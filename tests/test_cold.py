@@ -85,6 +85,31 @@ def forward(rewriter: Rewriter, body: dict, epochs: list, policy: ColdPolicy = P
 # --- when a request is cold
 
 
+@settings(max_examples=50, deadline=None)
+@given(hours=st.lists(st.booleans(), min_size=1, max_size=6))
+def test_the_lifetime_of_a_next_turn_is_what_a_fresh_parse_finds(hours):
+    """A turn parsed against its conversation's last body takes the answers for the messages they
+    share (carried): the same lifetime as a fresh parse, whichever result asks for an hour."""
+    opening = len(conversation([])["messages"])
+
+    def turn(count: int) -> bytes:
+        body = conversation(bash_turns(count))  # its newest block a 5-minute breakpoint
+        for index, hour in enumerate(hours[:count]):
+            if hour:
+                body["messages"][opening + 2 * index + 1]["content"][0]["cache_control"] = {
+                    "type": "ephemeral", "ttl": "1h"}
+        return raw(body)
+
+    previous = None
+    for count in range(1, len(hours) + 1):
+        fresh = ParsedBody.parse(turn(count))
+        grown = ParsedBody.parse(turn(count), previous)
+        assert fresh is not None and grown is not None
+        assert cold.cache_ttl(grown, ANTHROPIC) == cold.cache_ttl(fresh, ANTHROPIC)
+        assert cold.cache_ttl(fresh, ANTHROPIC) == (cold.TTL_1H if any(hours[:count]) else cold.TTL_5M)
+        previous = grown.earlier()
+
+
 def test_cold_only_past_the_recorded_expiry_and_the_margin():
     policy = ColdPolicy(margin=60.0)
     assert not policy.is_cold(None, 1e12)  # nothing recorded: unknown history is warm

@@ -217,7 +217,7 @@ def cache_ttl(body: ParsedBody, dialect: str) -> float:
     up to an hour (it says 5 to 10 minutes, up to an hour off-peak), a day with
     ``prompt_cache_retention: "24h"``."""
     if dialect == ANTHROPIC:
-        return TTL_1H if asks_for_an_hour(body.value) else TTL_5M
+        return TTL_1H if asks_for_an_hour(body) else TTL_5M
     return TTL_24H if body.value.get("prompt_cache_retention") == "24h" else TTL_1H
 
 

@@ -10,7 +10,8 @@ through this module.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import cast
 
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
@@ -48,32 +49,64 @@ def cache_lifetime(body: Mapping[str, object]) -> float | None:
     return shortest
 
 
-def asks_for_an_hour(body: Mapping[str, object]) -> bool:
+# ParsedBody.carried: per message, its span and whether it or one before it asks for an hour.
+_HOUR_BEFORE = "cache: a message up to here asks for an hour"
+
+
+def asks_for_an_hour(body: ParsedBody) -> bool:
     """Whether any breakpoint asks for the 1-hour lifetime (what the cache may keep at the longest).
 
     Walked in the parse (a few hundred blocks), not searched for in the bytes: one pass over a
-    400 KB body is ~0.2 ms, and its quotes defeat the byte search's skips.
+    400 KB body is ~0.2 ms, and its quotes defeat the byte search's skips. The messages a body
+    shares with its conversation's last one are answered as they were then (carried), so a turn
+    walks only the blocks of its new messages.
     """
-    return any(breakpoint_ttl(block) == TTL_1H for blocks in _cacheable(body) for block in blocks)
+    value = body.value
+    if any(breakpoint_ttl(block) == TTL_1H for blocks in _request_lists(value) for block in blocks):
+        return True
+    messages = value.get("messages")
+    last = cast("Sequence[tuple[jsonbytes.Span, bool]]", body.earlier_carried.get(_HOUR_BEFORE, ()))
+    answers: list[tuple[jsonbytes.Span, bool]] = []
+    before = False
+    for index, message in enumerate(messages if isinstance(messages, list) else ()):
+        span = body.spans[("messages", index)]
+        if index < len(last) and span[1] <= body.shared and last[index][0] == span:
+            before = last[index][1]
+        else:
+            before = before or any(breakpoint_ttl(block) == TTL_1H
+                                   for blocks in _message_lists(message) for block in blocks)
+        answers.append((span, before))
+    body.carried[_HOUR_BEFORE] = answers
+    return before
 
 
 def _cacheable(body: Mapping[str, object]) -> list[list[object]]:
-    """The lists whose blocks may carry a breakpoint: the request itself (automatic caching: a
-    top-level ``cache_control``), tools, system, each message's content, and the content of a
-    tool result in it."""
+    """The lists whose blocks may carry a breakpoint: the request's own (`_request_lists`), and
+    each message's (`_message_lists`)."""
+    lists = _request_lists(body)
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        lists += _message_lists(message)
+    return lists
+
+
+def _request_lists(body: Mapping[str, object]) -> list[list[object]]:
+    """The request itself (automatic caching: a top-level ``cache_control``), tools and system."""
     lists: list[list[object]] = [[body]]
     for key in ("tools", "system"):
         value = body.get(key)
         if isinstance(value, list):
             lists.append(value)
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            lists.append(content)
-            lists += (block["content"] for block in content
-                      if isinstance(block, dict) and isinstance(block.get("content"), list))
     return lists
+
+
+def _message_lists(message: object) -> list[list[object]]:
+    """A message's content, and the content of each tool result in it."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return []
+    return [content, *(block["content"] for block in content
+                       if isinstance(block, dict) and isinstance(block.get("content"), list))]
 
 
 def ping_body(raw: bytes) -> bytes | None:
