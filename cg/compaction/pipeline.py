@@ -7,6 +7,7 @@ it, and a result gets the same bytes on every turn (see components.py), so the p
 cache stays valid. Anything unexpected means "no change": compaction never fails a request.
 """
 
+import hashlib
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, TypeVar, cast
@@ -19,7 +20,7 @@ from cg.wire import jsonbytes
 from cg.wire.body import Earlier, ParsedBody
 from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
 from cg.wire.jsonbytes import EACH, StringStyle
-from cg.wire.markers import EXPAND_TOOL, marker, marker_id
+from cg.wire.markers import EXPAND_TOOL, id_of, marker
 
 # A message whose result changes is walked again (the body is parsed only as deep as each message:
 # cg.wire.body) down to where result text sits: Anthropic content[].content (a string or text
@@ -183,8 +184,13 @@ class _Decision:
     reverted: tuple[str, ...] = ()  # ...of which raised, broke the contract or did not shorten it
 
 
-# (result text, tool name, config, lossy, seen earlier in the request): all a decision depends on.
-_DecisionKey = tuple[str, "str | None", CompactConfig, bool, bool]
+# (SHA-256 of the result's UTF-8, tool name, config, lossy, seen earlier in the request): all a
+# decision depends on.
+_DecisionKey = tuple[bytes, "str | None", CompactConfig, bool, bool]
+
+# What a decision costs the memo besides its rewritten text, in the characters its budget counts:
+# the key, the decision and the table's entry (~500 bytes; measured with tracemalloc).
+_DECISION_CHARS = 512
 
 
 _Key = TypeVar("_Key")
@@ -246,31 +252,32 @@ class Memo:
     """Decisions already made and each conversation's last body, so a re-sent history costs a
     dict lookup per result, and no parse of what it shares with the previous turn.
 
-    Decisions are keyed by (result text, tool name, config, lossy, seen earlier in the request):
-    everything a decision depends on. The text itself is the key (its hash is computed once per
-    parse, and a body parsed against its conversation's last one shares its string objects), so a
-    memo hit needs no encoding or SHA-256. `bodies` (conversation and model -> its last body as
-    `cg.wire.body.Earlier`, kept by `cg.compaction.rewrite.Rewriter`) is bounded by the bytes of
-    the bodies it holds, not by a count: an entry holds about 2.8 times its bytes (the bytes, their
-    parsed values and spans, the plans carried), and the default, 48 MiB of
+    Decisions are keyed by (SHA-256 of the result, tool name, config, lossy, seen earlier in the
+    request): everything a decision depends on. A miss computes the digest anyway (the marker ID
+    is its start); a hit pays it only for a message planned again (the tail of a turn, or a body
+    `bodies` no longer holds), and an entry holds no result text: ~1.3 KB with its rewritten text
+    (`_DECISION_CHARS` counted for each, so that the budget bounds memory). `bodies` (conversation and
+    model -> its last body as `cg.wire.body.Earlier`, kept by `cg.compaction.rewrite.Rewriter`) is
+    bounded by the bytes of the bodies it holds, not by a count: an entry holds about 2.8 times its
+    bytes (the bytes, their parsed values and spans, the plans carried), and the default, 48 MiB of
     bodies (~135 MiB held), keeps about 150 conversations of 330 KB (docs/performance.md,
     Gateway). A turn parsed against its conversation's last body looks up decisions only for its
-    new messages, so `decisions` matter after a body was evicted, or a restart: they keep 32 Mi
-    characters (~50 MiB held), the results of ~100 conversations of 330 KB (bench/pipeline.py's
-    "no body memo" row: with 16 Mi it took 3.5 times as long; 64 Mi held ~100 MiB). Every
-    table is bounded in entries and in the text it holds, least recently used out first, and
-    counts its hits and misses.
+    new messages, so `decisions` matter after a body was evicted, or a restart: the default 16 Mi
+    characters (~21 MiB held) keep ~18,000 decisions, the results of several hundred
+    conversations of 330 KB (bench/pipeline.py's "no body memo" row).
+    Every table is bounded in entries and in the text it holds, least recently used out first,
+    and counts its hits and misses.
     """
 
-    def __init__(self, max_entries: int = 10_000, max_chars: int = 32 << 20, max_body_bytes: int = 48 << 20):
-        self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_entries, max_chars)
-        self.bodies: _Bounded[str, Earlier] = _Bounded(max_entries, max_body_bytes)
+    def __init__(self, max_chars: int = 16 << 20, max_body_bytes: int = 48 << 20, max_bodies: int = 10_000):
+        self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_chars // _DECISION_CHARS, max_chars)
+        self.bodies: _Bounded[str, Earlier] = _Bounded(max_bodies, max_body_bytes)
 
     @classmethod
     def sized(cls, text_bytes: int) -> "Memo":
-        """A memo keeping `text_bytes` of text (--memo-mb): three fifths bodies, two fifths
-        decisions, as the defaults split their 80 MiB. The process holds ~2.3 times as much."""
-        return cls(max_chars=text_bytes * 2 // 5, max_body_bytes=text_bytes * 3 // 5)
+        """A memo keeping `text_bytes` of text (--memo-mb): three quarters bodies, a quarter
+        decisions, as the defaults split their 64 MiB. The process holds ~2.4 times as much."""
+        return cls(max_chars=text_bytes // 4, max_body_bytes=text_bytes * 3 // 4)
 
     def __len__(self) -> int:
         return len(self.decisions)
@@ -456,27 +463,28 @@ class _Walk:
             if self.older is not None:
                 decided_by = self.older.config_for(result.message_index, result.block_index, self.config)
             try:
-                decision = _decision(result, earlier, self.seen_ids, decided_by, self.lossy, self.memo)
+                original = result.text.encode("utf-8")
             except UnicodeEncodeError:
                 continue  # a lone surrogate: no exact original to give back
+            digest = hashlib.sha256(original).digest()
+            decision = _decision(result, original, digest, earlier, self.seen_ids, decided_by, self.lossy, self.memo)
             only = self.only
             if only is not None and decision.result_id not in only and any(s.lossy for s in decision.steps):
-                decision = _decision(result, earlier, self.seen_ids, decided_by, False, self.memo)
+                decision = _decision(result, original, digest, earlier, self.seen_ids, decided_by, False, self.memo)
             self.seen_texts.add(result.text)
             self.seen_ids.add(decision.result_id)
             yield result, decision
 
 
-def _decision(result: _ToolResult, earlier: bool, seen_ids: set[str], config: CompactConfig,
-              lossy: bool, memo: Memo | None) -> _Decision:
-    """The memo's decision, or a new one; UnicodeEncodeError for a text that is not UTF-8."""
-    key: _DecisionKey = (result.text, result.tool_name, config, lossy, earlier)
+def _decision(result: _ToolResult, original: bytes, digest: bytes, earlier: bool, seen_ids: set[str],
+              config: CompactConfig, lossy: bool, memo: Memo | None) -> _Decision:
+    """The memo's decision, or a new one (`original`: the result's UTF-8; `digest`: its SHA-256)."""
+    key: _DecisionKey = (digest, result.tool_name, config, lossy, earlier)
     decision = memo.decisions.get(key) if memo is not None else None
     if decision is None:
-        original = result.text.encode("utf-8")
-        decision = _decide(result, original, marker_id(original), seen_ids, config, lossy)
+        decision = _decide(result, original, id_of(digest), seen_ids, config, lossy)
         if memo is not None:
-            memo.decisions.put(key, decision, len(result.text) + len(decision.text or ""))
+            memo.decisions.put(key, decision, _DECISION_CHARS + len(decision.text or ""))
     return decision
 
 

@@ -47,7 +47,7 @@ class Config:
     changelog: str | None = None
     max_expand_rounds: int = 3
     max_held: int = 16 << 20
-    memo_mb: int = 80  # text the conversation memo keeps (cg.compaction.pipeline.Memo.sized)
+    memo_mb: int = 64  # text the conversation memo keeps (cg.compaction.pipeline.Memo.sized)
     workers: int = 1  # processes serving the --listen sockets (cg.web.workers)
     metrics_tenants: bool = False  # /metrics labels requests and billed tokens by tenant
     keepalive: bool = False  # ping Anthropic conversations' prompt caches before they expire (cg.web.keepalive)

@@ -25,7 +25,13 @@ _COUNTED_SPINE: jsonbytes.Spine = {field: {} for field in _COUNTED_FIELDS}
 
 def marker_id(original: bytes) -> str:
     """The ID of an original: the first 16 hex digits of its SHA-256."""
-    return hashlib.sha256(original).hexdigest()[:16]
+    return id_of(hashlib.sha256(original).digest())
+
+
+def id_of(digest: bytes) -> str:
+    """The marker ID of the original whose SHA-256 is `digest` (a memo keyed by the whole digest
+    computes it once for both)."""
+    return digest[:8].hex()
 
 
 def marker(ident: str) -> str:
