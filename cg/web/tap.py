@@ -10,7 +10,7 @@ from cg.compaction import options
 from cg.exchange import keepalive
 from cg.store import PASSWORD_ENV, default_store_url, parse_store_url, store_password
 from cg.web.config import Config, parse_size
-from cg.web.service import CGService
+from cg.web.service import CGService, settle_gc
 from cg.web.tenant import parse_tenant
 from cg.web.upstream import split_base
 from cg.web.workers import WorkerPool
@@ -292,4 +292,5 @@ def makeService(options: Options) -> CGService | WorkerPool:
     config = options.config()
     service = CGService(config) if config.workers == 1 else WorkerPool(config)
     service.bind()  # see bind_now: a port in use is one line, before twistd goes on
+    settle_gc()
     return service

@@ -45,7 +45,7 @@ from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
 from cg import __version__
 from cg.web import systemd
 from cg.web.config import Config
-from cg.web.service import CGService, bind_now, listening_url
+from cg.web.service import CGService, bind_now, listening_url, settle_gc
 
 log = Logger(namespace="cg.web.workers")
 
@@ -279,6 +279,7 @@ def main() -> None:
     info = WorkerInfo(spec["index"], spec["of"], tuple((fd, socket.AddressFamily(family))
                                                        for fd, family in spec["sockets"]))
     cg = CGService(_config_from(spec["config"]), reactor, worker=info)
+    settle_gc()
     stopping: list[str] = []
 
     def stop(why: str) -> None:
