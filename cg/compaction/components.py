@@ -224,8 +224,10 @@ class Offload:
     max_error_lines: int = 20
 
     def apply(self, text: str, ctx: Context) -> Outcome | None:
+        if ctx.tool_name in self.keep_tools:
+            return None  # before the estimate: a file a kept tool read can be the longest text
         tokens = estimate_tokens(text)
-        if ctx.tool_name in self.keep_tools or tokens <= self.min_tokens:
+        if tokens <= self.min_tokens:
             return None
         lines = text.split("\n")
         middle_start = min(len(lines), self.head_lines)
