@@ -179,7 +179,8 @@ class Metrics:
                                   ("table",))
         self.keepalive_conversations = gauge(
             "cg_keepalive_conversations", "Conversations whose prompt cache --keepalive keeps warm now.", "livesum")
-        self.memo_chars = gauge("cg_memo_characters", "Characters of text the compaction memo holds, by table.",
+        self.memo_chars = gauge("cg_memo_characters", "What the compaction memo's budget counts, by table: characters (bytes "
+                                "for bodies), each decision 512 besides its text.",
                                 "livesum", ("table",))
         self._requests: dict[tuple[str, ...], Counter] = {}
         self._dialects: dict[str, _Dialect] = {}

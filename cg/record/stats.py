@@ -137,7 +137,8 @@ class Stats:
 def memo_snapshot(memo: Memo | None) -> dict[str, object]:
     """The memo's decisions table (its hit rate: how often a re-sent result cost a lookup), and
     below it its bodies table (each conversation's last body: a hit is a request parsed against
-    its previous turn; `chars` are bytes there)."""
+    its previous turn; `chars` are bytes there). `chars` is what the table's budget counts: a
+    decision counts 512 besides its rewritten text."""
 
     def table(bounded: MemoTable) -> dict[str, object]:
         lookups = bounded.hits + bounded.misses
