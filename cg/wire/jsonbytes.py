@@ -151,17 +151,6 @@ def spans_below(doc: str, start: int, spine: Spine) -> dict[Path, Span]:
     return spans
 
 
-def splice(doc: str, edits: list[tuple[Span, str]]) -> str:
-    """doc with each (non-overlapping) span replaced by its new text."""
-    pieces: list[str] = []
-    position = 0
-    for (start, end), text in sorted(edits, key=lambda edit: edit[0]):
-        pieces += (doc[position:start], text)
-        position = end
-    pieces.append(doc[position:])
-    return "".join(pieces)
-
-
 def _skip(doc: str, pos: int) -> int:
     if doc[pos:pos + 1] in (" ", "\t", "\n", "\r"):
         match = _WHITESPACE.match(doc, pos)  # always matches: the pattern accepts ""
