@@ -258,6 +258,22 @@ def test_a_body_that_is_not_utf8_is_not_parsed():
     assert ParsedBody.parse('{"ké": "\\u00e9"}'.encode()).value == {"ké": "é"}
 
 
+def test_session_less_chats_of_one_app_are_named_past_its_instructions():
+    """Two chats opening with the same system (or developer) message keep a body each: named by
+    their first other message, each turn is parsed against its own last one, past the shared
+    instructions."""
+    rewriter = Rewriter(RewriteConfig())
+    system = {"role": "system", "content": "You are a helpful assistant. " * 40}
+    chats = [[system, {"role": "developer", "content": "be brief"}, {"role": "user", "content": f"task {i}"}]
+             for i in range(2)]
+    for _ in range(3):
+        for chat in chats:
+            chat += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+            parsed = rewriter.parse(json.dumps({"model": "m", "messages": chat}).encode(), b"/v1/chat/completions")
+    assert parsed.body.shared > len(json.dumps(chat[:3]))
+    assert (rewriter.memo.bodies.hits, len(rewriter.memo.bodies)) == (4, 2)
+
+
 def test_a_short_session_less_chat_keeps_its_name_as_it_grows():
     """How a session-less conversation opens is its first message (its first 512 bytes when
     longer), not the bytes after it, which change every turn."""

@@ -39,6 +39,9 @@ _MODEL_WITHIN = 4096
 # agent's history grows at its end, so these bytes stay the same from turn to turn.
 _MESSAGES_OPEN = re.compile(rb'"(?:messages|input)"\s*:\s*\[')
 _OPENING_BYTES = 512
+_OPENING_WINDOW = 1 << 16
+_INSTRUCTIONS = ("system", "developer")  # roles of the messages an app's chats all open with
+_ITEM_GAP = re.compile(r"\s*,?\s*")
 
 # What a streamed chat request without stream_options gets, so the inspector can sum the rounds'
 # usage: the same bytes at the same place (the body's end) on every turn.
@@ -171,22 +174,29 @@ class Rewriter:
 
 
 def _opening(raw: bytes) -> str:
-    """A name for a session-less conversation: a digest of its first message (or input item), or
-    of its first 512 bytes when it is longer. Conversations that open alike share it, and reuse
-    only what they share; what follows the first message changes as the history grows."""
+    """A name for a session-less conversation: a digest of its first message (or input item) after
+    any system or developer ones (an app's chats all open with the same instructions), or of its
+    first 512 bytes when it does not end within the first 64 KB. Conversations that open alike
+    share it, and reuse only what they share; what follows changes as the history grows."""
     for name in (b'"messages"', b'"input"'):
         at = raw.find(name)
         found = _MESSAGES_OPEN.match(raw, at) if at >= 0 else None
         if found is not None:
-            opening = raw[found.end():found.end() + _OPENING_BYTES]
-            text = opening.decode("utf-8", "ignore")  # a character the window cuts: after the message
-            try:
-                _, end = _FIRST_ITEM.raw_decode(text, len(text) - len(text.lstrip()))
-            except ValueError:  # longer than the window (or no item): the window lies inside it
-                pass
-            else:
-                opening = text[:end].encode("utf-8")
-            return "opening:" + hashlib.blake2b(opening, digest_size=8).hexdigest()
+            # A character the window cuts lies past what is named.
+            window = raw[found.end():found.end() + _OPENING_WINDOW].decode("utf-8", "ignore")
+            start = len(window) - len(window.lstrip())
+            while True:
+                try:
+                    item, end = _FIRST_ITEM.raw_decode(window, start)
+                except ValueError:  # longer than the window (or no item): named by how it starts
+                    opening = window[start:start + _OPENING_BYTES]
+                    break
+                opening = window[start:end]
+                if not (isinstance(item, dict) and item.get("role") in _INSTRUCTIONS):
+                    break
+                gap = _ITEM_GAP.match(window, end)  # always matches: it accepts ""
+                start = gap.end() if gap else end
+            return "opening:" + hashlib.blake2b(opening.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
     return ""
 
 
