@@ -389,7 +389,7 @@ def test_memo_is_bounded():
     memo = Memo(max_chars=3 * 512)  # each decision counts 512 characters and its rewritten text
     raw = js_style(conversation(6))
     assert run(raw, memo=memo).body == run(raw).body
-    assert 0 < len(memo) <= 3
+    assert 0 < len(memo) <= 3 and 512 * len(memo) <= memo.decisions.chars <= 3 * 512
     memo = Memo(max_chars=10)
     run(raw, memo=memo)
     assert len(memo) <= 2

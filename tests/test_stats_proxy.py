@@ -125,7 +125,7 @@ def test_memo_mb_sizes_what_a_re_sent_history_is_parsed_against(make_cg, fake):
     first = claude_code_body("p_second_request_tool_result")
     turns = [first, {**first, "messages": [*first["messages"], {"role": "assistant", "content": "ok"},
                                            {"role": "user", "content": "go on"}]}]
-    for memo_mb, hits in ((80, 1), (0, 0)):
+    for memo_mb, hits in ((64, 1), (0, 0)):
         running = make_cg(anthropic_upstream=fake.url, memo_mb=memo_mb)
         for body in turns:
             client = yield post(running.port, claude_code_bytes(body), session)

@@ -203,7 +203,7 @@ class _Bounded(Generic[_Key, _Value]):
     `hits` and `misses` count its lookups (plain ints: /stats and /metrics read them).
     """
 
-    def __init__(self, max_entries: int, max_chars: int):
+    def __init__(self, max_chars: int, max_entries: int | None = None):
         self._items: OrderedDict[_Key, tuple[_Value, int]] = OrderedDict()
         self._chars = 0
         self._max_entries = max_entries
@@ -216,7 +216,8 @@ class _Bounded(Generic[_Key, _Value]):
 
     @property
     def chars(self) -> int:
-        """Characters of text the entries hold, as put."""
+        """What the entries count against `max_chars`, as put (bytes for bodies; 512 and the
+        rewritten text for each decision)."""
         return self._chars
 
     def get(self, key: _Key) -> _Value | None:
@@ -243,9 +244,14 @@ class _Bounded(Generic[_Key, _Value]):
             return
         self._items[key] = (value, chars)
         self._chars += chars
-        while len(self._items) > self._max_entries or self._chars > self._max_chars:
+        while self._chars > self._max_chars or (self._max_entries is not None and len(self._items) > self._max_entries):
             _, (_, evicted) = self._items.popitem(last=False)
             self._chars -= evicted
+
+
+MEMO_BYTES = 64 << 20
+"""The text the conversation memo keeps by default (--memo-mb)."""
+_MAX_BODIES = 10_000  # a body's parse holds more than its bytes: many tiny ones are bounded by count
 
 
 class Memo:
@@ -269,15 +275,15 @@ class Memo:
     and counts its hits and misses.
     """
 
-    def __init__(self, max_chars: int = 16 << 20, max_body_bytes: int = 48 << 20, max_bodies: int = 10_000):
-        self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_chars // _DECISION_CHARS, max_chars)
-        self.bodies: _Bounded[str, Earlier] = _Bounded(max_bodies, max_body_bytes)
+    def __init__(self, max_chars: int = MEMO_BYTES // 4, max_body_bytes: int = MEMO_BYTES * 3 // 4):
+        self.decisions: _Bounded[_DecisionKey, _Decision] = _Bounded(max_chars)  # each counts 512 at least
+        self.bodies: _Bounded[str, Earlier] = _Bounded(max_body_bytes, _MAX_BODIES)
 
     @classmethod
     def sized(cls, text_bytes: int) -> "Memo":
         """A memo keeping `text_bytes` of text (--memo-mb): three quarters bodies, a quarter
         decisions, as the defaults split their 64 MiB. The process holds ~2.4 times as much."""
-        return cls(max_chars=text_bytes // 4, max_body_bytes=text_bytes * 3 // 4)
+        return cls(max_chars=text_bytes // 4, max_body_bytes=text_bytes * 3 // 4)  # as the defaults
 
     def __len__(self) -> int:
         return len(self.decisions)

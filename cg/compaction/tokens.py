@@ -108,7 +108,6 @@ def _counts(data: bytes) -> list[int]:
     return [found[pattern] for _, patterns in _MODEL for pattern, _ in patterns]
 
 
-
 def _model_counts(data: bytes) -> list[int]:
     """The model's features as it defines them (see the module docstring)."""
     counts: list[int] = []

@@ -5,6 +5,7 @@ import re
 import attrs
 
 from cg.compaction.options import COLD_POLICY
+from cg.compaction.pipeline import MEMO_BYTES
 from cg.exchange.keepalive import DEFAULT_BUDGET, DEFAULT_MAX_CONVERSATIONS, DEFAULT_MAX_IDLE
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
@@ -47,7 +48,7 @@ class Config:
     changelog: str | None = None
     max_expand_rounds: int = 3
     max_held: int = 16 << 20
-    memo_mb: int = 64  # text the conversation memo keeps (cg.compaction.pipeline.Memo.sized)
+    memo_mb: int = MEMO_BYTES >> 20  # text the conversation memo keeps (cg.compaction.pipeline.Memo.sized)
     workers: int = 1  # processes serving the --listen sockets (cg.web.workers)
     metrics_tenants: bool = False  # /metrics labels requests and billed tokens by tenant
     keepalive: bool = False  # ping Anthropic conversations' prompt caches before they expire (cg.web.keepalive)

@@ -74,7 +74,7 @@ class ProxyResource(resource.Resource):
         self.clock = clock
         self.now = now  # wall-clock time: when a conversation's prompt cache expires (cg.compaction.cold)
         # What the cache-aware policy learned from the store, per (tenant, conversation key).
-        self._known = cold.Known(_EPOCH_CONVERSATIONS)
+        self._known = cold.Known()
         # Request numbers for the change log, unique across restarts of this process.
         self.seqs = itertools.count(int(time.time()) * 1_000_000)
         self._in_flight: set = set()
@@ -444,4 +444,3 @@ def _error(request, which, status: int, message: str) -> bytes:
 
 
 _UNKNOWABLE = object()  # the store could not say whether a repair text is frozen
-_EPOCH_CONVERSATIONS = 10_000  # conversations whose epochs and expiry ProxyResource keeps in memory
