@@ -36,8 +36,8 @@ _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 @attrs.define
 class Reuse:
-    """An earlier parse sharing its first `limit` and its last characters with the new document (bytes,
-    for `load_bytes`).
+    """An earlier parse sharing its first `limit` characters and some of its last ones with the new
+    document (bytes, for `load_bytes`).
 
     A value the spine records without descending (a message, the tools array) that lies wholly
     inside the shared prefix at the same position, or inside the shared suffix at the same distance
