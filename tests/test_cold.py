@@ -8,7 +8,7 @@ import re
 import attrs
 import pytest
 from fixturedata import claude_code_body, codex_body
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_compact import tool_turn
 
@@ -164,6 +164,11 @@ def test_a_conversation_known_warm_asks_the_store_nothing_for_half_a_margin():
     assert not known.warm("t", "k", 1030.0, 1330.0, margin)  # the store's record would lag half a margin
     assert known.warm("t", "k", 1240.0, None, margin)  # a count records nothing: warm until a margin before
     assert not known.warm("t", "k", 1240.5, None, margin)
+    # Maybe cold there: another cg may be freezing an epoch, so the reads before count no more.
+    assert not known.warm("t", "k", 1000.0, 1300.0, margin)
+    known.set_epochs("t", "k", [])
+    assert not known.warm("t", "k", 1000.0, 1300.0, margin)
+    known.set_epochs("t", "k", [])
     assert not known.warm("another tenant", "k", 1000.0, 1300.0, margin)
     known.stored("t", "k", 1200.0)  # an earlier expiry recorded later: the store keeps the later one
     assert known.warm("t", "k", 1000.0, 1300.0, margin)
@@ -185,24 +190,46 @@ def test_what_is_known_is_bounded_in_conversations():
     assert known.epochs("t", "c") == [None] and known.warm("t", "c", 1000.0, None, 60.0)
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 500), st.sampled_from([cold.TTL_5M, cold.TTL_1H])), min_size=1, max_size=40))
-def test_skipping_the_store_never_changes_whether_a_request_is_cold(requests):
-    """Requests at any pace: a request that skips the store would have been found warm by it, and
-    the store's expiry lags the newest request's by less than half a margin (so another cg's
-    "cold" still means surely expired)."""
-    policy, known = ColdPolicy(), cold.Known()
-    now, stored, newest = 1_000_000.0, None, None
-    for gap, ttl in requests:
-        now += gap
-        if known.warm("t", "k", now, now + ttl, policy.margin):
+@settings(max_examples=500, deadline=None)
+@example(skews=(0.0, 0.0), requests=[(0.0, cold.TTL_5M, 0, 0), (400.0, cold.TTL_5M, 1, 1),
+                                     (0.0, cold.TTL_5M, 0, 0), (10.0, cold.TTL_5M, 0, 0)])
+@given(skews=st.tuples(st.floats(-25, 25), st.floats(-25, 25)),
+       requests=st.lists(st.tuples(st.floats(0, 500), st.sampled_from([cold.TTL_5M, cold.TTL_1H]),
+                                   st.integers(0, 1), st.integers(0, 1)), min_size=1, max_size=40))
+def test_skipping_the_store_never_changes_whether_a_request_is_cold(skews, requests):
+    """Two cgs sharing a store, clocks apart by less than 30 s, requests at any pace, and a cold
+    request's epoch frozen only after the next request went by (the race that forgetting the reads
+    made before a cold moment, and settling on the second read after it, cover). A request that skips the store would have been found warm by it, knows every epoch it
+    holds, and the store's expiry lags the newest request's by less than half a margin (so another
+    cg's "cold" still means surely expired)."""
+    policy, known = ColdPolicy(), (cold.Known(), cold.Known())
+    clock, stored, epochs, newest = 1_000_000.0, None, [], None
+    pending: list[list[int]] = []  # [requests to let by, cg] of cold requests that read and will freeze
+
+    def freeze(by: int) -> None:
+        epochs.append(Epoch(len(epochs) + 1, "ab" * 16, 500, True))
+        known[by].set_epochs("t", "k", list(epochs))
+
+    for gap, ttl, cg, delay in requests:
+        clock += gap
+        now = clock + skews[cg]
+        until, cold_now = now + ttl, False
+        if known[cg].warm("t", "k", now, until, policy.margin):
             assert not policy.is_cold(stored, now)
+            assert known[cg].epochs("t", "k") == epochs
         else:
-            stored = now + ttl if stored is None else max(stored, now + ttl)
-            known.stored("t", "k", now + ttl)
-            known.set_epochs("t", "k", [])
-        newest = now + ttl
+            expired, stored = stored, until if stored is None else max(stored, until)
+            known[cg].stored("t", "k", until)
+            known[cg].set_epochs("t", "k", list(epochs))
+            cold_now = policy.is_cold(expired, now)
+        newest = until if newest is None else max(newest, until)
         assert newest - stored < policy.margin / 2
+        for waiting in pending:
+            waiting[0] -= 1
+        while pending and pending[0][0] < 0:
+            freeze(pending.pop(0)[1])
+        if cold_now:
+            pending.append([delay - 1, cg]) if delay else freeze(cg)
 
 # --- what an epoch covers
 

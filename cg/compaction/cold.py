@@ -123,10 +123,12 @@ class Known:
     A request that finds its conversation surely warm asks the store nothing (`warm`): an epoch is
     frozen only at a request ``margin`` seconds past the stored expiry, which this record keeps
     ahead of it, so no cg sharing the store can have frozen one since this cg last read them (its
-    clock would have to run two margins ahead), once two reads in a row found the same epochs (a
-    cg that took the conversation for cold just before this one recorded its expiry may freeze
-    one just after this one read them); and the expiry it would record is less than half a
-    margin past the stored one, a lag that leaves "cold" true only once the cache surely expired.
+    clock would have to run two margins ahead), once two reads in a row found the same epochs since
+    the last request that found it maybe cold (a cg that took the conversation for cold just
+    before this one recorded its expiry may freeze one just after this one read them; a freeze
+    slower than this cg's next request is not covered, and is read once this cg's record moves
+    by half a margin); and the expiry it would record is less than half a margin past the stored one, a lag
+    that leaves "cold" true only once the cache surely expired.
     Two store round trips per conversation every half a margin at most, whatever its pace.
     Bounded in conversations, least recently used out first.
     """
@@ -163,7 +165,13 @@ class Known:
         """Whether a request at `now` that would record `until` (None: records nothing) can skip
         the store: its epochs read, its cache surely warm, and nothing to record that matters."""
         learned = self._items.get((tenant, key))
-        if learned is None or not learned.settled or learned.until is None or now + margin > learned.until:
+        if learned is None:
+            return False
+        if learned.until is None or now + margin > learned.until:
+            # Maybe cold since: another cg may be freezing an epoch, which a read now can miss.
+            learned.read = learned.settled = False
+            return False
+        if not learned.settled:
             return False
         if until is not None and until - learned.until >= margin / 2:
             return False
