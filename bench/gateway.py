@@ -32,9 +32,12 @@ Measured, each side against direct in the same run (sides in rotating order per 
  3. The response head: one conversation's requests with the fake's first event 100 ms after
     its head (``x-fake-first-delay-ms``), one at a time: time to the response head (end of the
     headers) and to the first body byte, direct and through cg.
- 4. Restart storm: cg restarted (same store), then every conversation's next request at once on
-    fresh connections (cold histories of ~320 KB); then the same for cg ``--workers 2``
-    (restarted: both workers cold); direct: the same burst to the fake. TTFB p50/p99/max.
+ 4. Restart storm: cg restarted (SIGTERM, same store), then every conversation's next request at
+    once on fresh connections (cold histories of ~320 KB: the memo's decisions are read back from
+    the files the stop wrote, its bodies are gone); then the same after cg is killed and its memo
+    files removed (a crash, or a first start: every decision made again); then for cg
+    ``--workers 2`` (restarted: both workers cold); direct: the same burst to the fake.
+    TTFB p50/p99/max.
 Also the bytes sent, the busy cores of other processes in each phase, and cg's /stats.
 
 Loops stop by time and by count; every request has a timeout. ``--profile DIR``: cg (1 worker)
@@ -48,6 +51,7 @@ import atexit
 import gc
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -218,6 +222,16 @@ class CG:
     @property
     def returncode(self) -> int | None:
         return self.proc.returncode
+
+    @property
+    def memo_dir(self) -> Path:
+        """Where it keeps its decisions across a restart (the default: beside its SQLite store)."""
+        return Path(self.store.removeprefix("sqlite:")).with_suffix(".memo")
+
+    def kill(self) -> None:
+        """A crash: SIGKILL, nothing written at a stop."""
+        self.proc.kill()
+        self.proc.wait(timeout=5)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -539,21 +553,28 @@ class Bench:
 
     async def storms(self) -> None:
         rounds = 1 if self.quick else 3
-        out: dict[str, list[dict]] = {"direct": [], "cg": [], "cg2": []}
+        out: dict[str, list[dict]] = {"direct": [], "cg": [], "cg-cold": [], "cg2": []}
         self.cgs["cg2"] = self.stopped.pop("cg2")
         self.cgs["cg2"].start()  # idle until its storm (the process counts as cg's, not as others')
         for r in range(rounds):
             self.phase = "storm"
-            self.say(f"restart storm {r + 1}/{rounds}: direct, then cg restarted, then cg --workers 2 restarted")
+            self.say(f"restart storm {r + 1}/{rounds}: direct, then cg restarted (SIGTERM), then cg killed "
+                     "with its memo files removed, then cg --workers 2 restarted")
             out["direct"].append(await self.storm("direct"))
             await sleep(0.5)
-            for side in ("cg", "cg2"):
+            # "cg-cold": cg's next turns after a crash with no memo file from a graceful stop (a
+            # first start): every decision made again, as before --memo-dir.
+            for side, name in (("cg", "cg"), ("cg", "cg-cold"), ("cg2", "cg2")):
                 cg = self.cgs[side]
-                cg.stop()
+                if name == "cg-cold":
+                    cg.kill()
+                    shutil.rmtree(cg.memo_dir, ignore_errors=True)
+                else:
+                    cg.stop()
                 cg.start()
                 self.phase = "storm (restarted)"
                 await sleep(0.5)
-                out[side].append(await self.storm(side))
+                out[name].append(await self.storm(side))
                 self.phase = "storm"
                 await sleep(0.5)
         self.results["storm"] = {
@@ -634,7 +655,8 @@ def verdicts(r: dict) -> list[tuple[str, bool | None, str]]:
     out.append((f"tight loop: 2 workers >= {TARGETS['workers_ratio']:g}x the requests/s of 1",
                 ratio >= TARGETS["workers_ratio"], f"{ratio:.2f}x"))
     s = r["storm"]
-    for side, label in (("cg", "1 worker"), ("cg2", "--workers 2")):
+    for side, label in (("cg", "1 worker"), ("cg-cold", "1 worker, no memo file: a crash or a first start"),
+                        ("cg2", "--workers 2")):
         storm = s[side]["ttfb_p99_ms"] - s["direct"]["ttfb_p99_ms"]
         out.append((f"restart storm: added TTFB p99 <= {TARGETS['storm_added_p99_ms']:g} ms ({label})",
                     storm <= TARGETS["storm_added_p99_ms"], f"{storm:+.0f} ms"))
@@ -697,6 +719,8 @@ def table(r: dict) -> str:
     row("   TTFB p99 ms", s["direct"]["ttfb_p99_ms"], s["cg"]["ttfb_p99_ms"], ".0f")
     row("   TTFB max ms", s["direct"]["ttfb_max_ms"], s["cg"]["ttfb_max_ms"], ".0f")
     row("   cg CPU ms per (cold) request", None, s["cg"]["cg_cpu_ms_per_request"], ".1f")
+    row("   TTFB p99 ms (killed, no memo file)", s["direct"]["ttfb_p99_ms"], s["cg-cold"]["ttfb_p99_ms"], ".0f")
+    row("   cg CPU ms per (cold) request (killed, no memo file)", None, s["cg-cold"]["cg_cpu_ms_per_request"], ".1f")
     row("   TTFB p50 ms (--workers 2)", s["direct"]["ttfb_p50_ms"], s["cg2"]["ttfb_p50_ms"], ".0f")
     row("   TTFB p99 ms (--workers 2)", s["direct"]["ttfb_p99_ms"], s["cg2"]["ttfb_p99_ms"], ".0f")
     row("   cg CPU ms per (cold) request (--workers 2, all processes)", None, s["cg2"]["cg_cpu_ms_per_request"], ".1f")

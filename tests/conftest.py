@@ -1,5 +1,7 @@
 """Shared fixtures: a fake provider on 127.0.0.1 and cg in-process in front of it."""
 
+import os
+
 import attrs
 import pytest
 import pytest_twisted
@@ -9,6 +11,20 @@ from twisted.logger import formatEvent, globalLogPublisher
 from cg.testing import FakeUpstream
 from cg.web.config import Config
 from cg.web.service import CGService
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_state_directory(tmp_path_factory):
+    """cg's default store and memo files go to a directory of the run's, not the user's
+    ~/.local/state (every cg the tests start, in process or spawned, inherits this)."""
+    state = tmp_path_factory.mktemp("state")
+    saved = {name: os.environ.pop(name, None) for name in ("STATE_DIRECTORY", "XDG_STATE_HOME")}
+    os.environ["XDG_STATE_HOME"] = str(state)
+    yield state
+    for name, value in saved.items():
+        os.environ.pop(name, None)
+        if value is not None:
+            os.environ[name] = value
 
 
 @attrs.define

@@ -447,7 +447,7 @@ def test_socket_activation(spawn, workers):
     """systemd-socket-activate holds the socket and execs twistd on the first connection; with
     --workers the parent takes the socket and its workers accept on it."""
     env = _env()
-    passed = [f"--setenv={name}" for name in ("PATH", "PYTHONPATH", "HOME", "LANG") if name in env]
+    passed = [f"--setenv={name}" for name in ("PATH", "PYTHONPATH", "HOME", "LANG", "XDG_STATE_HOME") if name in env]
     for _attempt in range(3):  # the free port may be taken before the tool binds it
         port = _free_port()
         proc = spawn(

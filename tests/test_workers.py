@@ -140,6 +140,14 @@ def test_an_original_stored_through_one_worker_is_read_through_the_other(spawn, 
     proc.send_signal(signal.SIGTERM)
     assert_clean_stop(proc)
 
+    # Each worker wrote its decisions as it stopped; each reads both when it starts again.
+    written = sorted(path.name for path in (tmp_path / "store.memo").iterdir())
+    assert written == ["worker-0.json", "worker-1.json"]
+    proc, _, _ = _start(spawn, fake_provider, tmp_path)
+    assert len(_wait_for(proc, r"cg memo: [1-9]\d* decisions from", count=2)) == 2
+    proc.send_signal(signal.SIGTERM)
+    assert_clean_stop(proc)
+
 
 @linux_only
 def test_sigterm_lets_every_worker_finish_its_stream(spawn, fake_provider, tmp_path):  # noqa: F811

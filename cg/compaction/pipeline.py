@@ -220,6 +220,10 @@ class _Bounded(Generic[_Key, _Value]):
         rewritten text for each decision)."""
         return self._chars
 
+    def items(self) -> list[tuple[_Key, _Value]]:
+        """Every entry, least recently used first (a copy: cg.compaction.snapshot writes it)."""
+        return [(key, value) for key, (value, _) in self._items.items()]
+
     def get(self, key: _Key) -> _Value | None:
         item = self._items.get(key)
         if item is None:

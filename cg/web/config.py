@@ -49,6 +49,7 @@ class Config:
     max_expand_rounds: int = 3
     max_held: int = 16 << 20
     memo_mb: int = MEMO_BYTES >> 20  # text the conversation memo keeps (cg.compaction.pipeline.Memo.sized)
+    memo_dir: str | None = None  # its decisions across a restart; None: beside the store (cg.web.memofile)
     workers: int = 1  # processes serving the --listen sockets (cg.web.workers)
     metrics_tenants: bool = False  # /metrics labels requests and billed tokens by tenant
     keepalive: bool = False  # ping Anthropic conversations' prompt caches before they expire (cg.web.keepalive)

@@ -21,7 +21,7 @@ from cg.record.changelog import open_changelog
 from cg.record.metrics import Metrics
 from cg.record.stats import Stats
 from cg.store import default_store_url, store_from_url, store_label
-from cg.web import systemd
+from cg.web import memofile, systemd
 from cg.web.config import Config
 from cg.web.keepalive import KeepAlive
 from cg.web.metrics import MeteredStore
@@ -179,7 +179,11 @@ class CGService(service.Service):
         self._store_untold = False  # the start-up line said "opening": say the count once known
         self._previous_hup = None
         rewriter = Rewriter(rewrite_config(config), Memo.sized(config.memo_mb << 20))
-        self.stats.memo = rewriter.memo
+        self.stats.memo = self.memo = rewriter.memo
+        # Decided before this start: read now, before cg listens (cg.web.memofile).
+        self.memo_dir = memofile.memo_dir(config.memo_dir, store_url) if config.memo_mb else None
+        if self.memo_dir is not None:
+            memofile.load(self.memo, self.memo_dir)
         self.keepalive = None
         if config.keepalive:
             policy = Policy(config.keepalive_max_idle, config.keepalive_budget, config.keepalive_max_conversations)
@@ -302,7 +306,11 @@ class CGService(service.Service):
         def closed(_):
             if timer.active():
                 timer.cancel()
-            return defer.gatherResults([self.upstream.close(), self.store.close(), self.changelog.close()])
+            closing = [self.upstream.close(), self.store.close(), self.changelog.close()]
+            if self.memo_dir is not None:
+                name = memofile.file_name(None if self.worker is None else self.worker.index)
+                closing.append(memofile.save(self.memo, self.memo_dir, name, self.reactor))
+            return defer.gatherResults(closing)
 
         drain = self.resource.drained()
         drain.addCallback(lambda _: self.connections.close_all())

@@ -114,6 +114,15 @@ class Options(usage.Options):
             int,
         ],
         [
+            "memo-dir",
+            None,
+            None,
+            "Where each process keeps the memo's decisions across a restart: written when it stops "
+            "gracefully, all read when one starts, so that the first requests after a restart cost "
+            "less. none: nowhere. [default: beside an sqlite: store (store.memo for store.sqlite3); "
+            "memo under the state directory for redis:; none for memory:]",
+        ],
+        [
             "tenant",
             None,
             _DEFAULTS.tenant,
@@ -279,6 +288,7 @@ class Options(usage.Options):
             max_expand_rounds=self["max-expand-rounds"],
             max_held=parse_size(self["max-held"]),
             memo_mb=self["memo-mb"],
+            memo_dir=self["memo-dir"],
             workers=self["workers"],
             metrics_tenants=bool(self["metrics-tenants"]),
             keepalive=bool(self["keepalive"]),

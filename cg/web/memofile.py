@@ -1,0 +1,105 @@
+"""The memo's decisions kept on disk across a restart (--memo-dir; cg.compaction.snapshot).
+
+Each process writes its own file when it stops gracefully (after its requests drained, on the
+memo's own thread), and at start, before it listens, reads every file in the directory: with
+--workers a conversation may land on any worker, and a decision is the same whichever made it.
+A file of other code is ignored (`code_fingerprint`), one that cannot be read is logged and
+ignored: the memo only saves work, so nothing is lost without it. A process that is killed
+writes nothing; the files of its last graceful stop still apply.
+
+The files hold the rewritten texts of tool results (heads and tails of outputs): they are
+written readable by cg's user only, like the store.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from cg import __version__
+from cg.compaction import snapshot
+from cg.compaction.pipeline import Memo
+from cg.store import default_store_url, parse_store_url
+from cg.worker import Worker
+
+log = Logger(namespace="cg.web.memofile")
+
+OFF = "none"
+
+
+def memo_dir(option: str | None, store_url: str | None) -> str | None:
+    """Where the decisions are kept: --memo-dir as given (`none`: nowhere), else beside the
+    store (sqlite:PATH: PATH's name with `.memo`; Redis: `memo` in the state directory; memory:
+    nowhere, a memory store does not outlive the process either)."""
+    if option is not None:
+        return None if option == OFF else os.path.expanduser(option)
+    scheme, where = parse_store_url(store_url or default_store_url())
+    if scheme == "memory":
+        return None
+    if scheme == "redis":
+        where = parse_store_url(default_store_url())[1]
+        return os.path.join(os.path.dirname(where), "memo")
+    return os.path.splitext(where)[0] + ".memo"
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """What made a decision: cg's version and the source of the layers decisions come from."""
+    from cg import compaction, wire
+
+    digest = hashlib.sha256(__version__.encode())
+    for package in (compaction, wire):
+        for path in sorted(Path(package.__file__ or "").parent.glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def file_name(worker_index: int | None) -> str:
+    return "cg.json" if worker_index is None else f"worker-{worker_index}.json"
+
+
+def load(memo: Memo, directory: str) -> int:
+    """Read every snapshot in `directory` into `memo`, oldest first: the decisions read.
+
+    Blocking: called at start, before cg listens.
+    """
+    try:
+        paths = sorted(Path(directory).glob("*.json"), key=lambda path: path.stat().st_mtime)
+    except OSError:
+        return 0  # no directory yet
+    read = 0
+    for path in paths:
+        try:
+            read += snapshot.restore(memo, path.read_bytes(), code_fingerprint())
+        except (OSError, ValueError) as error:
+            log.warn("cg memo: cannot read {path}, starting without it: {error}", path=str(path), error=error)
+    if read:
+        log.info("cg memo: {n} decisions from {directory}", n=read, directory=directory)
+    return read
+
+
+def save(memo: Memo, directory: str, name: str, reactor=None) -> Deferred[None]:
+    """Write `memo`'s decisions to `directory`/`name` on a thread of its own; the Deferred fires
+    when it is written (or failed to be: logged, never an error)."""
+    entries = snapshot.dump(memo, code_fingerprint())  # the reactor has nothing else to do: cg stopped
+    worker = Worker("cg-memo", reactor)
+    written = worker.submit(_write, Path(directory), name, entries)
+    written.addErrback(lambda failure: log.failure("cg memo: cannot write {name} in {directory}", failure,
+                                                   name=name, directory=directory))
+    written.addBoth(lambda _: worker.stop())
+    return written
+
+
+def _write(directory: Path, name: str, data: bytes) -> None:
+    """Atomically: a reader sees the last file whole, or this one."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial = directory / f".{name}.{os.getpid()}"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.replace(partial, directory / name)
