@@ -74,11 +74,51 @@ def test_a_snapshot_of_other_code_or_format_is_ignored_whole():
     assert snapshot.restore(Memo(), json.dumps(other_format).encode(), "code") == 0
 
 
-@pytest.mark.parametrize("data", [b"", b"{", b"[]", b'{"format": 1, "code": "code"}',
-                                  b'{"format": 1, "code": "code", "configs": [], "decisions": [[1]]}'])
-def test_what_is_not_a_snapshot_is_a_value_error(data):
+def test_a_tool_name_utf8_cannot_carry_is_written_and_read_back():
+    body = json.loads(conversation(1)[0])
+    body["messages"][-2]["content"][0]["name"] = "B\ud800"  # a JSON escape the client may send
+    made = Memo()
+    rewrite_all(made, [json.dumps(body).encode()])
+    assert "B\ud800" in {tool for (_, tool, _, _, _) in dict(made.decisions.items())}
+    restored = Memo()
+    snapshot.restore(restored, snapshot.dump(made, "code"), "code")
+    assert restored.decisions.items() == made.decisions.items()
+
+
+def _one_row(**changes) -> bytes:
+    made = Memo()
+    rewrite_all(made, conversation(1))
+    doc = json.loads(snapshot.dump(made, "code"))
+    for where, value in changes.items():
+        if where.startswith("config_"):
+            doc["configs"][0][where.removeprefix("config_")] = value
+        else:
+            doc["decisions"][-1][int(where.removeprefix("row_"))] = value
+    return json.dumps(doc).replace('"INF"', "1e999").encode()
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"{", b"[]", b'{"format": 1, "code": "code"}',
+    b'{"format": 1, "code": "code", "configs": [], "decisions": [[1]]}',
+    _one_row(row_0="xyz"), _one_row(row_1=["Bash"]), _one_row(row_2=-1), _one_row(row_2=7), _one_row(row_3=1),
+    _one_row(row_5=3), _one_row(row_6=[["offload", True, "INF", 2]]), _one_row(row_7="textclean"),
+    _one_row(row_8=None), _one_row(config_keep_tools="Read"), _one_row(config_offload_min_tokens="2000"),
+    _one_row(config_components=[1]),
+])
+def test_what_is_not_a_snapshot_is_a_value_error_and_puts_nothing(data):
+    memo = Memo()
     with pytest.raises(ValueError):
-        snapshot.restore(Memo(), data, "code")
+        snapshot.restore(memo, data, "code")
+    assert len(memo.decisions) == 0
+
+
+def test_a_file_that_is_not_a_snapshot_is_skipped_and_the_others_read(tmp_path):
+    made = Memo()
+    rewrite_all(made, conversation(2))
+    (tmp_path / "worker-0.json").write_bytes(_one_row(row_1={"a": 1}))
+    (tmp_path / "worker-1.json").write_bytes(snapshot.dump(made, "code"))
+    memo = Memo()
+    assert memofile.load(memo, str(tmp_path), "code") == len(made.decisions) == len(memo.decisions)
 
 
 def test_decisions_of_a_component_cg_does_not_run_by_name_are_not_written():
@@ -129,6 +169,7 @@ def test_a_restarted_cg_starts_with_the_decisions_it_made(make_cg, fake, tmp_pat
     assert decided >= 3
     yield cg.stop()
 
+    assert cg.service.memo_code == memofile.code_fingerprint(), "the code as it started, not as at the stop"
     written = tmp_path / "store.memo" / "cg.json"
     assert stat.S_IMODE(written.stat().st_mode) == 0o600, "it holds parts of tool results"
     assert [p.name for p in written.parent.iterdir()] == ["cg.json"], "no partial file left"
@@ -151,7 +192,7 @@ def test_an_unreadable_snapshot_is_ignored_and_replaced(make_cg, fake, tmp_path)
     client = yield post(cg.port, conversation(1)[0])
     assert split_response((yield client.closed))[0] == 200
     yield cg.stop()
-    assert snapshot.restore(Memo(), (memo_dir / "cg.json").read_bytes(), memofile.code_fingerprint()) > 0
+    assert snapshot.restore(Memo(), (memo_dir / "cg.json").read_bytes(), cg.service.memo_code) > 0
 
 
 @inlineCallbacks
@@ -161,3 +202,23 @@ def test_memo_dir_none_writes_nothing(make_cg, fake, tmp_path):
     yield client.closed
     yield cg.stop()
     assert not (tmp_path / "store.memo").exists()
+
+
+@inlineCallbacks
+def test_save_writes_the_code_it_is_given(tmp_path):
+    made = Memo()
+    rewrite_all(made, conversation(1))
+    yield memofile.save(made, str(tmp_path), "cg.json", "code at start")
+    assert json.loads((tmp_path / "cg.json").read_bytes())["code"] == "code at start"
+    assert memofile.load(Memo(), str(tmp_path), memofile.code_fingerprint()) == 0
+
+
+@inlineCallbacks
+def test_a_stop_goes_on_when_the_memo_cannot_be_written(make_cg, fake, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("where the directory would be")
+    cg = make_cg(anthropic_upstream=fake.url, store=f"sqlite:{tmp_path / 'store.sqlite3'}", memo_dir=str(blocker))
+    client = yield post(cg.port, conversation(1)[0])
+    yield client.closed
+    yield cg.stop()  # fires, and without an error: what fails to be written is logged
+    assert not blocker.is_dir()

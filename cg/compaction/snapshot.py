@@ -13,7 +13,7 @@ components' code as well as on its key. JSON, not pickle: reading a file must no
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
 from typing import Any
 
 import attrs
@@ -21,6 +21,7 @@ import ujson
 
 from cg.compaction.components import DEFAULT_COMPONENTS
 from cg.compaction.pipeline import _DECISION_CHARS, CompactConfig, Memo, _Decision, _DecisionKey, _Step
+from cg.wire.markers import id_of
 
 FORMAT = 1
 
@@ -31,7 +32,11 @@ _FIELDS = [field.name for field in attrs.fields(CompactConfig) if field.name not
 
 
 def dump(memo: Memo, code: str) -> bytes:
-    """The memo's decisions, least recently used first, as `restore` reads them."""
+    """The memo's decisions, least recently used first, as `restore` reads them.
+
+    ASCII JSON: a tool name may hold a lone surrogate (a name is never encoded elsewhere), which
+    UTF-8 cannot carry and a JSON escape can.
+    """
     indices: dict[CompactConfig, int | None] = {}
     written: list[dict[str, Any]] = []
     rows = []
@@ -44,39 +49,47 @@ def dump(memo: Memo, code: str) -> bytes:
         index = indices[config]
         if index is None:
             continue
-        rows.append([digest.hex(), tool_name, index, lossy, earlier, decision.result_id, decision.text,
+        rows.append([digest.hex(), tool_name, index, lossy, earlier, decision.text,
                      [[s.component, s.lossy, s.tokens_before, s.tokens_after] for s in decision.steps],
                      decision.ran, decision.reverted])
     return ujson.dumps({"format": FORMAT, "code": code, "configs": written, "decisions": rows},
-                       ensure_ascii=False, escape_forward_slashes=False).encode("utf-8")
+                       escape_forward_slashes=False).encode("ascii")
 
 
 def restore(memo: Memo, data: bytes, code: str) -> int:
     """Put the snapshot's decisions in the memo (its budget still bounds it): how many it read.
 
-    0 for a snapshot of other code or another format; ValueError when it is not a snapshot.
+    0 for a snapshot of other code or another format; ValueError, and nothing put, when it is not
+    a snapshot: every value is checked, since a file can hold anything.
     """
     try:
         doc = ujson.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
         if doc.get("format") != FORMAT or doc.get("code") != code:
             return 0
-        configs = [_config(fields) for fields in doc["configs"]]
-        entries = list(_entries(doc["decisions"], configs))
-    except (KeyError, TypeError, AttributeError, IndexError) as error:
+        configs = [_config(fields) for fields in _list(doc["configs"])]
+        entries = [entry for row in _list(doc["decisions"]) if (entry := _entry(row, configs)) is not None]
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ValueError(f"not a memo snapshot: {error!r}") from error
     for key, decision in entries:
         memo.decisions.put(key, decision, _DECISION_CHARS + len(decision.text or ""))
     return len(entries)
 
 
-def _entries(rows: Iterable[list[Any]], configs: list[CompactConfig | None]) -> Iterable[tuple[_DecisionKey, _Decision]]:
-    for digest, tool_name, index, lossy, earlier, result_id, text, steps, ran, reverted in rows:
-        config = configs[index]
-        if config is None:
-            continue  # written by a cg with a component this one does not have
-        key: _DecisionKey = (bytes.fromhex(digest), tool_name, config, bool(lossy), bool(earlier))
-        yield key, _Decision(result_id, text, tuple(_Step(c, bool(lo), int(b), int(a)) for c, lo, b, a in steps),
-                             tuple(ran), tuple(reverted))
+def _entry(row: object, configs: list[CompactConfig | None]) -> tuple[_DecisionKey, _Decision] | None:
+    """A row as its key and decision; None for one of a config this cg cannot make."""
+    digest, tool_name, index, lossy, earlier, text, steps, ran, reverted = _list(row)
+    if not (isinstance(digest, str) and _DIGEST.fullmatch(digest) and _int(index) < len(configs)):
+        raise ValueError(f"a row names no digest or config: {row!r:.200}")
+    config = configs[index]
+    if config is None:
+        return None  # written by a cg with a component this one does not have
+    raw = bytes.fromhex(digest)
+    key: _DecisionKey = (raw, _str(tool_name, none=True), config, _bool(lossy), _bool(earlier))
+    made = tuple(_Step(_str(name), _bool(was_lossy), _int(before), _int(after))
+                 for name, was_lossy, before, after in map(_list, _list(steps)))
+    return key, _Decision(id_of(raw), _str(text, none=True), made, _strs(ran), _strs(reverted))
 
 
 def _config_fields(config: CompactConfig) -> dict[str, Any] | None:
@@ -88,8 +101,44 @@ def _config_fields(config: CompactConfig) -> dict[str, Any] | None:
     return fields if _config(fields) == config else None
 
 
-def _config(fields: dict[str, Any]) -> CompactConfig | None:
-    if any(name not in _BY_NAME for name in fields["components"]):
+def _config(fields: object) -> CompactConfig | None:
+    if not isinstance(fields, dict):
+        raise ValueError(f"a config is not an object: {fields!r:.200}")
+    names = _strs(fields["components"])
+    if any(name not in _BY_NAME for name in names):
         return None
-    given = {name: fields[name] for name in _FIELDS}
-    return CompactConfig(components=tuple(_BY_NAME[name] for name in fields["components"]), **given)
+    given = {name: _int(fields[name]) for name in _FIELDS if name != "keep_tools"}
+    return CompactConfig(components=tuple(_BY_NAME[name] for name in names), keep_tools=_strs(fields["keep_tools"]),
+                         **given)
+
+
+# What a file may hold where: exactly these types, or ValueError.
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _list(value: object) -> list[Any]:
+    if type(value) is not list:
+        raise ValueError(f"not a list: {value!r:.200}")
+    return value
+
+
+def _int(value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"not a count: {value!r:.200}")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if type(value) is not bool:
+        raise ValueError(f"not true or false: {value!r:.200}")
+    return value
+
+
+def _str(value: object, none: bool = False) -> Any:
+    if not (type(value) is str or (none and value is None)):
+        raise ValueError(f"not a string: {value!r:.200}")
+    return value
+
+
+def _strs(value: object) -> tuple[str, ...]:
+    return tuple(_str(item) for item in _list(value))

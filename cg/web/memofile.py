@@ -13,12 +13,13 @@ written readable by cg's user only, like the store.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
+import sys
+import unicodedata
 from pathlib import Path
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from cg import __version__
@@ -47,15 +48,17 @@ def memo_dir(option: str | None, store_url: str | None) -> str | None:
     return os.path.splitext(where)[0] + ".memo"
 
 
-@functools.cache
 def code_fingerprint() -> str:
-    """What made a decision: cg's version and the source of the layers decisions come from."""
+    """What made a decision: cg's version, the source of the layers decisions come from, and the
+    Python whose `re` and `json` they use (its version and Unicode tables). Computed at start:
+    at a stop the files on disk may be an upgrade's, not the running code."""
     from cg import compaction, wire
 
-    digest = hashlib.sha256(__version__.encode())
+    digest = hashlib.sha256(f"{__version__}\0{sys.version_info[:2]}\0{unicodedata.unidata_version}".encode())
     for package in (compaction, wire):
-        for path in sorted(Path(package.__file__ or "").parent.glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        root = Path(package.__file__ or "").parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -63,32 +66,38 @@ def file_name(worker_index: int | None) -> str:
     return "cg.json" if worker_index is None else f"worker-{worker_index}.json"
 
 
-def load(memo: Memo, directory: str) -> int:
-    """Read every snapshot in `directory` into `memo`, oldest first: the decisions read.
+def load(memo: Memo, directory: str, code: str) -> int:
+    """Read every snapshot of `code` in `directory` into `memo`, oldest first: the decisions read.
 
-    Blocking: called at start, before cg listens.
+    Blocking: called at start, before cg listens. A file that cannot be read is skipped.
     """
-    try:
-        paths = sorted(Path(directory).glob("*.json"), key=lambda path: path.stat().st_mtime)
-    except OSError:
-        return 0  # no directory yet
-    read = 0
-    for path in paths:
+    dated = []
+    for path in Path(directory).glob("*.json"):  # nothing when there is no directory yet
         try:
-            read += snapshot.restore(memo, path.read_bytes(), code_fingerprint())
-        except (OSError, ValueError) as error:
+            dated.append((path.stat().st_mtime, path))
+        except OSError:
+            continue  # gone meanwhile
+    read = 0
+    for _, path in sorted(dated):
+        try:
+            read += snapshot.restore(memo, path.read_bytes(), code)
+        except Exception as error:  # noqa: BLE001 -- whatever is wrong with a file, cg starts without it
             log.warn("cg memo: cannot read {path}, starting without it: {error}", path=str(path), error=error)
     if read:
         log.info("cg memo: {n} decisions from {directory}", n=read, directory=directory)
     return read
 
 
-def save(memo: Memo, directory: str, name: str, reactor=None) -> Deferred[None]:
+def save(memo: Memo, directory: str, name: str, code: str, reactor=None) -> Deferred[None]:
     """Write `memo`'s decisions to `directory`/`name` on a thread of its own; the Deferred fires
-    when it is written (or failed to be: logged, never an error)."""
-    entries = snapshot.dump(memo, code_fingerprint())  # the reactor has nothing else to do: cg stopped
+    when it is written (or failed to be: logged, never an error: a stop must go on)."""
+    try:
+        data = snapshot.dump(memo, code)  # on the reactor thread, which has nothing else to do: cg stopped
+    except Exception:  # noqa: BLE001 -- the memo only saves work
+        log.failure("cg memo: cannot write {name} in {directory}", name=name, directory=directory)
+        return succeed(None)
     worker = Worker("cg-memo", reactor)
-    written = worker.submit(_write, Path(directory), name, entries)
+    written = worker.submit(_write, Path(directory), name, data)
     written.addErrback(lambda failure: log.failure("cg memo: cannot write {name} in {directory}", failure,
                                                    name=name, directory=directory))
     written.addBoth(lambda _: worker.stop())

@@ -182,8 +182,9 @@ class CGService(service.Service):
         self.stats.memo = self.memo = rewriter.memo
         # Decided before this start: read now, before cg listens (cg.web.memofile).
         self.memo_dir = memofile.memo_dir(config.memo_dir, store_url) if config.memo_mb else None
+        self.memo_code = memofile.code_fingerprint() if self.memo_dir is not None else ""
         if self.memo_dir is not None:
-            memofile.load(self.memo, self.memo_dir)
+            memofile.load(self.memo, self.memo_dir, self.memo_code)
         self.keepalive = None
         if config.keepalive:
             policy = Policy(config.keepalive_max_idle, config.keepalive_budget, config.keepalive_max_conversations)
@@ -309,7 +310,7 @@ class CGService(service.Service):
             closing = [self.upstream.close(), self.store.close(), self.changelog.close()]
             if self.memo_dir is not None:
                 name = memofile.file_name(None if self.worker is None else self.worker.index)
-                closing.append(memofile.save(self.memo, self.memo_dir, name, self.reactor))
+                closing.append(memofile.save(self.memo, self.memo_dir, name, self.memo_code, self.reactor))
             return defer.gatherResults(closing)
 
         drain = self.resource.drained()
