@@ -10,6 +10,7 @@ import pytest
 from fixturedata import claude_code_body
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
+from twisted.internet import reactor, task
 
 from cg.compaction import snapshot
 from cg.compaction.components import TextClean
@@ -56,7 +57,7 @@ def test_restored_decisions_forward_the_same_bytes_and_decide_nothing_again():
     assert len({config for (_, _, config, _, _) in dict(made.decisions.items())}) == 3
 
     restored = Memo()
-    assert snapshot.restore(restored, snapshot.dump(made, "code"), "code") == len(made.decisions)
+    assert snapshot.restore(restored, snapshot.dump(made.decisions.items(), "code"), "code") == len(made.decisions)
     assert restored.decisions.items() == made.decisions.items()  # recency kept
     again = rewrite_all(restored, bodies) + rewrite_all(restored, bodies, stronger(9))
     assert again == first
@@ -67,7 +68,7 @@ def test_restored_decisions_forward_the_same_bytes_and_decide_nothing_again():
 def test_a_snapshot_of_other_code_or_format_is_ignored_whole():
     made = Memo()
     rewrite_all(made, conversation(2))
-    data = snapshot.dump(made, "code")
+    data = snapshot.dump(made.decisions.items(), "code")
     assert snapshot.restore(Memo(), data, "other code") == 0
     other_format = json.loads(data)
     other_format["format"] += 1
@@ -81,14 +82,14 @@ def test_a_tool_name_utf8_cannot_carry_is_written_and_read_back():
     rewrite_all(made, [json.dumps(body).encode()])
     assert "B\ud800" in {tool for (_, tool, _, _, _) in dict(made.decisions.items())}
     restored = Memo()
-    snapshot.restore(restored, snapshot.dump(made, "code"), "code")
+    snapshot.restore(restored, snapshot.dump(made.decisions.items(), "code"), "code")
     assert restored.decisions.items() == made.decisions.items()
 
 
 def _one_row(**changes) -> bytes:
     made = Memo()
     rewrite_all(made, conversation(1))
-    doc = json.loads(snapshot.dump(made, "code"))
+    doc = json.loads(snapshot.dump(made.decisions.items(), "code"))
     for where, value in changes.items():
         if where.startswith("config_"):
             doc["configs"][0][where.removeprefix("config_")] = value
@@ -116,7 +117,7 @@ def test_a_file_that_is_not_a_snapshot_is_skipped_and_the_others_read(tmp_path):
     made = Memo()
     rewrite_all(made, conversation(2))
     (tmp_path / "worker-0.json").write_bytes(_one_row(row_1={"a": 1}))
-    (tmp_path / "worker-1.json").write_bytes(snapshot.dump(made, "code"))
+    (tmp_path / "worker-1.json").write_bytes(snapshot.dump(made.decisions.items(), "code"))
     memo = Memo()
     assert memofile.load(memo, str(tmp_path), "code") == len(made.decisions) == len(memo.decisions)
 
@@ -131,14 +132,14 @@ def test_decisions_of_a_component_cg_does_not_run_by_name_are_not_written():
     shouted = len(made.decisions)
     rewrite_all(made, conversation(1))
     restored = Memo()
-    assert snapshot.restore(restored, snapshot.dump(made, "code"), "code") == len(made.decisions) - shouted > 0
+    assert snapshot.restore(restored, snapshot.dump(made.decisions.items(), "code"), "code") == len(made.decisions) - shouted > 0
 
 
 def test_the_memo_budget_bounds_what_is_restored():
     made = Memo()
     rewrite_all(made, conversation(6))
     small = Memo(max_chars=3 * 512)
-    snapshot.restore(small, snapshot.dump(made, "code"), "code")
+    snapshot.restore(small, snapshot.dump(made.decisions.items(), "code"), "code")
     assert len(small.decisions) < len(made.decisions)
     assert small.decisions.items() == made.decisions.items()[-len(small.decisions):], "the most recent stay"
 
@@ -169,7 +170,7 @@ def test_a_restarted_cg_starts_with_the_decisions_it_made(make_cg, fake, tmp_pat
     assert decided >= 3
     yield cg.stop()
 
-    assert cg.service.memo_code == memofile.code_fingerprint(), "the code as it started, not as at the stop"
+    assert cg.service.memo_file.code == memofile.code_fingerprint(), "the code as it started, not as at the stop"
     written = tmp_path / "store.memo" / "cg.json"
     assert stat.S_IMODE(written.stat().st_mode) == 0o600, "it holds parts of tool results"
     assert [p.name for p in written.parent.iterdir()] == ["cg.json"], "no partial file left"
@@ -192,7 +193,7 @@ def test_an_unreadable_snapshot_is_ignored_and_replaced(make_cg, fake, tmp_path)
     client = yield post(cg.port, conversation(1)[0])
     assert split_response((yield client.closed))[0] == 200
     yield cg.stop()
-    assert snapshot.restore(Memo(), (memo_dir / "cg.json").read_bytes(), cg.service.memo_code) > 0
+    assert snapshot.restore(Memo(), (memo_dir / "cg.json").read_bytes(), cg.service.memo_file.code) > 0
 
 
 @inlineCallbacks
@@ -205,12 +206,56 @@ def test_memo_dir_none_writes_nothing(make_cg, fake, tmp_path):
 
 
 @inlineCallbacks
-def test_save_writes_the_code_it_is_given(tmp_path):
+def test_the_file_names_the_code_it_is_given(tmp_path):
     made = Memo()
     rewrite_all(made, conversation(1))
-    yield memofile.save(made, str(tmp_path), "cg.json", "code at start")
+    yield memofile.MemoFile(made, str(tmp_path), "cg.json", "code at start").stop()
     assert json.loads((tmp_path / "cg.json").read_bytes())["code"] == "code at start"
     assert memofile.load(Memo(), str(tmp_path), memofile.code_fingerprint()) == 0
+
+
+def _until(predicate):
+    """Wait (the reactor running) for what the writes' thread does."""
+    for _ in range(500):
+        if predicate():
+            return
+        yield task.deferLater(reactor, 0.01, lambda: None)
+    raise AssertionError("never happened")
+
+
+@inlineCallbacks
+def test_checkpoints_write_while_the_memo_makes_new_decisions(tmp_path):
+    memo, clock = Memo(), task.Clock()
+    bodies = conversation(3)
+    rewrite_all(memo, bodies[:1])
+    written = tmp_path / "cg.json"
+    file = memofile.MemoFile(memo, str(tmp_path), "cg.json", "code", reactor, interval=600, clock=clock)
+    file.start()
+    clock.advance(600)  # nothing new since it started: nothing written
+    assert not written.exists()
+
+    rewrite_all(memo, bodies)
+    clock.advance(599)
+    assert not written.exists()
+    clock.advance(1)
+    yield from _until(written.exists)
+    assert snapshot.restore(Memo(), written.read_bytes(), "code") == len(memo.decisions)
+    written.unlink()
+    clock.advance(600)  # nothing new again
+    yield file.stop()  # and the last write, whatever changed
+    assert snapshot.restore(Memo(), written.read_bytes(), "code") == len(memo.decisions)
+    assert not file._checkpoints.running
+
+
+def test_a_snapshot_is_encoded_in_chunks_and_reads_as_one():
+    made = Memo()
+    rewrite_all(made, conversation(6))
+    items = made.decisions.items() * 300  # more rows than a chunk: the same decisions again
+    assert len(items) > 2 * snapshot._CHUNK
+    restored = Memo()
+    assert snapshot.restore(restored, snapshot.dump(items, "code"), "code") == len(items)
+    assert restored.decisions.items() == made.decisions.items()
+    assert snapshot.restore(Memo(), snapshot.dump([], "code"), "code") == 0
 
 
 @inlineCallbacks

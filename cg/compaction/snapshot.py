@@ -31,16 +31,17 @@ _BY_NAME = {component.name: component for component in DEFAULT_COMPONENTS}
 _FIELDS = [field.name for field in attrs.fields(CompactConfig) if field.name not in ("components", "configured")]
 
 
-def dump(memo: Memo, code: str) -> bytes:
-    """The memo's decisions, least recently used first, as `restore` reads them.
+def dump(items: list[tuple[_DecisionKey, _Decision]], code: str) -> bytes:
+    """`Memo.decisions.items()` (least recently used first), as `restore` reads them.
 
     ASCII JSON: a tool name may hold a lone surrogate (a name is never encoded elsewhere), which
-    UTF-8 cannot carry and a JSON escape can.
+    UTF-8 cannot carry and a JSON escape can. Encoded `_CHUNK` rows at a time, so that a thread
+    writing a checkpoint holds the GIL for a millisecond or two at a time, not for the whole file.
     """
     indices: dict[CompactConfig, int | None] = {}
     written: list[dict[str, Any]] = []
     rows = []
-    for (digest, tool_name, config, lossy, earlier), decision in memo.decisions.items():
+    for (digest, tool_name, config, lossy, earlier), decision in items:
         if config not in indices:
             fields = _config_fields(config)
             indices[config] = None if fields is None else len(written)
@@ -52,8 +53,16 @@ def dump(memo: Memo, code: str) -> bytes:
         rows.append([digest.hex(), tool_name, index, lossy, earlier, decision.text,
                      [[s.component, s.lossy, s.tokens_before, s.tokens_after] for s in decision.steps],
                      decision.ran, decision.reverted])
-    return ujson.dumps({"format": FORMAT, "code": code, "configs": written, "decisions": rows},
-                       escape_forward_slashes=False).encode("ascii")
+    head = _encode({"format": FORMAT, "code": code, "configs": written, "decisions": []})
+    chunks = [_encode(rows[start:start + _CHUNK])[1:-1] for start in range(0, len(rows), _CHUNK)]
+    return head[:-2] + b",".join(chunk for chunk in chunks if chunk) + b"]}"
+
+
+_CHUNK = 500
+
+
+def _encode(value: object) -> bytes:
+    return ujson.dumps(value, escape_forward_slashes=False).encode("ascii")
 
 
 def restore(memo: Memo, data: bytes, code: str) -> int:

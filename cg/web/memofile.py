@@ -1,11 +1,11 @@
 """The memo's decisions kept on disk across a restart (--memo-dir; cg.compaction.snapshot).
 
-Each process writes its own file when it stops gracefully (after its requests drained, on the
-memo's own thread), and at start, before it listens, reads every file in the directory: with
---workers a conversation may land on any worker, and a decision is the same whichever made it.
-A file of other code is ignored (`code_fingerprint`), one that cannot be read is logged and
-ignored: the memo only saves work, so nothing is lost without it. A process that is killed
-writes nothing; the files of its last graceful stop still apply.
+Each process writes its own file every 10 minutes while it makes new decisions and when it stops
+gracefully (after its requests drained), on a thread of its own (`MemoFile`); at start, before
+it listens, it reads every file in the directory: with --workers a conversation may land on any
+worker, and a decision is the same whichever made it. A file of other code is ignored
+(`code_fingerprint`), one that cannot be read is logged and ignored: the memo only saves work, so
+nothing is lost without it. A process that is killed loses the decisions of its last minutes.
 
 The files hold the rewritten texts of tool results (heads and tails of outputs): they are
 written readable by cg's user only, like the store.
@@ -19,18 +19,20 @@ import sys
 import unicodedata
 from pathlib import Path
 
+from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
 from cg import __version__
 from cg.compaction import snapshot
-from cg.compaction.pipeline import Memo
+from cg.compaction.pipeline import Memo, _Decision, _DecisionKey
 from cg.store import default_store_url, parse_store_url
 from cg.worker import Worker
 
 log = Logger(namespace="cg.web.memofile")
 
 OFF = "none"
+CHECKPOINT_INTERVAL = 600.0  # seconds: what a killed process's next start misses at most
 
 
 def memo_dir(option: str | None, store_url: str | None) -> str | None:
@@ -88,24 +90,59 @@ def load(memo: Memo, directory: str, code: str) -> int:
     return read
 
 
-def save(memo: Memo, directory: str, name: str, code: str, reactor=None) -> Deferred[None]:
-    """Write `memo`'s decisions to `directory`/`name` on a thread of its own; the Deferred fires
-    when it is written (or failed to be: logged, never an error: a stop must go on)."""
-    try:
-        data = snapshot.dump(memo, code)  # on the reactor thread, which has nothing else to do: cg stopped
-    except Exception:  # noqa: BLE001 -- the memo only saves work
-        log.failure("cg memo: cannot write {name} in {directory}", name=name, directory=directory)
-        return succeed(None)
-    worker = Worker("cg-memo", reactor)
-    written = worker.submit(_write, Path(directory), name, data)
-    written.addErrback(lambda failure: log.failure("cg memo: cannot write {name} in {directory}", failure,
-                                                   name=name, directory=directory))
-    written.addBoth(lambda _: worker.stop())
-    return written
+class MemoFile:
+    """A process's own file of decisions: rewritten every `interval` seconds while the memo
+    makes new ones (`start`), and a last time at `stop`.
+
+    The checkpoints are for a process that is killed, which writes nothing at its end: its next
+    start reads decisions at most `interval` seconds old. Every write runs on one thread of its
+    own, in order (the last is the stop's); the reactor thread only copies the table's entries.
+    """
+
+    def __init__(self, memo: Memo, directory: str, name: str, code: str, reactor=None,
+                 interval: float = CHECKPOINT_INTERVAL, clock=None):
+        if reactor is None:
+            from twisted.internet import reactor
+        self.memo, self.directory, self.name, self.code = memo, directory, name, code
+        self.reactor = reactor  # the writes' thread answers through it
+        self._worker: Worker | None = None  # started at the first write, once the reactor runs
+        self._checkpoints = task.LoopingCall(self.checkpoint)
+        self._checkpoints.clock = clock if clock is not None else reactor
+        self._interval = interval
+        self._written = memo.decisions.misses  # a new decision is a miss first
+
+    def start(self) -> None:
+        self._checkpoints.start(self._interval, now=False)
+
+    def checkpoint(self) -> Deferred[None]:
+        """Write the file if the memo has made decisions since the last write."""
+        if self.memo.decisions.misses == self._written:
+            return succeed(None)
+        return self._save()
+
+    def stop(self) -> Deferred[None]:
+        """The last write (whatever changed), then the thread ends."""
+        if self._checkpoints.running:
+            self._checkpoints.stop()
+        saved = self._save()
+        saved.addBoth(lambda _: self._worker.stop() if self._worker is not None else None)
+        return saved
+
+    def _save(self) -> Deferred[None]:
+        """Fires when written (or failed to be: logged, never an error, since a stop must go on)."""
+        self._written = self.memo.decisions.misses
+        items = self.memo.decisions.items()
+        if self._worker is None:
+            self._worker = Worker("cg-memo", self.reactor)
+        written = self._worker.submit(_write, Path(self.directory), self.name, items, self.code)
+        written.addErrback(lambda failure: log.failure("cg memo: cannot write {name} in {directory}", failure,
+                                                       name=self.name, directory=self.directory))
+        return written
 
 
-def _write(directory: Path, name: str, data: bytes) -> None:
-    """Atomically: a reader sees the last file whole, or this one."""
+def _write(directory: Path, name: str, items: list[tuple[_DecisionKey, _Decision]], code: str) -> None:
+    """Encode and write atomically: a reader sees the last file whole, or this one."""
+    data = snapshot.dump(items, code)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = directory / f".{name}.{os.getpid()}"
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -180,11 +180,14 @@ class CGService(service.Service):
         self._previous_hup = None
         rewriter = Rewriter(rewrite_config(config), Memo.sized(config.memo_mb << 20))
         self.stats.memo = self.memo = rewriter.memo
-        # Decided before this start: read now, before cg listens (cg.web.memofile).
-        self.memo_dir = memofile.memo_dir(config.memo_dir, store_url) if config.memo_mb else None
-        self.memo_code = memofile.code_fingerprint() if self.memo_dir is not None else ""
-        if self.memo_dir is not None:
-            memofile.load(self.memo, self.memo_dir, self.memo_code)
+        # Decided before this start: read now, before cg listens; written again as cg goes (cg.web.memofile).
+        directory = memofile.memo_dir(config.memo_dir, store_url) if config.memo_mb else None
+        self.memo_file = None
+        if directory is not None:
+            code = memofile.code_fingerprint()
+            memofile.load(self.memo, directory, code)
+            name = memofile.file_name(None if worker is None else worker.index)
+            self.memo_file = memofile.MemoFile(self.memo, directory, name, code, reactor)
         self.keepalive = None
         if config.keepalive:
             policy = Policy(config.keepalive_max_idle, config.keepalive_budget, config.keepalive_max_conversations)
@@ -225,6 +228,8 @@ class CGService(service.Service):
     def startService(self):
         super().startService()
         self._store_info.start(10.0, now=True)  # first: a store that answers at once is in the line
+        if self.memo_file is not None:
+            self.memo_file.start()
         self._listen().addCallback(self._ready)
         self._previous_hup = _install_sighup(lambda: self.reactor.callFromThread(self._reopen_changelog))
 
@@ -308,9 +313,8 @@ class CGService(service.Service):
             if timer.active():
                 timer.cancel()
             closing = [self.upstream.close(), self.store.close(), self.changelog.close()]
-            if self.memo_dir is not None:
-                name = memofile.file_name(None if self.worker is None else self.worker.index)
-                closing.append(memofile.save(self.memo, self.memo_dir, name, self.memo_code, self.reactor))
+            if self.memo_file is not None:
+                closing.append(self.memo_file.stop())
             return defer.gatherResults(closing)
 
         drain = self.resource.drained()

@@ -117,9 +117,9 @@ class Options(usage.Options):
             "memo-dir",
             None,
             None,
-            "Where each process keeps the memo's decisions across a restart: written when it stops "
-            "gracefully, all read when one starts, so that the first requests after a restart cost "
-            "less. none: nowhere. [default: beside an sqlite: store (store.memo for store.sqlite3); "
+            "Where each process keeps the memo's decisions across a restart: written every 10 minutes "
+            "and when it stops, all read when one starts, so that the first requests after a restart "
+            "cost less. none: nowhere. [default: beside an sqlite: store (store.memo for store.sqlite3); "
             "memo under the state directory for redis:; none for memory:]",
         ],
         [
