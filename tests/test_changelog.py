@@ -127,7 +127,7 @@ def test_usage_record_schema():
     record = usage(expand_rounds=2)
     assert list(record) == [
         "kind", "time", "session", "seq", "dialect", "path", "input_tokens", "cache_read_tokens",
-        "cache_write_tokens", "output_tokens", "expand_rounds", "model",
+        "cache_write_tokens", "output_tokens", "expand_rounds", "model", "cache_write_1h_tokens",
     ]  # fmt: skip
     assert record["kind"] == "usage"
     assert record["expand_rounds"] == 2

@@ -94,7 +94,8 @@ def test_a_ping_goes_at_the_right_time_with_the_forwarded_body_and_the_clients_h
     answer(ping)
     snapshot = warm.stats.snapshot()["keepalive"]
     assert snapshot["pings"] == 1 and snapshot["pings_failed"] == 0 and snapshot["conversations"] == 1
-    assert snapshot["usage"] == {"input_tokens": 2, "cache_read_tokens": 5000, "cache_write_tokens": 0, "output_tokens": 1}
+    assert snapshot["usage"] == {"input_tokens": 2, "cache_read_tokens": 5000, "cache_write_tokens": 0, "output_tokens": 1,
+                                 "cache_write_1h_tokens": 0}
     (timer,) = warm.clock.getDelayedCalls()
     assert timer.getTime() == 2 * FIRST  # counted from the ping's send
 

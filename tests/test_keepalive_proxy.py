@@ -50,7 +50,8 @@ def test_a_ping_is_the_forwarded_body_with_max_tokens_and_stream_changed(make_cg
     stats = json.loads(split_response((yield client.closed))[2])
     assert stats["keepalive"] == {
         "enabled": True, "conversations": 1, "pings": 1, "pings_failed": 0, "ended": {},
-        "usage": {"input_tokens": 3, "cache_read_tokens": 21000, "cache_write_tokens": 0, "output_tokens": 1}}
+        "usage": {"input_tokens": 3, "cache_read_tokens": 21000, "cache_write_tokens": 0, "output_tokens": 1,
+                  "cache_write_1h_tokens": 0}}
     assert stats["usage"]["cache_read_tokens"] < 21000  # the clients' own requests' bill is apart
     _, text = yield from scrape(cg.port)
     assert value(text, "cg_keepalive_pings_total") == 1 and value(text, "cg_keepalive_conversations") == 1

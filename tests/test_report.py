@@ -7,6 +7,7 @@ import pytest
 import ujson
 
 from cg.record.changelog import compaction_record, usage_record
+from cg.record.pricing import Tokens, prices
 from cg.record.report import NOTE, main, tally
 
 OFFLOAD = dict(
@@ -63,7 +64,7 @@ def c(session, seq, fields, message=1, block=0, time=1_700_000_000.0, step=0):
     )
 
 
-def u(session, seq, input_tokens=100, read=1_000, write=200, output=50, expand_rounds=0):
+def u(session, seq, input_tokens=100, read=1_000, write=200, output=50, expand_rounds=0, write_1h=0, model=None):
     return usage_record(
         time=1_700_000_000.0 + seq,
         session=session,
@@ -75,6 +76,8 @@ def u(session, seq, input_tokens=100, read=1_000, write=200, output=50, expand_r
         cache_write_tokens=write,
         output_tokens=output,
         expand_rounds=expand_rounds,
+        model=model,
+        cache_write_1h_tokens=write_1h,
     )
 
 
@@ -139,6 +142,7 @@ def test_numbers_on_a_hand_built_log(tmp_path):
         "input_tokens": 700,
         "cache_read_tokens": 5 * 1_000,
         "cache_write_tokens": 5 * 200 + 2 * 3_000,
+        "cache_write_1h_tokens": 0,
         "output_tokens": 350,
         "expand_rounds": 2,
         "cache_write_read_ratio": round(7_000 / 5_000, 4),
@@ -252,7 +256,7 @@ def test_json_output_keys(tmp_path, capsys):
     assert list(s) == JSON_KEYS
     assert list(s["usage"]) == [
         "requests", "input_tokens", "cache_read_tokens", "cache_write_tokens", "output_tokens",
-        "expand_rounds", "cache_write_read_ratio",
+        "expand_rounds", "cache_write_1h_tokens", "cache_write_read_ratio",
     ]  # fmt: skip
     assert list(s["components"]["dedup"]) == [
         "lossy", "acted", "acted_unique", "cumulative_deleted_tokens", "unique_deleted_tokens",
@@ -315,3 +319,20 @@ def test_a_missing_file_alone_prints_the_error_alone(tmp_path, capsys):
         assert out == ""
         assert err.startswith(f"cg-report: could not read {tmp_path / 'missing'}")
         assert err.count("\n") == 1
+
+
+OPUS = "claude-opus-4-8"
+
+
+def test_cache_writes_for_an_hour_are_priced_as_such(tmp_path):
+    price = prices().price(OPUS, "anthropic")
+    path = write_log(tmp_path / "log", [u("s", 1, write=1_000, write_1h=600, model=OPUS), u("s", 2, write=500, model=OPUS)])
+    s = tally([path]).summary()
+    assert s["usage"]["cache_write_1h_tokens"] == 600
+    billed = Tokens(input=200, cache_read=2_000, cache_write_5m=900, cache_write_1h=600, output=100)
+    assert s["cost"]["usd"] == pytest.approx(price.cost(billed))
+    # a line from before the split, or one that claims more than was written: 5-minute writes at most
+    path = write_log(tmp_path / "old", [{k: v for k, v in u("s", 1, write=1_000, model=OPUS).items() if "1h" not in k},
+                                        u("s", 2, write=100, write_1h=400, model=OPUS)])
+    assert tally([path]).summary()["cost"]["usd"] == pytest.approx(price.cost(
+        Tokens(input=200, cache_read=2_000, cache_write_5m=1_000, cache_write_1h=100, output=100)))

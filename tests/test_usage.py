@@ -84,6 +84,7 @@ def test_usage_defaults_add_and_as_dict():
         "input_tokens": 0,
         "cache_read_tokens": 0,
         "cache_write_tokens": 0,
+        "cache_write_1h_tokens": 0,
         "output_tokens": 0,
     }
     a = Usage(1, 2, 3, 4)
@@ -113,6 +114,18 @@ def test_anthropic_usage():
         }
     )
     assert anthropic_usage(message) == Usage(12, 45_000, 300, 77)
+
+
+def test_anthropic_cache_writes_for_an_hour_are_counted_apart():
+    usage = {"input_tokens": 1, "cache_creation_input_tokens": 500, "cache_read_input_tokens": 0, "output_tokens": 2,
+             "cache_creation": {"ephemeral_5m_input_tokens": 200, "ephemeral_1h_input_tokens": 300}}
+    assert anthropic_usage(anthropic_message(usage=usage)) == Usage(1, 0, 500, 2, cache_write_1h_tokens=300)
+    assert Usage(cache_write_1h_tokens=3) + Usage(cache_write_1h_tokens=4) == Usage(cache_write_1h_tokens=7)
+    # A stream: message_start's split stands when message_delta carries none.
+    reader = stream_usage(ANTHROPIC, [message_start(**usage), message_delta(output_tokens=9), MESSAGE_STOP])
+    assert reader.usage == Usage(1, 0, 500, 9, cache_write_1h_tokens=300)
+    for bad in (None, "x", {"ephemeral_1h_input_tokens": -1}, {"ephemeral_1h_input_tokens": True}):
+        assert anthropic_usage({"usage": {"cache_creation": bad}}) == Usage()
 
 
 def test_anthropic_usage_missing_or_null_fields_count_as_zero():
@@ -376,6 +389,7 @@ def test_totals_and_ratio():
         "cache_read_tokens": 4000,
         "cache_write_tokens": 1000,
         "output_tokens": 10,
+        "cache_write_1h_tokens": 0,
         "cache_write_read_ratio": 0.25,
     }
     json.dumps(snapshot)  # /stats serves it as JSON

@@ -98,3 +98,17 @@ def test_change_log_and_report(make_cg, fake, tmp_path):
     yield client.closed
     yield cg.service.changelog.flush()
     assert path.exists() and '"kind":"usage"' in path.read_text()
+
+
+@inlineCallbacks
+def test_cache_writes_for_an_hour_reach_the_change_log(make_cg, fake, tmp_path):
+    path = tmp_path / "changes.jsonl"
+    cg = make_cg(anthropic_upstream=fake.url, changelog=str(path))
+    split = {**USAGE, "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 30}}
+    fake.enqueue(JSONReply(anthropic_message("ok", usage=split)))
+    client = anthropic.Anthropic(base_url=cg.url, api_key="k", max_retries=0)
+    yield deferToThread(client.messages.create, **REQUEST)
+    yield cg.service.changelog.flush()
+    (line,) = [json.loads(line) for line in path.read_text().splitlines() if '"usage"' in line]
+    assert (line["cache_write_tokens"], line["cache_write_1h_tokens"]) == (40, 30)
+    assert cg.stats.snapshot()["usage"]["cache_write_1h_tokens"] == 30

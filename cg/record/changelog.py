@@ -101,13 +101,16 @@ def usage_record(
     output_tokens: int,
     expand_rounds: int = 0,
     model: str | None = None,
+    cache_write_1h_tokens: int = 0,
 ) -> dict:
     """The usage the provider billed for one request (one line per request).
 
     ``input_tokens`` is uncached input only (Anthropic's ``input_tokens``; for OpenAI,
     ``prompt_tokens`` minus the cached ones), so the four token counts add up to what was
-    billed. ``expand_rounds``: expand calls cg answered itself within this request. ``model``: the
-    request's, so that cg-report prices the line (cg.record.pricing); None when it named none.
+    billed; ``cache_write_1h_tokens`` are those of ``cache_write_tokens`` written for an hour (priced
+    2x the input, the others 1.25x). ``expand_rounds``: expand calls cg answered itself within this
+    request. ``model``: the request's, so that cg-report prices the line (cg.record.pricing); None
+    when it named none.
     """
     return {
         "kind": "usage",
@@ -122,6 +125,7 @@ def usage_record(
         "output_tokens": output_tokens,
         "expand_rounds": expand_rounds,
         "model": model,
+        "cache_write_1h_tokens": cache_write_1h_tokens,
     }
 
 

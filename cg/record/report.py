@@ -30,7 +30,8 @@ NOTE = (
     "length of a conversation; unique counts each compaction once: use unique."
 )
 
-_USAGE_FIELDS = ("input_tokens", "cache_read_tokens", "cache_write_tokens", "output_tokens", "expand_rounds")
+_USAGE_FIELDS = ("input_tokens", "cache_read_tokens", "cache_write_tokens", "output_tokens", "expand_rounds",
+                 "cache_write_1h_tokens")
 
 
 class BadRecord(ValueError):
@@ -201,9 +202,11 @@ class Tally:
         model = record.get("model")
         provider = ANTHROPIC if record.get("dialect") == ANTHROPIC else OPENAI
         priced_by = (model if isinstance(model, str) else None, provider)
-        # The change log does not split cache writes by lifetime: priced as 5-minute writes.
+        # Lines written before cg split cache writes by lifetime have none written for an hour.
+        hour = min(counts["cache_write_1h_tokens"], counts["cache_write_tokens"])
         tokens = Tokens(input=counts["input_tokens"], cache_read=counts["cache_read_tokens"],
-                        cache_write_5m=counts["cache_write_tokens"], output=counts["output_tokens"])
+                        cache_write_5m=counts["cache_write_tokens"] - hour, cache_write_1h=hour,
+                        output=counts["output_tokens"])
         self.billed[priced_by] = self.billed.get(priced_by, Tokens()) + tokens
 
     def cost(self) -> dict[str, Any]:
@@ -393,6 +396,7 @@ def render(s: dict[str, Any]) -> str:
             ("input (uncached)", "input_tokens"),
             ("cache read", "cache_read_tokens"),
             ("cache write", "cache_write_tokens"),
+            ("  of which for 1 hour", "cache_write_1h_tokens"),
             ("output", "output_tokens"),
         ):
             rows.append((f"  {label}", _n(u[key]), f"{u[key] / per:,.0f}"))
@@ -408,7 +412,7 @@ def render(s: dict[str, Any]) -> str:
         if u["expand_rounds"]:
             out.append(f"expand calls cg answered: {u['expand_rounds']:,}")
         cost = s["cost"]
-        out.append(f"Cost at list prices: ${cost['usd']:,.4f} (cg/record/prices.json; cache writes as 5-minute ones)")
+        out.append(f"Cost at list prices: ${cost['usd']:,.4f} (cg/record/prices.json)")
         out += [f"  note: {note}" for note in cost["notes"]]
     else:
         out.append("Billed usage: no usage lines")

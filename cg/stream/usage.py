@@ -7,6 +7,8 @@ bills. Every response reports it; this module turns the two providers' shapes in
   the prompt cache);
 - ``cache_read_tokens``: prompt tokens read from the cache (Anthropic: 0.1x the input price);
 - ``cache_write_tokens``: prompt tokens written to the cache (Anthropic: 1.25x or 2x);
+- ``cache_write_1h_tokens``: of those, the ones written for an hour (Anthropic's
+  ``cache_creation.ephemeral_1h_input_tokens``: 2x; the rest, 5-minute writes, 1.25x);
 - ``output_tokens``.
 
 Anthropic reports them that way already (``input_tokens``, ``cache_read_input_tokens``,
@@ -72,6 +74,7 @@ class Usage:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     output_tokens: int = 0
+    cache_write_1h_tokens: int = 0  # of cache_write_tokens
 
     @property
     def prompt_tokens(self) -> int:
@@ -91,6 +94,7 @@ class Usage:
             self.cache_read_tokens + other.cache_read_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
             self.output_tokens + other.output_tokens,
+            self.cache_write_1h_tokens + other.cache_write_1h_tokens,
         )
 
     def __radd__(self, other: object) -> Usage:
@@ -104,6 +108,7 @@ class Usage:
             "cache_read_tokens": self.cache_read_tokens,
             "cache_write_tokens": self.cache_write_tokens,
             "output_tokens": self.output_tokens,
+            "cache_write_1h_tokens": self.cache_write_1h_tokens,
         }
 
 
@@ -116,6 +121,10 @@ def _anthropic_fields(usage: object) -> dict[str, int]:
         value = _count(usage.get(key))
         if value is not None:
             found[field] = value
+    by_lifetime = usage.get("cache_creation")
+    one_hour = _count(by_lifetime.get("ephemeral_1h_input_tokens")) if isinstance(by_lifetime, dict) else None
+    if one_hour is not None:
+        found["cache_write_1h_tokens"] = one_hour
     return found
 
 

@@ -387,7 +387,7 @@ class ProxyResource(resource.Resource):
                 path=dialect.split_path(record.target.encode("latin-1")).decode("latin-1"),
                 input_tokens=usage.input_tokens, cache_read_tokens=usage.cache_read_tokens,
                 cache_write_tokens=usage.cache_write_tokens, output_tokens=usage.output_tokens,
-                expand_rounds=record.expand_rounds, model=model,
+                expand_rounds=record.expand_rounds, model=model, cache_write_1h_tokens=usage.cache_write_1h_tokens,
             )
         )
 
