@@ -1,6 +1,8 @@
 """The Exchange on its own, without a reactor: events in, commands out."""
 
+import gc
 import json
+import types
 
 from cg.compaction.pipeline import Change
 from cg.compaction.rewrite import Rewrite
@@ -393,3 +395,39 @@ def test_a_cut_mid_stream_aborts_the_client():
     assert without_writes(commands)[:3] == [CancelTimer(Timer.PING), StopUpstream(), Abort(flush=True)]
     assert the_record(commands).outcome == "aborted"
     assert ex.feed(Cut()) == []
+
+
+def _reaches(start: object, target: object, depth: int = 4) -> bool:
+    """Whether `target` is among what `start` refers to, `depth` references deep (classes,
+    modules and functions left out: they are not the exchange's)."""
+    seen, level = {id(start)}, [start]
+    for _ in range(depth):
+        following = []
+        for obj in level:
+            for ref in gc.get_referents(obj):
+                if ref is target:
+                    return True
+                if id(ref) not in seen and not isinstance(ref, (type, types.ModuleType, types.FunctionType)):
+                    seen.add(id(ref))
+                    following.append(ref)
+        level = following
+    return False
+
+
+def test_an_ended_exchange_keeps_no_body():
+    """The driver, the client's request and Twisted's callbacks hold one another in cycles that
+    the cyclic collector frees late: an exchange that ended must not keep the bodies alive."""
+    body = FORWARDED.replace(b'"hi"', b'"hello"')  # this test's own bytes object
+    sent = Rewrite(body=body, originals={}, changes=[], injected=True, stash=True, parsed={}, dialect=ANTHROPIC)
+    ex = exchange()
+    ex.feed(Prepared(body, sent))
+    ex.feed(head())
+    ex.feed(Chunk(json.dumps(expand_message()).encode()))
+    [resolve] = ex.feed(BodyEnd(True))
+    [send] = ex.feed(Resolved({REF: ORIGINAL}))
+    assert _reaches(ex, body) and _reaches(ex, send.body)  # the test can see them while it runs
+    ex.feed(head(headers=None))
+    ex.feed(Chunk(json.dumps(anthropic_message("Found it.")).encode()))
+    commands = ex.feed(BodyEnd(True))
+    assert ex.state is State.ENDED and the_record(commands).expand_rounds == 1
+    assert not _reaches(ex, body) and not _reaches(ex, send.body)

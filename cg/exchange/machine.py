@@ -665,6 +665,11 @@ class Exchange:
         self._state = _ENDED
         self._stop_timers()
         self._out.append(Record(self._record()))
+        # Ended, it keeps no body: its driver, the client's request and Twisted's callbacks hold
+        # one another in cycles that only the cyclic collector frees, rarely (cg.web.service's
+        # settle_gc), and until then they would hold the forwarded body and the rounds.
+        self._forwarded = self._rewrite = self._inspector = self._meter = None
+        self._chunks, self._rounds, self._first_body, self._calls, self._assistant = [], [], b"", [], {}
 
     def _record(self) -> ExchangeRecord:
         usage, rounds = self._billed()
