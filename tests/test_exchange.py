@@ -430,4 +430,5 @@ def test_an_ended_exchange_keeps_no_body():
     ex.feed(Chunk(json.dumps(anthropic_message("Found it.")).encode()))
     commands = ex.feed(BodyEnd(True))
     assert ex.state is State.ENDED and the_record(commands).expand_rounds == 1
-    assert not _reaches(ex, body) and not _reaches(ex, send.body)
+    [answer] = [command.data for command in commands if isinstance(command, Write)]
+    assert not _reaches(ex, body) and not _reaches(ex, send.body) and not _reaches(ex, answer)

@@ -209,8 +209,11 @@ def test_memo_dir_none_writes_nothing(make_cg, fake, tmp_path):
 def test_the_file_names_the_code_it_is_given(tmp_path):
     made = Memo()
     rewrite_all(made, conversation(1))
+    (tmp_path / ".cg.json.99999").write_bytes(b"the part a killed process wrote")
+    (tmp_path / ".worker-1.json.99999").write_bytes(b"another's")
     yield memofile.MemoFile(made, str(tmp_path), "cg.json", "code at start").stop()
     assert json.loads((tmp_path / "cg.json").read_bytes())["code"] == "code at start"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".worker-1.json.99999", "cg.json"]
     assert memofile.load(Memo(), str(tmp_path), memofile.code_fingerprint()) == 0
 
 

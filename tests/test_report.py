@@ -334,5 +334,7 @@ def test_cache_writes_for_an_hour_are_priced_as_such(tmp_path):
     # a line from before the split, or one that claims more than was written: 5-minute writes at most
     path = write_log(tmp_path / "old", [{k: v for k, v in u("s", 1, write=1_000, model=OPUS).items() if "1h" not in k},
                                         u("s", 2, write=100, write_1h=400, model=OPUS)])
-    assert tally([path]).summary()["cost"]["usd"] == pytest.approx(price.cost(
+    capped = tally([path]).summary()
+    assert capped["cost"]["usd"] == pytest.approx(price.cost(
         Tokens(input=200, cache_read=2_000, cache_write_5m=1_000, cache_write_1h=100, output=100)))
+    assert capped["usage"]["cache_write_1h_tokens"] == 100

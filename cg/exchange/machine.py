@@ -372,6 +372,7 @@ class Exchange:
         """One event in; the commands to carry out, in order, out."""
         out = self._out = []
         _HANDLERS[type(event)](self, event)
+        self._out = []  # the commands are the caller's now: an ended exchange keeps no Write
         return out
 
     # -----------------------------------------------------------------------------------------

@@ -115,10 +115,15 @@ class MemoFile:
         self._checkpoints.start(self._interval, now=False)
 
     def checkpoint(self) -> Deferred[None]:
-        """Write the file if the memo has made decisions since the last write."""
+        """Write the file if the memo has made decisions since the last write (never fails: a
+        failure would stop the checkpoints)."""
         if self.memo.decisions.misses == self._written:
             return succeed(None)
-        return self._save()
+        try:
+            return self._save()
+        except Exception:  # noqa: BLE001 -- e.g. no thread to be had: the next checkpoint tries again
+            log.failure("cg memo: cannot write {name} in {directory}", name=self.name, directory=self.directory)
+            return succeed(None)
 
     def stop(self) -> Deferred[None]:
         """The last write (whatever changed), then the thread ends."""
@@ -145,6 +150,9 @@ def _write(directory: Path, name: str, items: list[tuple[_DecisionKey, _Decision
     data = snapshot.dump(items, code)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     partial = directory / f".{name}.{os.getpid()}"
+    for left in directory.glob(f".{name}.*"):  # a process killed while it wrote left its part
+        if left != partial:
+            left.unlink(missing_ok=True)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
