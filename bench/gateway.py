@@ -201,7 +201,7 @@ class CG:
 
     def start(self) -> None:
         self.starts += 1
-        extra = ("--store", self.store)
+        extra = ("--store", self.store, "--memo-dir", str(self.memo_dir))
         if self.workers > 1:
             extra += ("--workers", str(self.workers))
         opts: tuple[str, ...] = ()
@@ -225,8 +225,8 @@ class CG:
 
     @property
     def memo_dir(self) -> Path:
-        """Where it keeps its decisions across a restart (the default: beside its SQLite store)."""
-        return Path(self.store.removeprefix("sqlite:")).with_suffix(".memo")
+        """Where it keeps its decisions across a restart (its own: the storms remove it)."""
+        return self.tmp / f"{self.name}.memo"
 
     def kill(self) -> None:
         """A crash: SIGKILL, nothing written at a stop."""
@@ -568,7 +568,8 @@ class Bench:
                 cg = self.cgs[side]
                 if name == "cg-cold":
                     cg.kill()
-                    shutil.rmtree(cg.memo_dir, ignore_errors=True)
+                    if cg.memo_dir.exists():
+                        shutil.rmtree(cg.memo_dir)
                 else:
                     cg.stop()
                 cg.start()

@@ -11,6 +11,7 @@ from fixturedata import claude_code_body
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from twisted.internet import reactor, task
+from twisted.python import usage
 
 from cg.compaction import snapshot
 from cg.compaction.components import TextClean
@@ -18,6 +19,7 @@ from cg.compaction.pipeline import CompactConfig, Memo, Older
 from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.testing import claude_code_bytes, command_output
 from cg.web import memofile
+from cg.web.tap import Options
 
 URI = b"/v1/messages?beta=true"
 
@@ -95,12 +97,18 @@ def _one_row(**changes) -> bytes:
             doc["configs"][0][where.removeprefix("config_")] = value
         else:
             doc["decisions"][-1][int(where.removeprefix("row_"))] = value
-    return json.dumps(doc).replace('"INF"', "1e999").encode()
+    return json.dumps(doc, separators=(",", ":")).replace('"INF"', "1e999").encode()
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b"[]", b'{"format": 1, "code": "code"}', b'{"code":"code","format":1}'])
+def test_what_does_not_start_as_a_snapshot_of_this_code_is_not_read(data):
+    memo = Memo()
+    assert snapshot.restore(memo, data, "code") == 0 and len(memo.decisions) == 0
 
 
 @pytest.mark.parametrize("data", [
-    b"", b"{", b"[]", b'{"format": 1, "code": "code"}',
-    b'{"format": 1, "code": "code", "configs": [], "decisions": [[1]]}',
+    b'{"format":1,"code":"code",', b'{"format":1,"code":"code","configs":[]}',
+    b'{"format":1,"code":"code","configs":[],"decisions":[[1]]}', b'{"format":1,"code":"code","configs":[],"decisions":[]',
     _one_row(row_0="xyz"), _one_row(row_1=["Bash"]), _one_row(row_2=-1), _one_row(row_2=7), _one_row(row_3=1),
     _one_row(row_5=3), _one_row(row_6=[["offload", True, "INF", 2]]), _one_row(row_7="textclean"),
     _one_row(row_8=None), _one_row(config_keep_tools="Read"), _one_row(config_offload_min_tokens="2000"),
@@ -199,10 +207,11 @@ def test_an_unreadable_snapshot_is_ignored_and_replaced(make_cg, fake, tmp_path)
 @inlineCallbacks
 def test_memo_dir_none_writes_nothing(make_cg, fake, tmp_path):
     cg = make_cg(anthropic_upstream=fake.url, store=f"sqlite:{tmp_path / 'store.sqlite3'}", memo_dir="none")
+    assert cg.service.memo_file is None
     client = yield post(cg.port, conversation(1)[0])
     yield client.closed
     yield cg.stop()
-    assert not (tmp_path / "store.memo").exists()
+    assert not (tmp_path / "store.memo").exists() and not (tmp_path / "none").exists()
 
 
 @inlineCallbacks
@@ -262,11 +271,21 @@ def test_a_snapshot_is_encoded_in_chunks_and_reads_as_one():
 
 
 @inlineCallbacks
-def test_a_stop_goes_on_when_the_memo_cannot_be_written(make_cg, fake, tmp_path):
+def test_a_stop_goes_on_when_the_memo_cannot_be_written(make_cg, fake, tmp_path, logged):
     blocker = tmp_path / "file"
     blocker.write_text("where the directory would be")
     cg = make_cg(anthropic_upstream=fake.url, store=f"sqlite:{tmp_path / 'store.sqlite3'}", memo_dir=str(blocker))
     client = yield post(cg.port, conversation(1)[0])
     yield client.closed
+    errors = logged("cg.web.memofile")
     yield cg.stop()  # fires, and without an error: what fails to be written is logged
-    assert not blocker.is_dir()
+    assert len(errors) == 1 and "cannot write cg.json" in errors.texts()[0]
+
+
+@pytest.mark.parametrize("value", ["", "FILE"])
+def test_a_memo_dir_that_cannot_be_one_is_refused_at_start(value, tmp_path):
+    (tmp_path / "FILE").write_text("a file")
+    option = str(tmp_path / value) if value else value
+    with pytest.raises(usage.UsageError, match="--memo-dir .*not a directory"):
+        Options().parseOptions(["--memo-dir", option])
+    Options().parseOptions(["--memo-dir", str(tmp_path / "new")])  # made at the first write

@@ -292,6 +292,10 @@ class Memo:
     def __len__(self) -> int:
         return len(self.decisions)
 
+    def remember(self, key: _DecisionKey, decision: _Decision) -> None:
+        """Keep a decision, counted against the budget as `_DECISION_CHARS` and its text."""
+        self.decisions.put(key, decision, _DECISION_CHARS + len(decision.text or ""))
+
 
 @attrs.frozen
 class _ToolResult:
@@ -494,7 +498,7 @@ def _decision(result: _ToolResult, original: bytes, digest: bytes, earlier: bool
     if decision is None:
         decision = _decide(result, original, id_of(digest), seen_ids, config, lossy)
         if memo is not None:
-            memo.decisions.put(key, decision, _DECISION_CHARS + len(decision.text or ""))
+            memo.remember(key, decision)
     return decision
 
 

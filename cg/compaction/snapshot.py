@@ -20,7 +20,7 @@ import attrs
 import ujson
 
 from cg.compaction.components import DEFAULT_COMPONENTS
-from cg.compaction.pipeline import _DECISION_CHARS, CompactConfig, Memo, _Decision, _DecisionKey, _Step
+from cg.compaction.pipeline import CompactConfig, Memo, _Decision, _DecisionKey, _Step
 from cg.wire.markers import id_of
 
 FORMAT = 1
@@ -36,7 +36,7 @@ def dump(items: list[tuple[_DecisionKey, _Decision]], code: str) -> bytes:
 
     ASCII JSON: a tool name may hold a lone surrogate (a name is never encoded elsewhere), which
     UTF-8 cannot carry and a JSON escape can. Encoded `_CHUNK` rows at a time, so that a thread
-    writing a checkpoint holds the GIL for a millisecond or two at a time, not for the whole file.
+    writing a checkpoint holds the GIL for a few milliseconds at a time, not for the whole file.
     """
     indices: dict[CompactConfig, int | None] = {}
     written: list[dict[str, Any]] = []
@@ -53,12 +53,17 @@ def dump(items: list[tuple[_DecisionKey, _Decision]], code: str) -> bytes:
         rows.append([digest.hex(), tool_name, index, lossy, earlier, decision.text,
                      [[s.component, s.lossy, s.tokens_before, s.tokens_after] for s in decision.steps],
                      decision.ran, decision.reverted])
-    head = _encode({"format": FORMAT, "code": code, "configs": written, "decisions": []})
+    head = _header(code) + _encode({"configs": written, "decisions": []})[1:]
     chunks = [_encode(rows[start:start + _CHUNK])[1:-1] for start in range(0, len(rows), _CHUNK)]
     return head[:-2] + b",".join(chunk for chunk in chunks if chunk) + b"]}"
 
 
 _CHUNK = 500
+
+
+def _header(code: str) -> bytes:
+    """How a snapshot of `code` starts: checked before the rest is parsed."""
+    return _encode({"format": FORMAT, "code": code})[:-1] + b","
 
 
 def _encode(value: object) -> bytes:
@@ -71,6 +76,8 @@ def restore(memo: Memo, data: bytes, code: str) -> int:
     0 for a snapshot of other code or another format; ValueError, and nothing put, when it is not
     a snapshot: every value is checked, since a file can hold anything.
     """
+    if not data.startswith(_header(code)):
+        return 0  # another code's (or format's): not parsed, ~0.2 s for a full file
     try:
         doc = ujson.loads(data)
         if not isinstance(doc, dict):
@@ -82,7 +89,7 @@ def restore(memo: Memo, data: bytes, code: str) -> int:
     except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ValueError(f"not a memo snapshot: {error!r}") from error
     for key, decision in entries:
-        memo.decisions.put(key, decision, _DECISION_CHARS + len(decision.text or ""))
+        memo.remember(key, decision)
     return len(entries)
 
 

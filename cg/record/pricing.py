@@ -59,6 +59,13 @@ class Tokens:
     def cache_write(self) -> int:
         return self.cache_write_5m + self.cache_write_1h
 
+    @classmethod
+    def billed(cls, input: int, cache_read: int, cache_write: int, cache_write_1h: int, output: int) -> Tokens:
+        """Anthropic's counts: cache writes in all, and of them those written for an hour (at
+        most all of them)."""
+        hour = max(0, min(cache_write_1h, cache_write))
+        return cls(input, cache_read, max(0, cache_write - hour), hour, output)
+
 
 @attrs.frozen
 class Price:

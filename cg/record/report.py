@@ -194,9 +194,10 @@ class Tally:
     def _usage(self, record: dict[str, object]) -> None:
         session, seq = _str(record, "session"), _int(record, "seq")
         counts = {key: _int(record, key, default=0) for key in _USAGE_FIELDS}
-        # Lines written before cg split cache writes by lifetime have none written for an hour; a
-        # line claiming more of them than writes claims too many.
-        counts["cache_write_1h_tokens"] = max(0, min(counts["cache_write_1h_tokens"], counts["cache_write_tokens"]))
+        # Lines written before cg split cache writes by lifetime have none written for an hour.
+        tokens = Tokens.billed(counts["input_tokens"], counts["cache_read_tokens"], counts["cache_write_tokens"],
+                               counts["cache_write_1h_tokens"], counts["output_tokens"])
+        counts["cache_write_1h_tokens"] = tokens.cache_write_1h
         self.usage_lines += 1
         self.sessions.add(session)
         self.usage_requests.add((session, seq))
@@ -205,10 +206,6 @@ class Tally:
         model = record.get("model")
         provider = ANTHROPIC if record.get("dialect") == ANTHROPIC else OPENAI
         priced_by = (model if isinstance(model, str) else None, provider)
-        hour = counts["cache_write_1h_tokens"]
-        tokens = Tokens(input=counts["input_tokens"], cache_read=counts["cache_read_tokens"],
-                        cache_write_5m=counts["cache_write_tokens"] - hour, cache_write_1h=hour,
-                        output=counts["output_tokens"])
         self.billed[priced_by] = self.billed.get(priced_by, Tokens()) + tokens
 
     def cost(self) -> dict[str, Any]:

@@ -140,9 +140,8 @@ def _claude_usage(usage: object) -> Tokens | None:
     detail = usage.get("cache_creation")
     written = _count(usage.get("cache_creation_input_tokens"))
     one_hour = _count(detail.get("ephemeral_1h_input_tokens")) if isinstance(detail, dict) else 0
-    return Tokens(input=_count(usage.get("input_tokens")), cache_read=_count(usage.get("cache_read_input_tokens")),
-                  cache_write_5m=max(0, written - one_hour), cache_write_1h=min(one_hour, written),
-                  output=_count(usage.get("output_tokens")))
+    return Tokens.billed(_count(usage.get("input_tokens")), _count(usage.get("cache_read_input_tokens")), written,
+                         one_hour, _count(usage.get("output_tokens")))
 
 
 def claude_body(messages: list[dict[str, Any]], model: str, ttl: str | None = None) -> dict[str, Any]:

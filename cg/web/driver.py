@@ -360,6 +360,7 @@ class ExchangeDriver:
         self.proxy.billed(record, self.model)
         self._answered(record.status)
         self.proxy.ended(self)
+        self.originals = {}  # as the exchange keeps no body (Exchange._end): the cycles it is in free late
         compacted = record.compacted
         log.info(
             "{method} {path} {status} {outcome} upstream_ms={upstream_ms} ttfb_ms={ttfb_ms} "
@@ -408,6 +409,7 @@ class ExchangeDriver:
         if transport is not None and not transport.disconnected:
             transport.abortConnection()
         self.proxy.ended(self)
+        self.originals = {}
 
 
 _DO = {

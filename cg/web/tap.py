@@ -118,8 +118,8 @@ class Options(usage.Options):
             None,
             None,
             "Where each process keeps the memo's decisions across a restart: written every 10 minutes "
-            "and when it stops, all read when one starts, so that the first requests after a restart "
-            "cost less. none: nowhere. [default: beside an sqlite: store (store.memo for store.sqlite3); "
+            "while it makes new ones and when it stops, all read when one starts, so that the first "
+            "requests after a restart cost less. none: nowhere. [default: beside an sqlite: store (store.memo for store.sqlite3); "
             "memo under the state directory for redis:; none for memory:]",
         ],
         [
@@ -252,6 +252,10 @@ class Options(usage.Options):
             raise usage.UsageError(f"--store-password-file: {error}") from error
         if self["memo-mb"] < 0:
             raise usage.UsageError("--memo-mb must be 0 or more")
+        memo_dir = self["memo-dir"]
+        if memo_dir is not None and (not memo_dir or os.path.exists(os.path.expanduser(memo_dir))
+                                     and not os.path.isdir(os.path.expanduser(memo_dir))):
+            raise usage.UsageError(f"--memo-dir {memo_dir!r}: not a directory (none: no memo files)")
         if self["max-expand-rounds"] < 0:
             raise usage.UsageError("--max-expand-rounds must be 0 or more")
         if not self["request-head-timeout"] > 0:
