@@ -140,7 +140,7 @@ def test_the_cache_lifetime_the_client_asked_for():
     # Automatic caching: the request's own cache_control places the breakpoint.
     automatic = {**conversation(bash_turns(1)), "cache_control": {"type": "ephemeral", "ttl": "1h"}}
     assert cold.cache_ttl(parsed(automatic), ANTHROPIC) == cold.TTL_1H
-    assert cache_lifetime({"model": "m", "messages": [], "cache_control": {"type": "ephemeral"}}) == cold.TTL_5M
+    assert cache_lifetime(parsed({"model": "m", "messages": [], "cache_control": {"type": "ephemeral"}})) == cold.TTL_5M
     # OpenAI keeps a prefix up to an hour; a day when asked to.
     assert cold.cache_ttl(parsed({"model": "gpt-5", "input": []}), RESPONSES) == cold.TTL_1H
     retained = {"model": "gpt-5", "input": [], "prompt_cache_retention": "24h"}

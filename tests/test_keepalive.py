@@ -20,10 +20,17 @@ from cg.exchange.keepalive import (
     lifetime,
 )
 from cg.testing import claude_code_bytes
+from cg.wire.body import ParsedBody
 from cg.wire.cache import TTL_1H, TTL_5M, cache_lifetime, ping_body
 
 # ---------------------------------------------------------------------------------------------
 # What a ping sends
+
+
+def parsed(value: dict) -> ParsedBody:
+    body = ParsedBody.parse(json.dumps(value).encode())
+    assert body is not None
+    return body
 
 
 def test_ping_body_changes_max_tokens_and_stream_only():
@@ -52,28 +59,28 @@ def test_cache_lifetime_is_the_shortest_breakpoint():
     def body(*ttls):
         blocks = [{"type": "text", "text": str(i), **({"cache_control": {"type": "ephemeral", **ttl}} if ttl is not None else {})}
                   for i, ttl in enumerate(ttls)]
-        return {"system": blocks[:1], "messages": [{"role": "user", "content": blocks[1:]}]}
+        return parsed({"system": blocks[:1], "messages": [{"role": "user", "content": blocks[1:]}]})
 
     assert cache_lifetime(body(None, None)) is None
     assert cache_lifetime(body({}, None)) == TTL_5M
     assert cache_lifetime(body({"ttl": "1h"}, {"ttl": "1h"})) == TTL_1H
     assert cache_lifetime(body({"ttl": "1h"}, {})) == TTL_5M  # the 5-minute entry is the longer prefix
-    assert cache_lifetime({"tools": [{"name": "t", "cache_control": {"type": "ephemeral"}}]}) == TTL_5M
-    assert cache_lifetime({"messages": [{"role": "user", "content": "text"}, "junk"]}) is None
+    assert cache_lifetime(parsed({"tools": [{"name": "t", "cache_control": {"type": "ephemeral"}}]})) == TTL_5M
+    assert cache_lifetime(parsed({"messages": [{"role": "user", "content": "text"}, "junk"]})) is None
 
 
 def test_which_requests_can_be_kept_warm():
     claude_code = claude_code_body("p_second_request_tool_result")
     raw = claude_code_bytes(claude_code)
-    assert concerns("/v1/messages", raw) and lifetime(claude_code) == TTL_5M  # adaptive thinking: no budget
+    assert concerns("/v1/messages", raw) and lifetime(parsed(claude_code)) == TTL_5M  # adaptive thinking: no budget
     assert not concerns("/v1/messages/count_tokens", raw) and not concerns("/v1/chat/completions", raw)
     # a cache_control only inside a string is no breakpoint
     quoted = claude_code_bytes({"max_tokens": 5, "messages": [{"role": "user", "content": '{"cache_control": 1}'}]})
     assert not concerns("/v1/messages", quoted)
     budget = {**claude_code, "thinking": {"type": "enabled", "budget_tokens": 2048}}
-    assert lifetime(budget) is None  # a ping would have to allow 2,049 tokens
-    assert lifetime({k: v for k, v in claude_code.items() if k != "max_tokens"}) is None
-    assert lifetime({**claude_code, "max_tokens": True}) is None
+    assert lifetime(parsed(budget)) is None  # a ping would have to allow 2,049 tokens
+    assert lifetime(parsed({k: v for k, v in claude_code.items() if k != "max_tokens"})) is None
+    assert lifetime(parsed({**claude_code, "max_tokens": True})) is None
 
 
 def test_bounds_that_make_keepalive_meaningless_are_refused():

@@ -1,14 +1,20 @@
 """Parsing a body against the previous one of its conversation gives what a fresh parse gives."""
 
+import copy
 import json
 
+from fixturedata import claude_code_body
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_markers import js_style
 
+from cg.compaction import cold
 from cg.compaction.pipeline import Memo
 from cg.compaction.rewrite import RewriteConfig, Rewriter
+from cg.exchange import keepalive
 from cg.wire import jsonbytes
-from cg.wire.body import ParsedBody
+from cg.wire.body import UNREAD, ParsedBody
+from cg.wire.cache import TTL_1H, TTL_5M
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
 MESSAGE = st.fixed_dictionaries({
@@ -51,11 +57,39 @@ def test_shared_messages_are_not_scanned_again():
     previous = ParsedBody.parse(json.dumps(body(history)).encode())
     grown = ParsedBody.parse(json.dumps(body([*history, {"role": "user", "content": "new"}])).encode(),
                              previous.earlier())
-    assert all(grown.value["messages"][i] is previous.value["messages"][i] for i in range(50))
+    messages = grown.value["messages"]
+    assert [i for i in range(51) if list.__getitem__(messages, i) is not UNREAD] == [50]  # only the new one
     assert grown.value["tools"] is previous.value["tools"]  # after the history, unchanged
     assert grown.value["system"] is previous.value["system"]
+    assert messages[3] == history[3] and list.__getitem__(messages, 3) == history[3]  # read when looked at, once
     again = ParsedBody.parse(previous.raw, previous.earlier())
-    assert again.value is previous.value and again.doc == previous.doc
+    assert all(list.__getitem__(again.value["messages"], i) is UNREAD for i in range(50))
+    assert again.value == previous.value and again.doc == previous.doc  # read, now
+
+
+def test_an_earlier_body_keeps_no_message():
+    """A conversation's memo entry holds its bytes, not its messages' values (most of its memory)."""
+    previous = ParsedBody.parse(json.dumps(body([{"role": "user", "content": "x" * 1000}] * 3)).encode())
+    assert previous.value["messages"][0]["content"] == "x" * 1000
+    assert previous.earlier().value["messages"] == [UNREAD] * 3
+    assert previous.value["messages"][0]["content"] == "x" * 1000  # the body itself keeps its own
+
+
+def test_messages_read_lazily_look_like_a_list_however_they_are_looked_at():
+    history = [{"role": "user", "content": f"m{i} é"} for i in range(4)]
+    raw = json.dumps(body(history), ensure_ascii=False).encode()
+    previous = ParsedBody.parse(raw)
+
+    def fresh():
+        return ParsedBody.parse(raw, previous.earlier()).value["messages"]
+
+    assert fresh() == history and history == fresh() and not (fresh() != history)
+    assert list(fresh()) == history and fresh()[1:3] == history[1:3] and fresh()[-1] == history[-1]
+    assert list(reversed(fresh())) == history[::-1] and history[2] in fresh() and fresh().index(history[2]) == 2
+    assert fresh().count(history[0]) == 1 and fresh() + [1] == [*history, 1] and [0] + fresh() == [0, *history]
+    assert fresh().copy() == history and copy.deepcopy(fresh()) == history and type(copy.copy(fresh())) is list
+    assert json.loads(json.dumps(list(fresh()))) == history and repr(fresh()) == repr(history)
+    assert sorted(fresh(), key=lambda m: m["content"]) == history and len(fresh()) == 4
 
 
 def test_a_message_taken_from_the_last_parse_brings_the_spans_walked_inside_it():
@@ -212,7 +246,8 @@ def test_a_side_request_to_another_model_leaves_the_main_thread_s_body():
     rewriter.parse(json.dumps(side).encode(), b"/v1/messages", "session")
     grown = {**main, "messages": [*history, {"role": "assistant", "content": "ok"}]}
     then = rewriter.parse(json.dumps(grown).encode(), b"/v1/messages", "session")
-    assert then.body.value["messages"][0] is first.body.value["messages"][0]  # taken, not scanned
+    assert list.__getitem__(then.body.value["messages"], 0) is UNREAD  # taken, not scanned
+    assert then.body.shared > len(json.dumps(history[0])) and first.body.value["messages"] == history
 
 
 def test_conversations_without_a_session_id_each_parse_against_their_own_last_turn():
@@ -282,3 +317,45 @@ def test_a_short_session_less_chat_keeps_its_name_as_it_grows():
         rewriter.parse(json.dumps(body(messages)).encode(), b"/v1/messages")
         messages = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
     assert (rewriter.memo.bodies.hits, len(rewriter.memo.bodies)) == (3, 1)
+
+
+def test_a_warm_turn_reads_only_its_new_messages(monkeypatch):
+    """Everything cg asks of a turn parsed against the last one (repairs once the history names
+    the expand tool, the keep-alive's lifetime when only messages carry breakpoints, the cache's
+    lifetime, a cold epoch's superseded file views, the plan) reads only the messages it added:
+    the memo keeps no message values (cg.wire.body.Messages), so reading the others would parse
+    the history again."""
+    history = claude_code_body("p_unknown_tool_followup")
+    history["system"] = [{"type": "text", "text": "no breakpoint here"}]
+    read = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_read", "name": "Read", "input": {"file_path": "/a.py"}}]}
+    shown = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_read",
+                                          "content": "x = 1\n" * 2000}]}
+    edit = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_edit", "name": "Edit", "input": {"file_path": "/a.py"}}]}
+    done = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_edit", "content": "ok",
+                                         "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}
+    history["messages"] += [read, shown, edit, done]
+    rewriter = Rewriter(RewriteConfig())
+    config = rewriter.config.compact
+    cutoff = len(history["messages"]) - 1  # the Read and its Edit before it
+    epochs = []
+
+    def turn(value: dict) -> tuple[float | None, bool]:
+        incoming = rewriter.parse(js_style(value), b"/v1/messages", "session")
+        assert incoming is not None and incoming.repairs  # the history names the expand tool
+        body = incoming.body
+        epochs.append(cold.Epoch(cutoff, cold.fingerprint(body, "anthropic", cutoff - 1), 100, True))
+        older = cold.older(epochs[0], body, "anthropic", config)
+        assert older is not None and older.superseded  # the Read that the Edit superseded
+        rewriter.finish(incoming, older=older)
+        return keepalive.lifetime(body), cold.cache_ttl(body, "anthropic") == TTL_1H
+
+    assert turn(history) == (TTL_5M, True)  # message 3's breakpoint: 5 minutes
+    scans = []
+    monkeypatch.setattr(jsonbytes, "scan", lambda literal: scans.append(literal) or json.loads(literal))
+    history["messages"] += [{"role": "assistant", "content": [{"type": "text", "text": "next"}]},
+                            {"role": "user", "content": [{"type": "text", "text": "go on"}]}]
+    assert turn(history) == (TTL_5M, True)
+    assert scans == []  # the new messages came with the parse; the others were never read
+    assert epochs[0] == epochs[1]  # the epoch matches both turns

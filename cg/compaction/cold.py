@@ -25,6 +25,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import cast
 
 import attrs
 
@@ -251,10 +252,29 @@ def older(epoch: Epoch | None, body: ParsedBody, dialect: str, config: CompactCo
     if epoch is None:
         return None
     strong, views = _configs(config, epoch.min_tokens)
-    items = body.value.get(LIST_KEY[dialect])
-    superseded = (_superseded(items, epoch.cutoff) if epoch.views and dialect == ANTHROPIC and isinstance(items, list)
-                  else frozenset())
+    superseded = _superseded_in(body, epoch.cutoff) if epoch.views and dialect == ANTHROPIC else frozenset()
     return Older(epoch.cutoff, strong, views, superseded)
+
+
+# ParsedBody.carried: ((cutoff, the span of message cutoff - 1), `_superseded` of the messages before).
+_SUPERSEDED = "cold: the file views superseded before a cutoff"
+
+
+def _superseded_in(body: ParsedBody, cutoff: int) -> frozenset[tuple[int, int]]:
+    """`_superseded` of the body's messages, as the conversation's last body answered it when both
+    hold the same messages up to ``cutoff`` (so a turn does not read its history again:
+    cg.wire.body.Messages)."""
+    items = body.value.get("messages")
+    if not isinstance(items, list):
+        return frozenset()
+    where = (cutoff, body.spans.get(("messages", cutoff - 1)))
+    last = body.earlier_carried.get(_SUPERSEDED)
+    if last is not None and last[0] == where and where[1] is not None and where[1][1] <= body.shared:
+        superseded = cast("frozenset[tuple[int, int]]", last[1])
+    else:
+        superseded = _superseded(items, cutoff)
+    body.carried[_SUPERSEDED] = (where, superseded)
+    return superseded
 
 
 @functools.lru_cache(maxsize=64)

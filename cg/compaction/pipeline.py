@@ -140,31 +140,36 @@ class Compaction:
 
 
 class Originals(Mapping[str, bytes]):
-    """Marker ID -> original, each encoded when it is read.
+    """Marker ID -> original, each read from the body's bytes when it is read.
 
     A turn's plan carries every original its history holds (each offloaded result, every turn);
     the proxy reads the bytes only of those the store does not know yet, or that an expand call
-    asks for.
+    asks for. Each is the span of its JSON string in `raw`, so that a conversation's memo keeps no
+    result text (cg.wire.body.Messages).
     """
 
-    def __init__(self) -> None:
-        self._texts: dict[str, str] = {}
+    def __init__(self, raw: bytes = b"") -> None:
+        self._raw = raw
+        self._spans: dict[str, jsonbytes.Span] = {}
 
-    def add(self, pairs: Iterable[tuple[str, str]]) -> None:
-        """(marker ID, original text) pairs: texts that encode (the decisions encoded them)."""
-        self._texts.update(pairs)
+    def add(self, pairs: Iterable[tuple[str, jsonbytes.Span]]) -> None:
+        """(marker ID, span of the original's JSON string in `raw`) pairs: texts that encode (the
+        decisions encoded them)."""
+        self._spans.update(pairs)
 
     def __getitem__(self, result_id: str) -> bytes:
-        return self._texts[result_id].encode("utf-8")
+        start, end = self._spans[result_id]
+        text = jsonbytes.scan(self._raw[start:end].decode("utf-8"))
+        return cast(str, text).encode("utf-8")
 
     def __contains__(self, result_id: object) -> bool:
-        return result_id in self._texts  # Mapping's would encode the text to answer
+        return result_id in self._spans  # Mapping's would read the text to answer
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._texts)
+        return iter(self._spans)
 
     def __len__(self) -> int:
-        return len(self._texts)
+        return len(self._spans)
 
 
 @attrs.frozen
@@ -268,10 +273,10 @@ class Memo:
     `bodies` no longer holds), and an entry holds no result text: ~1.3 KB with its rewritten text
     (`_DECISION_CHARS` counted for each, so that the budget bounds memory). `bodies` (conversation and
     model -> its last body as `cg.wire.body.Earlier`, kept by `cg.compaction.rewrite.Rewriter`) is
-    bounded by the bytes of the bodies it holds, not by a count: an entry holds about 2.8 times its
-    bytes (the bytes, their parsed values and spans, the plans carried), and the default, 48 MiB of
-    bodies (~135 MiB held), keeps about 150 conversations of 330 KB (docs/performance.md,
-    Gateway). A turn parsed against its conversation's last body looks up decisions only for its
+    bounded by the bytes of the bodies it holds, not by a count: an entry holds about 1.6 times its
+    bytes (the bytes, their spans, the plans carried: no message values, which are read again from
+    the bytes when looked at, cg.wire.body.Messages), and the default, 48 MiB of bodies (~75 MiB
+    held), keeps about 150 conversations of 330 KB (docs/performance.md, Gateway). A turn parsed against its conversation's last body looks up decisions only for its
     new messages, so `decisions` matter after a body was evicted, or a restart: the default 16 Mi
     characters (~21 MiB held) keep ~18,000 decisions, the results of several hundred
     conversations of 330 KB (bench/pipeline.py's "no body memo" row).
@@ -286,7 +291,7 @@ class Memo:
     @classmethod
     def sized(cls, text_bytes: int) -> "Memo":
         """A memo keeping `text_bytes` of text (--memo-mb): three quarters bodies, a quarter
-        decisions, as the defaults split their 64 MiB. The process holds ~2.4 times as much."""
+        decisions, as the defaults split their 64 MiB. The process holds ~1.5 times as much."""
         return cls(max_chars=text_bytes // 4, max_body_bytes=text_bytes * 3 // 4)  # as the defaults
 
     def __len__(self) -> int:
@@ -334,19 +339,19 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     messages = body.value.get(key)
     if not isinstance(messages, list):
         return Plan([], Originals(), [])
-    out = Plan([], Originals(), [])
+    out = Plan([], Originals(body.raw), [])
     walk = _Walk(dialect, config, lossy, memo, older)
     cache_key = ("plan", dialect, config, lossy, older) if isinstance(lossy, bool) else None
     last = body.earlier_carried.get(cache_key, []) if cache_key else []
     planned: list[_Planned] = []
-    for index, message in enumerate(messages):
+    for index in range(len(messages)):  # a message planned last time is not looked at (cg.wire.body.Messages)
         span = body.spans[(key, index)]
         # The same place, too: a duplicate key past the shared prefix could have made another
         # array the earlier body's messages (the last one wins).
         if index < len(last) and span[1] <= body.shared and cast(_Planned, last[index]).span == span:
             done = cast(_Planned, last[index])
         else:
-            done = _plan_message(body, key, index, message, walk)
+            done = _plan_message(body, key, index, messages[index], walk)
         done.add_to(out, walk)
         planned.append(done)
     if cache_key is not None:
@@ -360,10 +365,10 @@ class _Planned:
 
     edits: tuple[tuple[jsonbytes.Span, str], ...] = ()
     changes: tuple[Change, ...] = ()
-    originals: tuple[tuple[str, str], ...] = ()  # (marker ID, result text): encoded when read
+    originals: tuple[tuple[str, jsonbytes.Span], ...] = ()  # (marker ID, its JSON string's span): read when read
     ran: tuple[str, ...] = ()
     reverted: tuple[str, ...] = ()
-    texts: tuple[str, ...] = ()  # its results' texts and IDs, for "seen earlier" after it
+    digests: tuple[bytes, ...] = ()  # its results' SHA-256 and IDs, for "seen earlier" after it
     ids: tuple[str, ...] = ()
     tool_names: tuple[tuple[str, str], ...] = ()  # the calls it makes: (call ID, tool name)
     span: jsonbytes.Span = (0, 0)  # where the message was
@@ -379,8 +384,8 @@ class _Planned:
             out.runs.update(self.ran)
         if self.reverted:
             out.reverted.update(self.reverted)
-        if self.texts:
-            walk.seen_texts.update(self.texts)
+        if self.digests:
+            walk.seen_digests.update(self.digests)
             walk.seen_ids.update(self.ids)
         if self.tool_names:
             walk.tool_names.update(self.tool_names)
@@ -390,15 +395,15 @@ def _plan_message(body: ParsedBody, key: str, index: int, message: object, walk:
     """Decide the tool results of message `index` (or input item) and make their edits."""
     edits: list[tuple[jsonbytes.Span, str]] = []
     changes: list[Change] = []
-    originals: list[tuple[str, str]] = []
+    originals: list[tuple[str, jsonbytes.Span]] = []
     ran: list[str] = []
     reverted: list[str] = []
-    texts: list[str] = []
+    digests: list[bytes] = []
     ids: list[str] = []
     calls: list[tuple[str, str]] = []
     spans: dict[jsonbytes.Path, jsonbytes.Span] | None = None
-    for result, decision in walk.decisions(index, message, calls):
-        texts.append(result.text)
+    for result, digest, decision in walk.decisions(index, message, calls):
+        digests.append(digest)
         ids.append(decision.result_id)
         ran += decision.ran
         reverted += decision.reverted
@@ -417,9 +422,9 @@ def _plan_message(body: ParsedBody, key: str, index: int, message: object, walk:
             for number, step in enumerate(decision.steps)
         ]
         if any(step.lossy for step in decision.steps):
-            originals.append((result_id, result.text))
+            originals.append((result_id, (start, end)))
     return _Planned(tuple(edits), tuple(changes), tuple(originals), tuple(ran), tuple(reverted),
-                    tuple(texts), tuple(ids), tuple(calls), body.spans[(key, index)])
+                    tuple(digests), tuple(ids), tuple(calls), body.spans[(key, index)])
 
 
 def _message_spans(body: ParsedBody, key: str, index: int) -> dict[jsonbytes.Path, jsonbytes.Span]:
@@ -461,33 +466,33 @@ class _Walk:
         # already stored), reformat only for the rest.
         self.only: frozenset[str] | None = lossy if isinstance(lossy, frozenset) else None
         self.lossy = bool(lossy) if self.only is None else True
-        self.seen_texts: set[str] = set()
+        self.seen_digests: set[bytes] = set()  # the results' SHA-256: the same text came earlier
         self.seen_ids: set[str] = set()
         self.tool_names: dict[str, str] = {}
 
     def decisions(self, index: int, message: object,
-                  calls: list[tuple[str, str]]) -> Iterator[tuple[_ToolResult, _Decision]]:
-        """Each tool result of message `index` with its decision (text None: no change); the
-        calls the message makes are added to `calls` (and to the walk's tool names)."""
+                  calls: list[tuple[str, str]]) -> Iterator[tuple[_ToolResult, bytes, _Decision]]:
+        """Each tool result of message `index` with its SHA-256 and decision (text None: no
+        change); the calls the message makes are added to `calls` (and to the walk's tool names)."""
         for result in self.find(index, message, _Calls(self.tool_names, calls)):
             if result.tool_name == EXPAND_TOOL:
                 continue  # what the model asked to see again stays as it is
-            earlier = result.text in self.seen_texts
-            decided_by = self.config
-            if self.older is not None:
-                decided_by = self.older.config_for(result.message_index, result.block_index, self.config)
             try:
                 original = result.text.encode("utf-8")
             except UnicodeEncodeError:
                 continue  # a lone surrogate: no exact original to give back
             digest = hashlib.sha256(original).digest()
+            earlier = digest in self.seen_digests
+            decided_by = self.config
+            if self.older is not None:
+                decided_by = self.older.config_for(result.message_index, result.block_index, self.config)
             decision = _decision(result, original, digest, earlier, self.seen_ids, decided_by, self.lossy, self.memo)
             only = self.only
             if only is not None and decision.result_id not in only and any(s.lossy for s in decision.steps):
                 decision = _decision(result, original, digest, earlier, self.seen_ids, decided_by, False, self.memo)
-            self.seen_texts.add(result.text)
+            self.seen_digests.add(digest)
             self.seen_ids.add(decision.result_id)
-            yield result, decision
+            yield result, digest, decision
 
 
 def _decision(result: _ToolResult, original: bytes, digest: bytes, earlier: bool, seen_ids: set[str],

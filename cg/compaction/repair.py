@@ -101,57 +101,59 @@ def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
     A body that never names the expand tool holds no call to it: one C-speed search instead of a
     walk of every message on every turn, and only past what it shares with the conversation's
     last body when that one did not name it either. (A name spelled with \\u escapes of plain
-    letters would be missed; no client writes JSON so.)
+    letters would be missed; no client writes JSON so.) A body that names it is walked message by
+    message, each message the last body shared answered as it was then (`ParsedBody.per_message`).
     """
     if not _names_expand(body):
         body.carried[_UNNAMED] = ()
         return []
+    key = "input" if dialect == RESPONSES else "messages"
+    calls: dict[str, ExpandCall] = {}
+    repairs: list[Repair] = []
+    for message_index, (made, answered) in enumerate(body.per_message((_SEEN, dialect), key, lambda message: _seen(
+            message, dialect))):
+        calls.update((call.id, call) for call in made)
+        for call_id, block_index in answered:
+            call = calls.get(call_id)
+            if call is not None:
+                repairs.append(Repair(call.id, call.ref, call.raw_input, message_index, block_index))
+    return repairs
+
+
+# ParsedBody.carried: what each message holds for repairs (`_seen`).
+_SEEN = "repair: expand calls made and error answers given"
+_Seen = tuple[tuple[ExpandCall, ...], tuple[tuple[str, "int | None"], ...]]
+_NOTHING: _Seen = ((), ())
+
+
+def _seen(message: object, dialect: str) -> _Seen:
+    """A message's expand calls, and its answers that read like errors (call ID, block index; None
+    for a whole message or item), whatever they answer: which call they answer is the walk's to
+    say. Anthropic and OpenAI messages; Responses input items."""
+    if not isinstance(message, dict):
+        return _NOTHING
     if dialect == RESPONSES:
-        return _responses_repairs(body)
-    messages = body.value.get("messages")
-    if not isinstance(messages, list):
-        return []
-    calls: dict[str, ExpandCall] = {}
-    repairs: list[Repair] = []
-    for message_index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            continue
-        role = message.get("role")
-        if role == "assistant":
-            calls.update((call.id, call) for call in expand_calls(message, dialect))
-        elif dialect == ANTHROPIC and role == "user" and isinstance(message.get("content"), list):
-            for block_index, block in enumerate(message["content"]):
-                if (isinstance(block, dict) and block.get("type") == "tool_result"
-                        and _is_error_answer(calls, block.get("tool_use_id"), block)):
-                    call = calls[block["tool_use_id"]]
-                    repairs.append(Repair(call.id, call.ref, call.raw_input, message_index, block_index))
-        elif dialect == OPENAI and role == "tool" and _is_error_answer(calls, message.get("tool_call_id"), message):
-            call = calls[message["tool_call_id"]]
-            repairs.append(Repair(call.id, call.ref, call.raw_input, message_index, None))
-    return repairs
+        kind = message.get("type")
+        if kind == "function_call":
+            return tuple(responses.expand_calls([message])), ()
+        if kind == "function_call_output" and _is_error_answer(message.get("call_id"), message):
+            return (), ((message["call_id"], None),)
+        return _NOTHING
+    role = message.get("role")
+    if role == "assistant":
+        return tuple(expand_calls(message, dialect)), ()
+    if dialect == ANTHROPIC and role == "user" and isinstance(message.get("content"), list):
+        return (), tuple((block["tool_use_id"], index) for index, block in enumerate(message["content"])
+                         if isinstance(block, dict) and block.get("type") == "tool_result"
+                         and _is_error_answer(block.get("tool_use_id"), block))
+    if dialect == OPENAI and role == "tool" and _is_error_answer(message.get("tool_call_id"), message):
+        return (), ((message["tool_call_id"], None),)
+    return _NOTHING
 
 
-def _responses_repairs(body: ParsedBody) -> list[Repair]:
-    """Responses: a `function_call_output` answering an earlier expand `function_call` with an error."""
-    items = body.value.get("input")
-    if not isinstance(items, list):
-        return []
-    calls: dict[str, ExpandCall] = {}
-    repairs: list[Repair] = []
-    for index, item in enumerate(items):
-        if not isinstance(item, dict):
-            continue
-        if item.get("type") == "function_call":
-            calls.update((call.id, call) for call in responses.expand_calls([item]))
-        elif item.get("type") == "function_call_output" and _is_error_answer(calls, item.get("call_id"), item):
-            call = calls[item["call_id"]]
-            repairs.append(Repair(call.id, call.ref, call.raw_input, index, None))
-    return repairs
-
-
-def _is_error_answer(calls: dict[str, ExpandCall], call_id: object, answered: dict[str, object]) -> bool:
+def _is_error_answer(call_id: object, answered: dict[str, object]) -> bool:
     content = answered.get("output") if "output" in answered else answered.get("content")
-    return isinstance(call_id, str) and call_id in calls and looks_like_error(_text(content), answered.get("is_error"))
+    return isinstance(call_id, str) and looks_like_error(_text(content), answered.get("is_error"))
 
 
 def _text(content: object) -> str:

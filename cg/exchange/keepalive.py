@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 import attrs
 
+from cg.wire.body import ParsedBody
 from cg.wire.cache import TTL_5M, cache_lifetime
 
 MESSAGES_PATH = "/v1/messages"
@@ -108,7 +109,7 @@ def concerns(path: str, raw: bytes) -> bool:
     return path == MESSAGES_PATH and b'"cache_control"' in raw
 
 
-def lifetime(body: Mapping[str, object]) -> float | None:
+def lifetime(body: ParsedBody) -> float | None:
     """How long the cache a Messages request writes lives, when cg may keep it warm; None when not.
 
     Not: no ``max_tokens`` to lower, no breakpoint, or extended thinking with a budget. That last
@@ -116,10 +117,10 @@ def lifetime(body: Mapping[str, object]) -> float | None:
     ``max_tokens`` must exceed the budget, so a ping could be billed thousands of thinking tokens.
     (Adaptive thinking, Claude Code's, has no budget: its pings go with ``max_tokens`` 1.)
     """
-    max_tokens = body.get("max_tokens")
+    max_tokens = body.value.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
         return None
-    thinking = body.get("thinking")
+    thinking = body.value.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "enabled":
         return None
     return cache_lifetime(body)

@@ -56,6 +56,7 @@ from cg.record.pricing import (
     digest,
     prices,
 )
+from cg.wire.body import ParsedBody
 from cg.wire.cache import breakpoint_ttl
 
 DEFAULT_EXPAND_RATE = 0.1
@@ -266,7 +267,8 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
             c.marker_id == i and c.message_index < older.cutoff for c in changes)]
         kept = None
         if warm is not None:
-            kept = warm.request(len(turns), request, direct_body, model, price, cg_segments) + output
+            parsed = incoming.body if incoming is not None else ParsedBody.parse(request.body)
+            kept = warm.request(len(turns), request, parsed, model, price, cg_segments) + output
         turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, sum(costs.values()),
                           bytes_direct=len(request.body),
                           bytes_cg=len(rewrite.body) if rewrite is not None else len(request.body),
@@ -308,11 +310,11 @@ class _KeepWarm:
             del self.armed[key]
             self._do(self.scheduler.due(key, at), at)
 
-    def request(self, index: int, request: Sent, body: dict[str, Any], model: str | None, price: Price,
+    def request(self, index: int, request: Sent, body: ParsedBody | None, model: str | None, price: Price,
                 prompt: list[Segment]) -> Tokens:
         """A real request, billed on the kept-warm cache; it moves its conversation's pings as in cg."""
         billed = self._cache(price).bill(request.time, prompt)
-        if keepalive.concerns(request.path, request.body):
+        if keepalive.concerns(request.path, request.body) and body is not None:
             generation, commands = self.scheduler.sent(model, request.time, keepalive.lifetime(body),
                                                        (index, price, prompt))
             self._do(commands, request.time)

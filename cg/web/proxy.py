@@ -162,7 +162,7 @@ class ProxyResource(resource.Resource):
         path = dialect.split_path(request.uri).decode("latin-1")
         if self.keepalive is not None and conversation and keepalive.concerns(path, body):
             # One keep-alive per model: a provider caches per model, and Claude Code's side requests go to another.
-            warm = ((tenant, conversation, model), keepalive.lifetime(incoming.body.value))
+            warm = ((tenant, conversation, model), keepalive.lifetime(incoming.body))
         unchanged = Forward(body, seq, session, tenant, model=model, keepalive=warm)
         texts = self._repair_texts(incoming, unchanged.tenant) if incoming.repairs else defer.succeed({})
         older = self._cold(incoming, unchanged, conversation.decode("latin-1"))

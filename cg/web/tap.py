@@ -110,7 +110,7 @@ class Options(usage.Options):
             None,
             _DEFAULTS.memo_mb,
             "Text the conversation memo keeps per process (each conversation's last body, and decisions), "
-            "which makes a re-sent history cheap; the process holds ~2.4 times it. 0: none.",
+            "which makes a re-sent history cheap; the process holds ~1.5 times it. 0: none.",
             int,
         ],
         [

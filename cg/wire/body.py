@@ -7,7 +7,8 @@ exactly as the client sent them.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import attrs
 
@@ -23,6 +24,108 @@ _BODY_SPINE: jsonbytes.Spine = {
 
 # Where each message keeps the strings the stages edit, relative to the message: by its path.
 InnerSpans = dict[jsonbytes.Path, dict[jsonbytes.Path, jsonbytes.Span]]
+
+# The lists of messages a body's value holds (read lazily: `Messages`).
+_LISTS = ("messages", "input")
+
+_Answer = TypeVar("_Answer")
+
+
+UNREAD = jsonbytes.UNREAD
+
+
+class Messages(list[object]):
+    """A body's messages (or Responses input items), each read from the body's bytes the first
+    time it is looked at when the conversation's last body had it: an `Earlier`, the memo's entry
+    for a conversation, keeps no message values, most of its memory. Every way of looking reads
+    first (indexing, slicing, iterating, comparing, copying); nothing in cg hands the list to C code
+    that would look past it (a JSON encoder). Read-only: a change of its length would move an
+    unread message off its span. A walk of every message on each turn would read the history
+    again: carry its answers (`ParsedBody.per_message`)."""
+
+    __slots__ = ("_raw", "_spans", "_key")
+
+    def __init__(self, items: list[object], raw: bytes, spans: dict[jsonbytes.Path, jsonbytes.Span], key: str):
+        super().__init__(items)
+        self._raw, self._spans, self._key = raw, spans, key
+
+    def _read(self, index: int) -> object:
+        value = list.__getitem__(self, index)
+        if value is UNREAD:
+            start, end = self._spans[(self._key, index if index >= 0 else index + len(self))]
+            value = jsonbytes.scan(self._raw[start:end].decode("utf-8"))
+            list.__setitem__(self, index, value)
+        return value
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._read(i) for i in range(*index.indices(len(self)))]
+        return self._read(index)
+
+    def __iter__(self) -> Iterator[object]:
+        return (self._read(i) for i in range(len(self)))
+
+    def __reversed__(self) -> Iterator[object]:
+        return (self._read(i) for i in reversed(range(len(self))))
+
+    def __contains__(self, item: object) -> bool:
+        return any(value is item or value == item for value in self)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == (list(other) if isinstance(other, list) else other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # a list's: none
+
+    def __add__(self, other: Any) -> Any:
+        return [*self, *other]
+
+    def __radd__(self, other: Any) -> Any:
+        return [*other, *self]
+
+    def copy(self) -> list[object]:
+        return list(self)
+
+    def index(self, *args: Any) -> int:
+        return list(self).index(*args)
+
+    def count(self, item: object) -> int:
+        return list(self).count(item)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # copy, deepcopy and pickle: a plain list, read
+        return list, (list(self),)
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a parsed body's messages are read-only")  # an unread one would move off its span
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
+    append = extend = insert = pop = remove = clear = sort = reverse = _read_only
+
+
+def _lazy(value: dict[str, object], raw: bytes, spans: dict[jsonbytes.Path, jsonbytes.Span]) -> dict[str, object]:
+    """`value` with its message lists read lazily from `raw`."""
+    for key in _LISTS:
+        items = value.get(key)
+        if type(items) is list:
+            value[key] = Messages(items, raw, spans, key)
+    return value
+
+
+def _unread(value: dict[str, object]) -> dict[str, object]:
+    """`value` keeping no message (object, array or string; a number stays: it may go on past
+    what the next body shares): what an `Earlier` holds."""
+    slim = dict(value)
+    for key in _LISTS:
+        items = value.get(key)
+        if isinstance(items, list):
+            slim[key] = [UNREAD if item is UNREAD or isinstance(item, (dict, list, str)) else item
+                         for item in list.__iter__(items)]
+    return slim
 
 
 @attrs.frozen
@@ -60,13 +163,14 @@ class ParsedBody:
         same objects, so treat them as read-only.
         """
         if previous is not None and raw == previous.raw:
-            return cls(raw, raw.decode("latin-1"), previous.value, previous.spans, previous.inner, len(raw),
-                       previous.carried)
+            return cls(raw, raw.decode("latin-1"), _lazy(dict(previous.value), raw, previous.spans), previous.spans,
+                       previous.inner, len(raw), previous.carried)
         reuse = previous.reuse(raw) if previous is not None else None
         try:
             body = cls.load(raw, _BODY_SPINE, reuse)
         except ValueError:
             return None
+        _lazy(body.value, raw, body.spans)
         if reuse is None or previous is None:
             return body
         inner = {path: previous.inner[path] for path in reuse.taken if path in previous.inner}
@@ -81,9 +185,31 @@ class ParsedBody:
             raise ValueError("not a JSON object")
         return cls(raw, doc, value, spans)
 
+    def per_message(self, tag: Hashable, key: str, answer: Callable[[object], _Answer]) -> list[_Answer]:
+        """`answer(message)` for each message of `value[key]` (none when it is not a list), in order.
+
+        A message the conversation's last body answered under `tag` (the same bytes at the same
+        place, within `shared`) is answered as it was then and not looked at, so it is never read
+        (`Messages`): a turn reads only its new messages. `answer` must depend on the message alone.
+        Carried under `tag` for the next turn.
+        """
+        messages = self.value.get(key)
+        if not isinstance(messages, list):
+            return []
+        last = cast("Sequence[tuple[jsonbytes.Span, _Answer]]", self.earlier_carried.get(tag, ()))
+        answers: list[tuple[jsonbytes.Span, _Answer]] = []
+        for index in range(len(messages)):
+            span = self.spans[(key, index)]
+            if index < len(last) and span[1] <= self.shared and last[index][0] == span:
+                answers.append(last[index])
+            else:
+                answers.append((span, answer(messages[index])))
+        self.carried[tag] = answers
+        return [answered for _, answered in answers]
+
     def earlier(self) -> Earlier:
         """What the conversation's next body is parsed against."""
-        return Earlier(self.raw, self.value, self.spans, self.inner, self.carried)
+        return Earlier(self.raw, _unread(self.value), self.spans, self.inner, self.carried)
 
     def apply(self, edits: list[tuple[jsonbytes.Span, str]]) -> bytes:
         """The body with `edits` spliced in; the very same bytes object when there are none."""

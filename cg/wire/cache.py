@@ -10,8 +10,7 @@ through this module.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import cast
+from collections.abc import Iterable, Mapping
 
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
@@ -32,25 +31,18 @@ def breakpoint_ttl(block: object) -> float | None:
     return TTL_1H if control.get("ttl") == "1h" else TTL_5M
 
 
-def cache_lifetime(body: Mapping[str, object]) -> float | None:
+def cache_lifetime(body: ParsedBody) -> float | None:
     """How long what this request caches lives unread; None when it has no breakpoint.
 
     The shortest lifetime among its breakpoints: 1-hour entries must come before 5-minute ones, so
-    a 5-minute breakpoint closes the longest cached prefix, the one the next turn reads.
+    a 5-minute breakpoint closes the longest cached prefix, the one the next turn reads. The
+    request's own lists first (Claude Code's system prompt has a 5-minute one); then the messages,
+    each answered once (`_breakpoints`).
     """
-    shortest: float | None = None
-    for blocks in _cacheable(body):
-        for block in blocks:
-            ttl = breakpoint_ttl(block)
-            if ttl is not None and (shortest is None or ttl < shortest):
-                shortest = ttl
-                if ttl == TTL_5M:
-                    return ttl
-    return shortest
-
-
-# ParsedBody.carried: per message, its span and whether it or one before it asks for an hour.
-_HOUR_BEFORE = "cache: a message up to here asks for an hour"
+    shortest = _shortest(breakpoint_ttl(block) for blocks in _request_lists(body.value) for block in blocks)
+    if shortest == TTL_5M:
+        return shortest
+    return _shortest([shortest, *(ttl for message in _breakpoints(body) for ttl in message)])
 
 
 def asks_for_an_hour(body: ParsedBody) -> bool:
@@ -61,33 +53,26 @@ def asks_for_an_hour(body: ParsedBody) -> bool:
     shares with its conversation's last one are answered as they were then (carried), so a turn
     walks only the blocks of its new messages.
     """
-    value = body.value
-    if any(breakpoint_ttl(block) == TTL_1H for blocks in _request_lists(value) for block in blocks):
+    if any(breakpoint_ttl(block) == TTL_1H for blocks in _request_lists(body.value) for block in blocks):
         return True
-    messages = value.get("messages")
-    last = cast("Sequence[tuple[jsonbytes.Span, bool]]", body.earlier_carried.get(_HOUR_BEFORE, ()))
-    answers: list[tuple[jsonbytes.Span, bool]] = []
-    before = False
-    for index, message in enumerate(messages if isinstance(messages, list) else ()):
-        span = body.spans[("messages", index)]
-        if index < len(last) and span[1] <= body.shared and last[index][0] == span:
-            before = last[index][1]
-        else:
-            before = before or any(breakpoint_ttl(block) == TTL_1H
-                                   for blocks in _message_lists(message) for block in blocks)
-        answers.append((span, before))
-    body.carried[_HOUR_BEFORE] = answers
-    return before
+    return any(TTL_1H in message for message in _breakpoints(body))
 
 
-def _cacheable(body: Mapping[str, object]) -> list[list[object]]:
-    """The lists whose blocks may carry a breakpoint: the request's own (`_request_lists`), and
-    each message's (`_message_lists`)."""
-    lists = _request_lists(body)
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        lists += _message_lists(message)
-    return lists
+# ParsedBody.carried: each message's breakpoint lifetimes.
+_BREAKPOINTS = "cache: the lifetimes a message's breakpoints ask for"
+_NONE: frozenset[float] = frozenset()
+
+
+def _breakpoints(body: ParsedBody) -> list[frozenset[float]]:
+    """The lifetimes each message's breakpoints ask for (`ParsedBody.per_message`: a turn looks
+    only at its new messages)."""
+    return body.per_message(_BREAKPOINTS, "messages", lambda message: frozenset(
+        ttl for blocks in _message_lists(message) for block in blocks
+        if (ttl := breakpoint_ttl(block)) is not None) or _NONE)
+
+
+def _shortest(ttls: Iterable[float | None]) -> float | None:
+    return min((ttl for ttl in ttls if ttl is not None), default=None)
 
 
 def _request_lists(body: Mapping[str, object]) -> list[list[object]]:

@@ -34,6 +34,21 @@ _scan_string: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  #
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
+def scan(literal: str) -> object:
+    """One JSON value that is all of `literal` (as the parse scans it)."""
+    return _scan_value(literal, 0)[0]
+
+
+class _Unread:
+    def __repr__(self) -> str:
+        return "<unread>"
+
+
+UNREAD: Final = _Unread()
+"""An object, array or string an earlier parse found at a path but did not keep (cg.wire.body):
+taken, it stays unread until looked at."""
+
+
 @attrs.define
 class Reuse:
     """An earlier parse sharing its first `limit` characters and some of its last ones with the new
@@ -65,7 +80,7 @@ class Reuse:
         value: Any = self.value  # the spans say what each step of the path indexes
         for key in path:
             value = value[key]
-        if end == self.limit and not in_suffix and not isinstance(value, (dict, list, str)):
+        if end == self.limit and not in_suffix and not (value is UNREAD or isinstance(value, (dict, list, str))):
             return None  # a number may go on past the shared prefix: "1" shared, then "12"
         self.taken.append(path)
         return value, pos + end - start
