@@ -320,8 +320,8 @@ def test_a_short_session_less_chat_keeps_its_name_as_it_grows():
 
 
 def test_a_warm_turn_reads_only_its_new_messages(monkeypatch):
-    """Everything cg asks of a turn parsed against the last one (repairs once the history names
-    the expand tool, the keep-alive's lifetime when only messages carry breakpoints, the cache's
+    """Everything cg asks of a turn parsed against the last one (repairs and their edits once the
+    history names the expand tool, the keep-alive's lifetime when only messages carry breakpoints, the cache's
     lifetime, a cold epoch's superseded file views, the plan) reads only the messages it added:
     the memo keeps no message values (cg.wire.body.Messages), so reading the others would parse
     the history again."""
@@ -339,23 +339,29 @@ def test_a_warm_turn_reads_only_its_new_messages(monkeypatch):
     rewriter = Rewriter(RewriteConfig())
     config = rewriter.config.compact
     cutoff = len(history["messages"]) - 1  # the Read and its Edit before it
-    epochs = []
+    epochs, bodies = [], []
 
     def turn(value: dict) -> tuple[float | None, bool]:
         incoming = rewriter.parse(js_style(value), b"/v1/messages", "session")
         assert incoming is not None and incoming.repairs  # the history names the expand tool
         body = incoming.body
+        bodies.append(body)
         epochs.append(cold.Epoch(cutoff, cold.fingerprint(body, "anthropic", cutoff - 1), 100, True))
         older = cold.older(epochs[0], body, "anthropic", config)
         assert older is not None and older.superseded  # the Read that the Edit superseded
-        rewriter.finish(incoming, older=older)
+        rewritten = rewriter.finish(incoming, {repair.tool_use_id: "the original" for repair in incoming.repairs},
+                                    older=older)
+        assert rewritten.repaired == 1
         return keepalive.lifetime(body), cold.cache_ttl(body, "anthropic") == TTL_1H
 
     assert turn(history) == (TTL_5M, True)  # message 3's breakpoint: 5 minutes
     scans = []
-    monkeypatch.setattr(jsonbytes, "scan", lambda literal: scans.append(literal) or json.loads(literal))
+    monkeypatch.setattr(jsonbytes, "scan", lambda raw, span: scans.append(span) or json.loads(raw[span[0]:span[1]]))
     history["messages"] += [{"role": "assistant", "content": [{"type": "text", "text": "next"}]},
                             {"role": "user", "content": [{"type": "text", "text": "go on"}]}]
     assert turn(history) == (TTL_5M, True)
-    assert scans == []  # the new messages came with the parse; the others were never read
+    # The new messages came with the parse, and no other was read: only the repaired block, to
+    # write it again.
+    body = bodies[-1]
+    assert [body.raw[start:end] for start, end in scans] == [js_style(history["messages"][3]["content"][0])]
     assert epochs[0] == epochs[1]  # the epoch matches both turns

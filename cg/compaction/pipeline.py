@@ -158,9 +158,7 @@ class Originals(Mapping[str, bytes]):
         self._spans.update(pairs)
 
     def __getitem__(self, result_id: str) -> bytes:
-        start, end = self._spans[result_id]
-        text = jsonbytes.scan(self._raw[start:end].decode("utf-8"))
-        return cast(str, text).encode("utf-8")
+        return cast(str, jsonbytes.scan(self._raw, self._spans[result_id])).encode("utf-8")
 
     def __contains__(self, result_id: object) -> bool:
         return result_id in self._spans  # Mapping's would read the text to answer

@@ -36,7 +36,7 @@ replaced by the same frozen text, giving the same bytes: the same text always gi
 """
 
 import re
-from typing import Any
+from typing import cast
 
 import attrs
 
@@ -191,21 +191,19 @@ def repair_edits(body: ParsedBody, repairs: list[Repair],
         text = texts.get(repair.tool_use_id)
         if text is None:
             continue
-        messages: Any = body.value[key]  # find_repairs found each repair on this path
-        message = messages[repair.message_index]
-        message_start = body.spans[(key, repair.message_index)][0]
+        message_start = body.spans[(key, repair.message_index)][0]  # find_repairs found it on this path
         span: jsonbytes.Span | None
         value: object
         if repair.block_index is not None:
             if repair.message_index not in below:
                 below[repair.message_index] = jsonbytes.spans_below(doc, message_start, _BLOCKS)
             span = below[repair.message_index][("content", repair.block_index)]
-            value = _repaired_block(message["content"][repair.block_index], text)
+            value = _repaired_block(cast("dict[str, object]", jsonbytes.scan(body.raw, span)), text)
         else:
             span = jsonbytes.spans_below(doc, message_start, {field: {}}).get((field,))
             if span is None:
                 continue
-            value = _repaired_content(message.get(field), text)
+            value = _repaired_content(jsonbytes.scan(body.raw, span), text)
         edits.append((span, ClientStyle(doc[:span[0]]).dumps(value)))
     return edits
 

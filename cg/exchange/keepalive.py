@@ -117,13 +117,14 @@ def lifetime(body: ParsedBody) -> float | None:
     ``max_tokens`` must exceed the budget, so a ping could be billed thousands of thinking tokens.
     (Adaptive thinking, Claude Code's, has no budget: its pings go with ``max_tokens`` 1.)
     """
+    ttl = cache_lifetime(body)  # first: its answers are carried to the next turn (cg.wire.cache)
     max_tokens = body.value.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
         return None
     thinking = body.value.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "enabled":
         return None
-    return cache_lifetime(body)
+    return ttl
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ class Messages(list[object]):
     time it is looked at when the conversation's last body had it: an `Earlier`, the memo's entry
     for a conversation, keeps no message values, most of its memory. Every way of looking reads
     first (indexing, slicing, iterating, comparing, copying); nothing in cg hands the list to C code
-    that would look past it (a JSON encoder). Read-only: a change of its length would move an
+    that would look past it (ujson's encoder, `*` and `<`; the standard library's json reads it
+    right). Read-only: a change of its length would move an
     unread message off its span. A walk of every message on each turn would read the history
     again: carry its answers (`ParsedBody.per_message`)."""
 
@@ -52,8 +53,7 @@ class Messages(list[object]):
     def _read(self, index: int) -> object:
         value = list.__getitem__(self, index)
         if value is UNREAD:
-            start, end = self._spans[(self._key, index if index >= 0 else index + len(self))]
-            value = jsonbytes.scan(self._raw[start:end].decode("utf-8"))
+            value = jsonbytes.scan(self._raw, self._spans[(self._key, index if index >= 0 else index + len(self))])
             list.__setitem__(self, index, value)
         return value
 
@@ -191,11 +191,14 @@ class ParsedBody:
         A message the conversation's last body answered under `tag` (the same bytes at the same
         place, within `shared`) is answered as it was then and not looked at, so it is never read
         (`Messages`): a turn reads only its new messages. `answer` must depend on the message alone.
-        Carried under `tag` for the next turn.
+        Carried under `tag` for the next turn; asked again for this body, answered as it was.
         """
         messages = self.value.get(key)
         if not isinstance(messages, list):
             return []
+        done = cast("Sequence[tuple[jsonbytes.Span, _Answer]] | None", self.carried.get(tag))
+        if done is not None:
+            return [answered for _, answered in done]
         last = cast("Sequence[tuple[jsonbytes.Span, _Answer]]", self.earlier_carried.get(tag, ()))
         answers: list[tuple[jsonbytes.Span, _Answer]] = []
         for index in range(len(messages)):

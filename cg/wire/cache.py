@@ -35,14 +35,11 @@ def cache_lifetime(body: ParsedBody) -> float | None:
     """How long what this request caches lives unread; None when it has no breakpoint.
 
     The shortest lifetime among its breakpoints: 1-hour entries must come before 5-minute ones, so
-    a 5-minute breakpoint closes the longest cached prefix, the one the next turn reads. The
-    request's own lists first (Claude Code's system prompt has a 5-minute one); then the messages,
-    each answered once (`_breakpoints`).
+    a 5-minute breakpoint closes the longest cached prefix, the one the next turn reads.
     """
-    shortest = _shortest(breakpoint_ttl(block) for blocks in _request_lists(body.value) for block in blocks)
-    if shortest == TTL_5M:
-        return shortest
-    return _shortest([shortest, *(ttl for message in _breakpoints(body) for ttl in message)])
+    messages = _breakpoints(body)
+    return _shortest([*(breakpoint_ttl(block) for blocks in _request_lists(body.value) for block in blocks),
+                      *(ttl for message in messages for ttl in message)])
 
 
 def asks_for_an_hour(body: ParsedBody) -> bool:
@@ -53,9 +50,9 @@ def asks_for_an_hour(body: ParsedBody) -> bool:
     shares with its conversation's last one are answered as they were then (carried), so a turn
     walks only the blocks of its new messages.
     """
-    if any(breakpoint_ttl(block) == TTL_1H for blocks in _request_lists(body.value) for block in blocks):
-        return True
-    return any(TTL_1H in message for message in _breakpoints(body))
+    messages = _breakpoints(body)
+    return (any(breakpoint_ttl(block) == TTL_1H for blocks in _request_lists(body.value) for block in blocks)
+            or any(TTL_1H in message for message in messages))
 
 
 # ParsedBody.carried: each message's breakpoint lifetimes.
@@ -65,7 +62,8 @@ _NONE: frozenset[float] = frozenset()
 
 def _breakpoints(body: ParsedBody) -> list[frozenset[float]]:
     """The lifetimes each message's breakpoints ask for (`ParsedBody.per_message`: a turn looks
-    only at its new messages)."""
+    only at its new messages). Asked on every turn, whatever else the request holds, so that the
+    next turn finds every answer carried."""
     return body.per_message(_BREAKPOINTS, "messages", lambda message: frozenset(
         ttl for blocks in _message_lists(message) for block in blocks
         if (ttl := breakpoint_ttl(block)) is not None) or _NONE)

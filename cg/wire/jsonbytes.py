@@ -34,9 +34,10 @@ _scan_string: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  #
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
-def scan(literal: str) -> object:
-    """One JSON value that is all of `literal` (as the parse scans it)."""
-    return _scan_value(literal, 0)[0]
+def scan(raw: bytes, span: Span) -> object:
+    """The JSON value at `span` of `raw` (UTF-8), as the parse scans it: what a parse found there
+    and did not keep (cg.wire.body.Messages)."""
+    return _scan_value(raw[span[0]:span[1]].decode("utf-8"), 0)[0]
 
 
 class _Unread:
