@@ -23,6 +23,8 @@ from cg.testing import (
     openai_stream_events,
     sse_event,
 )
+from cg.wire import jsonbytes
+from cg.wire.body import ParsedBody
 from cg.wire.dialect import ANTHROPIC, OPENAI
 from cg.wire.sse import Event, SSEParser
 
@@ -435,36 +437,42 @@ def headers(**values):
 
 
 NO_HEADERS = headers()
+
+
+def key(headers_get, body: dict | None, earlier: ParsedBody | None = None) -> str:
+    """`session_key` of `body` as the proxy parses it (against the conversation's last body)."""
+    parsed = ParsedBody.parse(json.dumps(body).encode(), earlier and earlier.earlier()) if body is not None else None
+    return session_key(headers_get, parsed)
 UUID = "7b3f5a2e-1c4d-4e8f-9a0b-112233445566"
 
 
 def test_session_header_wins():
     body = {"metadata": {"user_id": f"user_abc_account_x_session_{UUID[::-1]}"}}
-    assert session_key(headers(x_claude_code_session_id=UUID), body) == UUID
-    assert session_key(headers(x_claude_code_session_id=" " + UUID + " "), None) == UUID
+    assert key(headers(x_claude_code_session_id=UUID), body) == UUID
+    assert key(headers(x_claude_code_session_id=" " + UUID + " "), None) == UUID
 
 
 def test_session_from_legacy_user_id():
     user_id = f"user_{'ab' * 32}_account_0f0e0d0c-aaaa-bbbb-cccc-ddddeeeeffff_session_{UUID}"
-    assert session_key(NO_HEADERS, {"metadata": {"user_id": user_id}}) == UUID
-    assert session_key(headers(x_claude_code_session_id=""), {"metadata": {"user_id": user_id}}) == UUID
+    assert key(NO_HEADERS, {"metadata": {"user_id": user_id}}) == UUID
+    assert key(headers(x_claude_code_session_id=""), {"metadata": {"user_id": user_id}}) == UUID
     no_account = f"user_{'ab' * 32}_account__session_{UUID}"
-    assert session_key(NO_HEADERS, {"metadata": {"user_id": no_account}}) == UUID
+    assert key(NO_HEADERS, {"metadata": {"user_id": no_account}}) == UUID
 
 
 def test_session_from_json_user_id():
     user_id = ujson.dumps({"device_id": "d" * 64, "account_uuid": "", "session_id": UUID})
-    assert session_key(NO_HEADERS, {"metadata": {"user_id": user_id}}) == UUID
+    assert key(NO_HEADERS, {"metadata": {"user_id": user_id}}) == UUID
 
 
 def test_user_id_without_a_session_falls_through_to_the_first_message():
     body = {"metadata": {"user_id": "user_abc"}, "messages": [{"role": "user", "content": "hi"}]}
-    key = session_key(NO_HEADERS, body)
-    assert key.startswith("h:") and len(key) == 18
+    opened = key(NO_HEADERS, body)
+    assert opened.startswith("h:") and len(opened) == 18
     body["metadata"]["user_id"] = '{"device_id": "x"}'
-    assert session_key(NO_HEADERS, body) == key
+    assert key(NO_HEADERS, body) == opened
     body["metadata"]["user_id"] = "{not json"
-    assert session_key(NO_HEADERS, body) == key
+    assert key(NO_HEADERS, body) == opened
 
 
 def test_first_user_message_hash_is_stable_across_turns():
@@ -496,9 +504,9 @@ def test_first_user_message_hash_is_stable_across_turns():
             },
         ]
     }
-    assert session_key(NO_HEADERS, first) == session_key(NO_HEADERS, later)
+    assert key(NO_HEADERS, first) == key(NO_HEADERS, later)
     other = {"messages": [{"role": "user", "content": "fix the other bug"}]}
-    assert session_key(NO_HEADERS, other) != session_key(NO_HEADERS, first)
+    assert key(NO_HEADERS, other) != key(NO_HEADERS, first)
 
 
 def test_claude_code_fixtures():
@@ -507,27 +515,42 @@ def test_claude_code_fixtures():
     # With the header (what Claude Code sends): the header's session.
     for request in (first, second):
         assert (
-            session_key(request["headers"].get, request["body"])
+            key(request["headers"].get, request["body"])
             == request["headers"]["x-claude-code-session-id"]
         )
     # Without it, the first user message still ties the turns of one session together.
-    assert session_key(NO_HEADERS, first["body"]) == session_key(NO_HEADERS, second["body"])
-    assert session_key(NO_HEADERS, first["body"]) != session_key(NO_HEADERS, other["body"])
-    assert session_key(NO_HEADERS, first["body"]).startswith("h:")
+    assert key(NO_HEADERS, first["body"]) == key(NO_HEADERS, second["body"])
+    assert key(NO_HEADERS, first["body"]) != key(NO_HEADERS, other["body"])
+    assert key(NO_HEADERS, first["body"]).startswith("h:")
+
+
+def test_a_later_turn_takes_the_first_user_message_s_hash_without_reading_it(monkeypatch):
+    """A client with no session header: the hash of its first user message is carried from turn to
+    turn, not read again (the memo keeps no message values: cg.wire.body.Messages)."""
+    history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "fix the bug " * 500}]
+    first = ParsedBody.parse(json.dumps({"messages": history}).encode())
+    expected = session_key(NO_HEADERS, first)
+    assert expected.startswith("h:")
+    scans = []
+    monkeypatch.setattr(jsonbytes, "scan", lambda raw, span: scans.append(span) or json.loads(raw[span[0]:span[1]]))
+    history += [{"role": "assistant", "content": "done"}, {"role": "user", "content": "thanks"}]
+    assert key(NO_HEADERS, {"messages": history}, first) == expected and scans == []
+    history[1] = {"role": "user", "content": "fix the other bug"}  # a client rewrote it: hashed again
+    assert key(NO_HEADERS, {"messages": history}, first) == key(NO_HEADERS, {"messages": history[1:2]})
 
 
 def test_no_session_at_all():
-    assert session_key(NO_HEADERS, None) == "-"
-    assert session_key(NO_HEADERS, {}) == "-"
-    assert session_key(NO_HEADERS, {"messages": [{"role": "assistant", "content": "x"}]}) == "-"
-    assert session_key(NO_HEADERS, {"messages": "nope", "metadata": "nope"}) == "-"
-    assert session_key(NO_HEADERS, {"messages": [{"role": "user", "content": ""}]}) == "-"
-    assert session_key(NO_HEADERS, [1, 2]) == "-"  # type: ignore[arg-type]
+    assert key(NO_HEADERS, None) == "-"
+    assert key(NO_HEADERS, {}) == "-"
+    assert key(NO_HEADERS, {"messages": [{"role": "assistant", "content": "x"}]}) == "-"
+    assert key(NO_HEADERS, {"messages": "nope", "metadata": "nope"}) == "-"
+    assert key(NO_HEADERS, {"messages": [{"role": "user", "content": ""}]}) == "-"
+    assert key(NO_HEADERS, [1, 2]) == "-"  # type: ignore[arg-type]
 
     def broken(name):
         raise KeyError(name)
 
-    assert session_key(broken, None) == "-"
+    assert key(broken, None) == "-"
 
 
 def test_openai_messages_hash_too():
@@ -537,6 +560,6 @@ def test_openai_messages_hash_too():
             {"role": "user", "content": [{"type": "text", "text": "q"}]},
         ]
     }
-    key = session_key(NO_HEADERS, body)
+    opened = key(NO_HEADERS, body)
     body["messages"] += [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]
-    assert session_key(NO_HEADERS, body) == key != "-"
+    assert key(NO_HEADERS, body) == opened != "-"

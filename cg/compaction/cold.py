@@ -25,7 +25,6 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import cast
 
 import attrs
 
@@ -256,7 +255,7 @@ def older(epoch: Epoch | None, body: ParsedBody, dialect: str, config: CompactCo
     return Older(epoch.cutoff, strong, views, superseded)
 
 
-# ParsedBody.carried: ((cutoff, the span of message cutoff - 1), `_superseded` of the messages before).
+# ParsedBody.carried (`ParsedBody.up_to` message cutoff - 1): `_superseded` of the messages before.
 _SUPERSEDED = "cold: the file views superseded before a cutoff"
 
 
@@ -267,14 +266,7 @@ def _superseded_in(body: ParsedBody, cutoff: int) -> frozenset[tuple[int, int]]:
     items = body.value.get("messages")
     if not isinstance(items, list):
         return frozenset()
-    where = (cutoff, body.spans.get(("messages", cutoff - 1)))
-    last = body.earlier_carried.get(_SUPERSEDED)
-    if last is not None and last[0] == where and where[1] is not None and where[1][1] <= body.shared:
-        superseded = cast("frozenset[tuple[int, int]]", last[1])
-    else:
-        superseded = _superseded(items, cutoff)
-    body.carried[_SUPERSEDED] = (where, superseded)
-    return superseded
+    return body.up_to(_SUPERSEDED, "messages", cutoff - 1, lambda: _superseded(items, cutoff))
 
 
 @functools.lru_cache(maxsize=64)

@@ -28,10 +28,12 @@ import hashlib
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from typing import cast
 
 import attrs
 import ujson
 
+from cg.wire.body import ParsedBody
 from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
 from cg.wire.sse import Event, SSEParser
 
@@ -448,27 +450,36 @@ def _stable_content(content: object) -> object:
     return content
 
 
-def _first_user_content_hash(body: dict[str, object]) -> str | None:
-    messages = body.get("messages")
-    if not isinstance(messages, list):
+# ParsedBody.carried: whether each message is the user's; the first one's `_content_hash`.
+_USERS = "usage: the user's messages"
+_FIRST_USER = "usage: the first user message's hash"
+
+
+def _first_user_content_hash(body: ParsedBody) -> str | None:
+    """The first user message's `_content_hash`, looked at once per conversation: a turn whose
+    first user message is the last turn's is answered as that one was (cg.wire.body.Messages)."""
+    users = body.per_message(_USERS, "messages", lambda message: isinstance(message, dict)
+                             and message.get("role") == "user")
+    if True not in users:
         return None
-    for message in messages:
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            if content is None or content == "" or content == []:
-                return None
-            try:
-                canonical = ujson.dumps(
-                    _stable_content(content), sort_keys=True, ensure_ascii=False, escape_forward_slashes=False
-                )
-            except (TypeError, ValueError, OverflowError):
-                return None
-            digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
-            return "h:" + digest[:16]
-    return None
+    index = users.index(True)
+    return body.up_to(_FIRST_USER, "messages", index,
+                      lambda: _content_hash(cast("list[dict[str, object]]", body.value["messages"])[index]))
 
 
-def session_key(headers_get: Callable[[str], str | None], body: object) -> str:
+def _content_hash(message: dict[str, object]) -> str | None:
+    content = message.get("content")
+    if content is None or content == "" or content == []:
+        return None
+    try:
+        canonical = ujson.dumps(_stable_content(content), sort_keys=True, ensure_ascii=False,
+                                escape_forward_slashes=False)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return "h:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def session_key(headers_get: Callable[[str], str | None], body: ParsedBody | None) -> str:
     """The session a request belongs to, for per-session totals and the change log.
 
     In order: the ``x-claude-code-session-id`` header; the session in ``metadata.user_id``; ``h:``
@@ -483,9 +494,9 @@ def session_key(headers_get: Callable[[str], str | None], body: object) -> str:
         header = None
     if header is not None:
         return header
-    if not isinstance(body, dict):
+    if body is None:
         return "-"
-    metadata = body.get("metadata")
+    metadata = body.value.get("metadata")
     if isinstance(metadata, dict):
         found = _session_from_user_id(metadata.get("user_id"))
         if found is not None:

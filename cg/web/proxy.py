@@ -152,7 +152,7 @@ class ProxyResource(resource.Resource):
         conversation = (headers.getRawHeaders(b"x-claude-code-session-id") or headers.getRawHeaders(b"session-id")
                         or [b""])[0]
         incoming = self.rewriter.parse(body, request.uri, conversation.decode("latin-1")) if self.rewriter else None
-        session = session_key(_header_getter(request), incoming.body.value if incoming else None)
+        session = session_key(_header_getter(request), incoming.body if incoming else None)
         if incoming is None:
             return defer.succeed(Forward(body, seq, session))
         model = incoming.body.value.get("model")

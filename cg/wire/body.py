@@ -210,6 +210,21 @@ class ParsedBody:
         self.carried[tag] = answers
         return [answered for _, answered in answers]
 
+    def up_to(self, tag: Hashable, key: str, index: int, answer: Callable[[], _Answer]) -> _Answer:
+        """`answer()`, which depends on messages `0..index` of `value[key]` alone (and on what the
+        caller keys `tag` with); the conversation's last body's answer under `tag` when it had
+        message `index` at the same place, within `shared` (so the same messages up to it).
+        Carried under `tag` for the next turn.
+        """
+        span = self.spans.get((key, index))
+        last = self.earlier_carried.get(tag)
+        if last is not None and span is not None and last[0] == span and span[1] <= self.shared:
+            answered = cast("_Answer", last[1])
+        else:
+            answered = answer()
+        self.carried[tag] = (span, answered)
+        return answered
+
     def earlier(self) -> Earlier:
         """What the conversation's next body is parsed against."""
         return Earlier(self.raw, _unread(self.value), self.spans, self.inner, self.carried)
