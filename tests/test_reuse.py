@@ -14,7 +14,7 @@ from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.exchange import keepalive
 from cg.wire import jsonbytes
 from cg.wire.body import UNREAD, ParsedBody
-from cg.wire.cache import TTL_1H, TTL_5M
+from cg.wire.cache import TTL_1H, TTL_5M, asks_for_an_hour, cache_lifetime
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
 MESSAGE = st.fixed_dictionaries({
@@ -365,3 +365,21 @@ def test_a_warm_turn_reads_only_its_new_messages(monkeypatch):
     body = bodies[-1]
     assert [body.raw[start:end] for start, end in scans] == [js_style(history["messages"][3]["content"][0])]
     assert epochs[0] == epochs[1]  # the epoch matches both turns
+
+
+def test_a_message_rewritten_in_place_is_answered_again():
+    """A carried answer needs the message within what the two bodies share, not only at the same
+    place: a client may rewrite a message to the same length (here its breakpoint's lifetime)."""
+    def turn(ttl: str, earlier: ParsedBody | None = None) -> ParsedBody:
+        mark = {"type": "ephemeral", "ttl": ttl}
+        messages = [{"role": "user", "content": [{"type": "text", "text": "a", "cache_control": mark}]},
+                    {"role": "assistant", "content": "b"}]
+        parsed = ParsedBody.parse(json.dumps(body(messages)).encode(), earlier and earlier.earlier())
+        assert parsed is not None
+        return parsed
+
+    first = turn("5m")
+    assert not asks_for_an_hour(first)
+    second = turn("1h", first)
+    assert second.spans == first.spans and second.shared < second.spans[("messages", 0)][1]
+    assert asks_for_an_hour(second) and cache_lifetime(second) == TTL_1H

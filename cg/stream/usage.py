@@ -18,7 +18,8 @@ automatically and charges nothing to write, so ``cache_write_tokens`` is always 
 
 The cache write:read ratio is the number that tells a user whether cg saves or costs money: a proxy
 that changes bytes the provider already cached turns cheap reads into expensive writes (one write
-costs as much as ~12 reads). Pure code: dicts and ``cg.wire.sse.Event`` objects in, no I/O. Everything
+costs as much as ~12 reads). Pure code: dicts, ``cg.wire.sse.Event`` objects and (for the session
+key) a ``cg.wire.body.ParsedBody`` in, no I/O. Everything
 that reads a response fails open: a missing or malformed field counts as 0, never an exception.
 """
 
