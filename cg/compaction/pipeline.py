@@ -275,9 +275,10 @@ class Memo:
     bytes (the bytes, their spans, the plans carried: no message values, which are read again from
     the bytes when looked at, cg.wire.body.Messages), and the default, 48 MiB of bodies (~75 MiB
     held), keeps about 150 conversations of 330 KB (docs/performance.md, Gateway). A turn parsed
-    against its conversation's last body looks up decisions only for its new messages, so `decisions` matter after a body was evicted, or a restart: the default 16 Mi
-    characters (~21 MiB held) keep ~18,000 decisions, the results of several hundred
-    conversations of 330 KB (bench/pipeline.py's "no body memo" row).
+    against its conversation's last body looks up decisions only for its new messages, so
+    `decisions` matter after a body was evicted, or a restart: the default 16 Mi characters
+    (~21 MiB held) keep ~18,000 decisions, the results of several hundred conversations of 330 KB
+    (bench/pipeline.py's "no body memo" row).
     Every table is bounded in entries and in the text it holds, least recently used out first,
     and counts its hits and misses.
     """

@@ -110,8 +110,8 @@ def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
     key = "input" if dialect == RESPONSES else "messages"
     calls: dict[str, ExpandCall] = {}
     repairs: list[Repair] = []
-    for message_index, (made, answered) in enumerate(body.per_message((_SEEN, dialect), key, lambda message: _seen(
-            message, dialect))):
+    seen = body.per_message((_SEEN, dialect), key, lambda message: _seen(message, dialect))
+    for message_index, (made, answered) in enumerate(seen):
         calls.update((call.id, call) for call in made)
         for call_id, block_index in answered:
             call = calls.get(call_id)

@@ -459,13 +459,16 @@ _FIRST_USER = "usage: the first user message's hash"
 def _first_user_content_hash(body: ParsedBody) -> str | None:
     """The first user message's `_content_hash`, looked at once per conversation: a turn whose
     first user message is the last turn's is answered as that one was (cg.wire.body.Messages)."""
-    users = body.per_message(_USERS, "messages", lambda message: isinstance(message, dict)
-                             and message.get("role") == "user")
+    users = body.per_message(_USERS, "messages", _is_user)
     if True not in users:
         return None
     index = users.index(True)
     return body.up_to(_FIRST_USER, "messages", index,
                       lambda: _content_hash(cast("list[dict[str, object]]", body.value["messages"])[index]))
+
+
+def _is_user(message: object) -> bool:
+    return isinstance(message, dict) and message.get("role") == "user"
 
 
 def _content_hash(message: dict[str, object]) -> str | None:

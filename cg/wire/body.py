@@ -30,7 +30,6 @@ _LISTS = ("messages", "input")
 
 _Answer = TypeVar("_Answer")
 
-
 UNREAD = jsonbytes.UNREAD
 
 
@@ -40,9 +39,9 @@ class Messages(list[object]):
     for a conversation, keeps no message values, most of its memory. Every way of looking reads
     first (indexing, slicing, iterating, comparing, copying); nothing in cg hands the list to C code
     that would look past it (ujson's encoder, `*` and `<`; the standard library's json reads it
-    right). Read-only: a change of its length would move an
-    unread message off its span. A walk of every message on each turn would read the history
-    again: carry its answers (`ParsedBody.per_message`)."""
+    right). Read-only: a change of its length would move an unread message off its span. A walk of
+    every message on each turn would read the history again: carry its answers
+    (`ParsedBody.per_message`, `ParsedBody.up_to`)."""
 
     __slots__ = ("_raw", "_spans", "_key")
 
