@@ -60,8 +60,8 @@ def cold_cg(make_cg, fake, clock):
 
     def make(**overrides):
         running = make_cg(anthropic_upstream=fake.url, expand=True, cold_policy=True, **overrides)
-        running.service.resource.now = clock
-        rewriter = running.service.resource.rewriter
+        running.service.forwarder.now = clock
+        rewriter = running.service.forwarder.rewriter
         rewriter.config = attrs.evolve(rewriter.config, cold=POLICY)
         return running
 
@@ -112,7 +112,7 @@ def test_a_conversation_that_asks_for_the_1_hour_cache_is_cold_after_an_hour(col
 def test_without_a_conversation_id_or_the_option_decisions_are_first_sight(cold_cg, make_cg, fake, clock):
     running = cold_cg()
     plain = make_cg(anthropic_upstream=fake.url, expand=True, cold_policy=False)
-    plain.service.resource.now = clock
+    plain.service.forwarder.now = clock
     k = RECENT + 1
     for target, headers in ((running, ()), (plain, SESSION)):
         yield send(target, body(k), headers)
@@ -194,7 +194,7 @@ def test_epochs_the_store_cannot_read_leave_what_is_known(cold_cg, fake, clock, 
     assert markers(fake.received[1]) == epoch_markers
 
     for running in (first, second):
-        monkeypatch.setattr(running.service.resource.store, "frozen",
+        monkeypatch.setattr(running.service.forwarder.store, "frozen",
                             lambda tenant, key: defer.fail(StoreError("the store is down")))
     clock.advance(POLICY.margin)  # far enough that the first asks the store again (cold.Known)
     yield turn(first, k + 2)  # it read the epoch before: it still applies it
@@ -248,7 +248,7 @@ def test_a_keepalive_ping_keeps_the_cache_alive(cold_cg, fake, clock):
 @inlineCallbacks
 def test_a_conversation_at_a_busy_pace_asks_the_store_once_per_half_margin(cold_cg, fake, clock, monkeypatch):
     running = cold_cg()
-    store = running.service.resource.store
+    store = running.service.forwarder.store
     asked: list[str] = []
     for name in ("cache_until", "frozen"):
         real = getattr(store, name)

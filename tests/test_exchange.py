@@ -4,6 +4,8 @@ import gc
 import json
 import types
 
+import pytest
+
 from cg.compaction.pipeline import Change
 from cg.compaction.rewrite import Rewrite
 from cg.exchange.machine import (
@@ -432,3 +434,30 @@ def test_an_ended_exchange_keeps_no_body():
     assert ex.state is State.ENDED and the_record(commands).expand_rounds == 1
     [answer] = [command.data for command in commands if isinstance(command, Write)]
     assert not _reaches(ex, body) and not _reaches(ex, send.body) and not _reaches(ex, answer)
+
+
+def test_the_docstring_table_names_the_transitions_the_code_runs():
+    from cg.exchange import machine
+    from cg.testing.tables import names_in, table_rows
+
+    events = {"Prepared", "Head", "Chunk", "BodyEnd", "UpstreamFailed", "ClientGone", "Cut", "Resolved",
+              "ResolveFailed", "TimerFired"}
+    live = {state for state in State if state is not State.ENDED}
+    documented = set()
+    for state_cell, event_cell, _ in table_rows(machine.__doc__):
+        states = live if state_cell.startswith("any live") else {State[s] for s in names_in(state_cell, set(State.__members__))}
+        said = events if event_cell.startswith("Anything") else set(names_in(event_cell, events))
+        assert states and said, (state_cell, event_cell)
+        documented |= {(state, getattr(machine, event)) for state in states for event in said}
+    assert documented == set(machine.TRANSITIONS)
+
+
+def test_an_event_the_state_has_no_row_for_raises_and_changes_nothing():
+    from cg.exchange.machine import Unexpected
+
+    exchange = Exchange("POST", "/v1/messages", ANTHROPIC, bytes_in=0, reads=ANTHROPIC, http11=True,
+                        clock=Clock())
+    with pytest.raises(Unexpected):
+        exchange.feed(Chunk(b"data before any request"))
+    assert exchange.state is State.PREPARING
+    assert [type(c) for c in exchange.feed(Prepared(FORWARDED, None))] == [Send]

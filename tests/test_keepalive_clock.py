@@ -18,6 +18,7 @@ from cg.record.stats import Stats
 from cg.store.memory import MemoryStore
 from cg.testing import MemoryUpstream, anthropic_message, claude_code_bytes
 from cg.web.config import Config
+from cg.web.forwarder import Forwarder
 from cg.web.keepalive import KeepAlive
 from cg.web.proxy import ProxyResource
 from cg.web.service import rewrite_config
@@ -198,11 +199,11 @@ class Proxy:
         self.stats = Stats()
         base = split_base("http://anthropic.test/base")
         self.keepalive = KeepAlive(self.upstream, self.clock, base, Policy(), self.stats.keepalive)
-        resource = ProxyResource(
+        resource = ProxyResource(Forwarder(
             self.upstream, self.stats, {"anthropic": base, "openai": split_base("http://openai.test")},
             rewriter=Rewriter(rewrite_config(config)), store=MemoryStore(), tenant_of=parse_tenant(config.tenant),
             reactor=self.clock, keepalive=self.keepalive,
-        )
+        ))
         self.site = ProxySite(resource, config.max_body, reactor=self.clock)
 
     def send(self, request: bytes) -> Client:

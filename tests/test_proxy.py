@@ -205,7 +205,7 @@ def test_slow_client_keeps_cg_buffer_bounded(cg, fake):
         if cg.stats.bytes_from_upstream == last:
             break
         last = cg.stats.bytes_from_upstream
-    (exchange,) = cg.service.resource._in_flight
+    (exchange,) = cg.service.forwarder._in_flight
     cg_socket = exchange.request.channel.transport.getHandle()
     handed_to_client = kernel_send_queue(cg_socket) + client.unread_kernel_bytes() + len(client.data)
     held = cg.stats.bytes_from_upstream - handed_to_client

@@ -37,6 +37,7 @@ from cg.stream.streamcheck import check_anthropic_stream
 from cg.testing import MemoryUpstream, anthropic_expand_block, anthropic_stream_events, anthropic_text_block
 from cg.web.config import Config
 from cg.web.driver import FLUSH_TIMEOUT
+from cg.web.forwarder import Forwarder
 from cg.web.proxy import ProxyResource
 from cg.web.service import rewrite_config
 from cg.web.site import ProxySite
@@ -58,7 +59,7 @@ class Proxy:
         self.upstream = MemoryUpstream(self.clock)
         store = MemoryStore()
         self.stats = Stats(store=store.stats)
-        resource = ProxyResource(
+        resource = ProxyResource(Forwarder(
             self.upstream,
             self.stats,
             {"anthropic": split_base("http://anthropic.test/base"), "openai": split_base("http://openai.test")},
@@ -67,7 +68,7 @@ class Proxy:
             tenant_of=parse_tenant(config.tenant),
             continuation_timeout=CONTINUATION_TIMEOUT,
             reactor=self.clock,
-        )
+        ))
         self.site = ProxySite(resource, config.max_body, reactor=self.clock)
 
     def send(self, request: bytes) -> "Client":

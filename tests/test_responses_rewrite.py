@@ -248,7 +248,7 @@ def test_codexs_session_header_names_the_conversation_whose_parse_is_reused(make
     headers = [("content-type", "application/json"), ("session-id", "01a231c4-session")]
     client = yield connect(cg.port, http_request("POST", "/v1/responses", body, headers))
     yield client.closed
-    bodies = cg.service.resource.rewriter.memo.bodies
+    bodies = cg.service.forwarder.rewriter.memo.bodies
     assert len(bodies) == 1 and bodies.take("01a231c4-session\0gpt-5.5") is not None  # and its model
 
 

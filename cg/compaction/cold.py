@@ -116,6 +116,31 @@ class ColdPolicy:
 
 
 @attrs.define
+class ColdStats:
+    """What the cache-aware policy did, for /stats (one request's tally, or the sum since start).
+
+    `checked`: requests it looked at (a conversation id, the expand tool declared); `cold`: of
+    those, found after their conversation's cache had expired; `epochs`: re-decisions this cg
+    froze in the store at such a request (another cg sharing the store may have frozen others);
+    `applied`: requests decided under an epoch; `unknown`: requests whose epochs the store could
+    not read, decided by those this cg read before (none after a restart: a marker an epoch sent
+    earlier then goes whole, one cache write and nothing lost); `known_warm`: requests that asked
+    the store nothing, their conversation surely warm by what this cg last learned (`Known`).
+    """
+
+    checked: int = 0
+    cold: int = 0
+    epochs: int = 0
+    applied: int = 0
+    unknown: int = 0
+    known_warm: int = 0
+
+    def add(self, other: ColdStats) -> None:
+        for field in attrs.fields(ColdStats):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+
+@attrs.define
 class Known:
     """What this cg last learned from the store of each conversation (tenant, key): its epochs,
     and an expiry its cache surely lives until (the store holds that one or a later one).

@@ -40,7 +40,7 @@ AWAITING,     TimerFired STALL, nothing of round k       StopUpstream, *fall bac
 INSPECTING    sent yet
 any live      ClientGone                                 StopUpstream → ENDED
 any live      Cut                                        StopUpstream, Abort → ENDED
-ENDED         anything                                   nothing
+ENDED         Anything                                   nothing
 ============  =========================================  =============================================
 
 *Fall back*: the continuation failed before the client got any of it: a stream gets the
@@ -48,6 +48,9 @@ inspector's release (what the upstream sent, verbatim), JSON the rounds so far, 
 Finish. Entering ENDED cancels the running timers and emits the exchange's `Record`, exactly once.
 An `Abort` flushes then closes a chunked response (without its last chunk it cannot look
 complete), and aborts any other (`flush`).
+
+Any other (state, event) raises `Unexpected` and changes nothing; the driver counts and logs it.
+`TRANSITIONS` is this table as the code runs it, and a test checks that the two name the same pairs.
 
 Cost: O(1) per event beyond the inspector's own work; a chunk passed through is one `Write`.
 """
@@ -72,6 +75,8 @@ from cg.wire.sse import Event, SSEParser
 
 __all__ = [
     "PING_INTERVAL",
+    "TRANSITIONS",
+    "Unexpected",
     "Abort",
     "BodyEnd",
     "CancelTimer",
@@ -102,6 +107,10 @@ __all__ = [
 ]
 
 PING_INTERVAL = 5.0  # seconds; Claude Code gives up on a silent stream after ~180 s
+
+
+class Unexpected(Exception):
+    """An event the machine's state has no row for: a bug in whoever fed it. Nothing changed."""
 
 
 class State(enum.Enum):
@@ -369,9 +378,13 @@ class Exchange:
         return self._state
 
     def feed(self, event: ExchangeEvent) -> list[Command]:
-        """One event in; the commands to carry out, in order, out."""
+        """One event in; the commands to carry out, in order, out. An event the state does not
+        expect (no row of `TRANSITIONS`) raises `Unexpected` and changes nothing."""
+        handler = TRANSITIONS.get((self._state, type(event)))
+        if handler is None:
+            raise Unexpected(f"{type(event).__name__} in {self._state.name}")
         out = self._out = []
-        _HANDLERS[type(event)](self, event)
+        handler(self, event)
         self._out = []  # the commands are the caller's now: an ended exchange keeps no Write
         return out
 
@@ -379,8 +392,6 @@ class Exchange:
     # The request and the first head
 
     def _prepared(self, event: Prepared) -> None:
-        if self._state is not _PREPARING:
-            return
         self._session = event.session
         self._seq = event.seq
         self._rewrite = event.rewrite
@@ -390,8 +401,6 @@ class Exchange:
         self._out.append(Send(event.body, 0))
 
     def _head(self, event: Head) -> None:
-        if self._state is not _AWAITING:
-            return
         if self._round:
             self._continuation_head(event)
             return
@@ -422,8 +431,6 @@ class Exchange:
         out.append(_READ)
 
     def _failed(self, event: UpstreamFailed) -> None:
-        if self._state is not _AWAITING:
-            return
         if self._round:
             self._fall_back(event.message)
             return
@@ -550,8 +557,6 @@ class Exchange:
         self._out.append(Resolve(calls))
 
     def _resolved(self, event: Resolved) -> None:
-        if self._state is not _RESOLVING:
-            return
         assert self._forwarded is not None  # a continuation follows a response to a body
         stream = True if self._inspector is not None else None
         try:
@@ -566,8 +571,7 @@ class Exchange:
         self._out.append(Send(body, self._round))
 
     def _resolve_failed(self, event: ResolveFailed) -> None:
-        if self._state is _RESOLVING:
-            self._fall_back(event.message)
+        self._fall_back(event.message)
 
     def _continuation_head(self, event: Head) -> None:
         inspector = self._inspector
@@ -612,8 +616,8 @@ class Exchange:
 
     def _timer_fired(self, event: TimerFired) -> None:
         timer = event.timer
-        if self._state is _ENDED or timer not in self._timers:
-            return
+        if timer not in self._timers:
+            return  # cancelled, its firing already on its way
         if timer is Timer.PING:
             self._write(self._loop.keepalive)
             return
@@ -653,14 +657,15 @@ class Exchange:
         self._out.append(_STOP)
 
     def _client_gone(self, event: ClientGone) -> None:
-        if self._state is not _ENDED:
-            self._outcome = "client_gone"
-            self._stop_upstream()
-            self._end()
+        self._outcome = "client_gone"
+        self._stop_upstream()
+        self._end()
 
     def _cut(self, event: Cut) -> None:
-        if self._state is not _ENDED:
-            self._abort("aborted")
+        self._abort("aborted")
+
+    def _ignore(self, event: ExchangeEvent) -> None:
+        """An ended exchange takes what still comes (a late answer, the client leaving) and does nothing."""
 
     def _end(self) -> None:
         self._state = _ENDED
@@ -720,15 +725,22 @@ def _compacted(rewrite: Rewrite | None) -> Compacted | None:
     return Compacted(before, after, len({c.marker_id for c in rewrite.changes if c.marker_id}))
 
 
-_HANDLERS: dict[type, Callable[[Exchange, Any], None]] = {
-    Prepared: Exchange._prepared,
-    Head: Exchange._head,
-    Chunk: Exchange._chunk,
-    BodyEnd: Exchange._body_end,
-    UpstreamFailed: Exchange._failed,
-    ClientGone: Exchange._client_gone,
-    Cut: Exchange._cut,
-    Resolved: Exchange._resolved,
-    ResolveFailed: Exchange._resolve_failed,
-    TimerFired: Exchange._timer_fired,
+_LIVE = tuple(state for state in State if state is not _ENDED)
+_BODY = (_PASSING, _INSPECTING, _COLLECTING)
+_EVENTS = (Prepared, Head, Chunk, BodyEnd, UpstreamFailed, ClientGone, Cut, Resolved, ResolveFailed, TimerFired)
+
+# The module docstring's table, as the code runs it: (state, event type) -> its handler. A test
+# reads the docstring's table and checks that it names exactly these pairs.
+TRANSITIONS: dict[tuple[State, type], Callable[[Exchange, Any], None]] = {
+    (_PREPARING, Prepared): Exchange._prepared,
+    (_AWAITING, Head): Exchange._head,
+    (_AWAITING, UpstreamFailed): Exchange._failed,
+    **{(state, Chunk): Exchange._chunk for state in _BODY},
+    **{(state, BodyEnd): Exchange._body_end for state in _BODY},
+    (_RESOLVING, Resolved): Exchange._resolved,
+    (_RESOLVING, ResolveFailed): Exchange._resolve_failed,
+    **{(state, TimerFired): Exchange._timer_fired for state in _LIVE},
+    **{(state, ClientGone): Exchange._client_gone for state in _LIVE},
+    **{(state, Cut): Exchange._cut for state in _LIVE},
+    **{(_ENDED, event): Exchange._ignore for event in _EVENTS},
 }

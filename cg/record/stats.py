@@ -5,6 +5,7 @@ from collections import Counter, deque
 
 import attrs
 
+from cg.compaction.cold import ColdStats
 from cg.compaction.pipeline import Memo, result_sizes
 from cg.compaction.rewrite import Rewrite
 from cg.compaction.tokens import estimate_body_tokens, estimate_tokens
@@ -62,6 +63,8 @@ class Stats:
     added_ttfb: LatencyWindow = attrs.field(factory=LatencyWindow)
     upstream_ttfb: LatencyWindow = attrs.field(factory=LatencyWindow)
     bypassed: int = 0
+    # Events a sans-io machine had no row for ("exchange", "preparation"): bugs, counted and logged.
+    unexpected_events: Counter[str] = attrs.field(factory=Counter)
     compaction: "CompactionStats" = attrs.field(factory=lambda: CompactionStats())
     store: attrs.AttrsInstance | None = None  # the store's own counters (cg.store.StoreStats), when there is one
     store_info: attrs.AttrsInstance | None = None  # the store's size (cg.store.StoreInfo), refreshed off the request path
@@ -119,6 +122,7 @@ class Stats:
             "added_ttfb": self.added_ttfb.summary(),
             "upstream_ttfb": self.upstream_ttfb.summary(),
             "bypassed": self.bypassed,
+            "unexpected_events": dict(self.unexpected_events),
             "compaction": {**self.compaction.snapshot(), "memo": memo_snapshot(self.memo)},
             "store": {
                 **(attrs.asdict(self.store) if self.store is not None else {}),
@@ -161,28 +165,6 @@ class ComponentStats:
     acted: int = 0
     reverted: int = 0  # rewrites undone: raised, broke the contract, or did not save tokens
     saved_tokens: int = 0
-
-
-@attrs.define
-class ColdStats:
-    """What the cache-aware policy (--cold-policy, cg.compaction.cold) did.
-
-    `checked`: requests it looked at (a conversation id, the expand tool declared); `cold`: of
-    those, found after their conversation's cache had expired; `epochs`: re-decisions this cg
-    froze in the store at such a request (another cg sharing the store may have frozen others);
-    `applied`: requests decided under an epoch; `unknown`: requests whose epochs the store could
-    not read, decided by those this cg read before (none after a restart: a marker an epoch sent
-    earlier then goes whole, one cache write and nothing lost); `known_warm`: requests that asked
-    the store nothing, their conversation surely warm by what this cg last learned
-    (cg.compaction.cold.Known).
-    """
-
-    checked: int = 0
-    cold: int = 0
-    epochs: int = 0
-    applied: int = 0
-    unknown: int = 0
-    known_warm: int = 0
 
 
 @attrs.define

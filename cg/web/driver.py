@@ -1,32 +1,43 @@
-"""Runs a `cg.exchange.Exchange` on Twisted: events in from twisted.web, the upstream and the reactor;
+"""Runs a request's two sans-io machines on Twisted: its `cg.exchange.prepare.Preparation`, then its
+`cg.exchange.Exchange`; events in from twisted.web, the store, the upstream and the reactor,
 commands out onto them.
 
-One `ExchangeDriver` per client request. It feeds the exchange the request once `ProxyResource.prepare`
-is done, the upstream's heads, bodies (gzip decoded here) and failures, the client's disconnect, the
-store's answers to expand calls and the timers' firings, and carries out each command in order. An
-event that comes while commands are being carried out (a Deferred that fires at once, a body
-delivered synchronously) waits its turn, so the exchange never sees one inside another.
+One `ExchangeDriver` per client request. It starts the preparation with what it read of the
+request and carries out its store commands, feeding back their answers; on its `Ready` it feeds the
+exchange the request, then the upstream's heads, bodies (gzip decoded here) and failures, the
+client's disconnect, the store's answers to expand calls and the timers' firings, and carries out
+each command in order. An event that comes while commands are being carried out (a Deferred that
+fires at once, a body delivered synchronously) waits its turn, so neither machine sees one inside
+another. An event a machine has no row for (`Unexpected`) is counted in /stats and logged, and
+dropped; a bug in preparation forwards the body as received.
+
+What the driver needs of what it runs in is `Host` (`cg.web.forwarder.Forwarder`).
 
 The upstream body that feeds the client is paused by the client's `ClientFlow`, registered once per
 exchange as the client response's producer; a client that stops reading pauses the upstream read,
 and a client that leaves cancels the upstream request. Timers run on the proxy's reactor only.
 """
 
+from __future__ import annotations
+
 import functools
+import typing
 import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
-import attrs
 from twisted.internet import defer, task
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, ITCPTransport
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from cg.compaction.rewrite import Rewrite
+from cg.exchange import prepare
 from cg.exchange.machine import (
     Abort,
     BodyEnd,
@@ -52,13 +63,25 @@ from cg.exchange.machine import (
     StopUpstream,
     Timer,
     TimerFired,
+    Unexpected,
     UpstreamFailed,
     Write,
 )
+from cg.exchange.prepare import Forward, Preparation, Ready
+from cg.exchange.record import ExchangeRecord
 from cg.stream.continuation import answers, refs_to_resolve, resolve
 from cg.web import headers
+from cg.web.site import CappedRequest
 from cg.web.upstream import Response, is_timeout
 from cg.wire import dialect
+
+if TYPE_CHECKING:
+    from twisted.internet.interfaces import IReactorTime
+
+    from cg.record.stats import Stats
+    from cg.store.base import IStore
+    from cg.web.keepalive import KeepAlive
+    from cg.web.upstream import IUpstream
 
 log = Logger(namespace="cg.web.driver")
 
@@ -66,42 +89,59 @@ FLUSH_TIMEOUT = 10.0  # seconds a cut client connection may take to take its las
 _UNDECODABLE = object()  # a response encoding cg did not ask for on a path it reads
 _BODYLESS = (b"GET", b"HEAD", b"DELETE", b"OPTIONS")
 _FIRED = {timer: TimerFired(timer) for timer in Timer}
+class _Start:
+    """The driver's own event: start the preparation (it must come through the queue like any)."""
+
+
+_START = _Start()
+_PREPARATION_EVENTS = frozenset({_Start, prepare.Answered, prepare.Failed})
 _CLIENT_GONE = ClientGone()
 _CUT = Cut()
 _STOP = StopUpstream()
 
 
-@attrs.frozen
-class Forward:
-    """What the request side decided: the body to send upstream, and what the response side needs.
+class Host(typing.Protocol):
+    """What a driver needs of what it runs in: the upstream, the store, the limits, and where it
+    reports what happened (`cg.web.forwarder.Forwarder`)."""
 
-    `rewrite` is what cg did to the body (None: nothing it must answer for); `originals` are the
-    originals behind the markers in `body`, which answer expand calls before the store is asked.
-    """
+    stats: Stats
+    upstream: IUpstream
+    upstreams: dict[str, tuple[bytes, bytes]]  # dialect -> (origin, base path)
+    store: IStore | None
+    keepalive: KeepAlive | None
+    reactor: IReactorTime
+    clock: Callable[[], float]
+    seqs: Iterator[int]
+    max_expand_rounds: int
+    max_held: int
+    continuation_timeout: float
+    tenant_of: Callable[[Headers], str]
 
-    body: bytes
-    seq: int  # the request's number in the change log
-    session: str = "-"
-    tenant: str = ""
-    rewrite: Rewrite | None = None
-    originals: Mapping[str, bytes] = attrs.Factory(dict)
-    model: str | None = None  # the request's, for the change log's usage line
-    # --keepalive: the conversation (tenant, session id, model) and its cache lifetime (None: it
-    # cannot be kept warm); None when the request does not concern keep-alive.
-    keepalive: tuple[tuple[str, bytes, str | None], float | None] | None = None
-    cache: tuple[str, float] | None = None  # the cache-aware policy's (conversation key, cache lifetime)
+    def preparation(self, request: prepare.Request) -> Preparation: ...
+
+    def prepared(self, ready: Ready) -> None: ...
+
+    def cache_used(self, tenant: str, cache: tuple[str, float]) -> None: ...
+
+    def billed(self, record: ExchangeRecord, model: str | None = None) -> None: ...
+
+    def metrics_tenant(self, request: CappedRequest) -> str: ...
+
+    def started(self, driver: ExchangeDriver) -> None: ...
+
+    def ended(self, driver: ExchangeDriver) -> None: ...
 
 
 class ExchangeDriver:
     """One client request: its `Exchange`, and the Twisted objects the exchange's commands act on."""
 
-    def __init__(self, proxy, request, which: str):
-        self.proxy = proxy
+    def __init__(self, host: Host, request: CappedRequest, which: str):
+        self.host = host
         self.request = request
         request.proxied = True  # its line is written at the exchange's end, not by the site
         self.which = which
-        self.stats = proxy.stats
-        self.seq = next(proxy.seqs)
+        self.stats = host.stats
+        self.seq = next(host.seqs)
         self.tenant = ""  # whose originals expand calls may read
         self.model: str | None = None
         self.originals: Mapping[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
@@ -110,46 +150,59 @@ class ExchangeDriver:
         self.cache: tuple[str, float] | None = None  # Forward.cache
         reads = self.reads = dialect.response_shape(request.uri)
         self.decode = reads is not None
-        body = self._body = request.content.getvalue()
-        self.exchange = Exchange(
+        assert request.content is not None  # twisted.web reads every body into content
+        body: bytes = request.content.getvalue()
+        self._body: bytes | None = body
+        self.exchange: Exchange = Exchange(
             request.method.decode("latin-1"), request.uri.decode("latin-1"), reads or which,
             bytes_in=len(body), reads=reads, http11=request.clientproto == b"HTTP/1.1",
-            clock=proxy.clock, max_expand_rounds=proxy.max_expand_rounds, max_held=proxy.max_held,
-            continuation_timeout=proxy.continuation_timeout,
+            clock=host.clock, max_expand_rounds=host.max_expand_rounds, max_held=host.max_held,
+            continuation_timeout=host.continuation_timeout,
         )
-        self.ended = False
-        self.round = 0  # of the request sent last
-        self.pending = None  # an upstream request, until its head arrives
+        self.ended: bool = False
+        self.round: int = 0  # of the request sent last
+        self.pending: defer.Deferred[Response] | None = None  # an upstream request, until its head arrives
         self.response: Response | None = None  # a response whose head was fed, until its body is taken
-        self.decoder = None  # that response's
-        self.relay = None  # the upstream body feeding the exchange
-        self.flow = None  # the client response's producer, once a body flows
+        self.decoder: zlib._Decompress | None = None  # that response's
+        self.relay: _Relay | None = None  # the upstream body feeding the exchange
+        self.flow: ClientFlow | None = None  # the client response's producer, once a body flows
         self.timers: dict[Timer, IDelayedCall | task.LoopingCall] = {}
         self.detached: set[_Relay] = set()  # earlier rounds' bodies, draining unseen
-        self._busy = False
+        self.preparation: Preparation | None = None  # until it is Ready (or a bug ends it)
+        self._busy: bool = False
         self._queue: deque[object] = deque()
 
-    def start(self):
+    def start(self) -> None:
         request = self.request
-        body, self._body = self._body, None
-        self.proxy.started(self)
+        body = self._body
+        assert body is not None  # start() runs once
+        self.host.started(self)
         self.stats.requests[self.reads or self.which] += 1  # chat and Responses apart, as in the record
         self.stats.bytes_from_client += len(body)
         self.upstream_headers = headers.request_headers(
             request.requestHeaders, accept_encoding=b"gzip" if self.decode else None
         )
         request.notifyFinish().addErrback(lambda _: self.feed(_CLIENT_GONE))
-        prepared = defer.maybeDeferred(self.proxy.prepare, request, body, self.seq)
-        prepared.addErrback(self._unprepared, body)
-        prepared.addCallback(self._prepared)
-        prepared.addErrback(self._bug)
+        received = request.requestHeaders
+        # Whose last body this one most likely extends: Claude Code's and Codex CLI's session headers.
+        conversation = (received.getRawHeaders(b"x-claude-code-session-id") or received.getRawHeaders(b"session-id")
+                        or [b""])[0]
+        try:
+            self.preparation = self.host.preparation(prepare.Request(
+                body, request.uri, self.seq, self.host.tenant_of(received), conversation, _header_getter(received),
+                bypass=received.getRawHeaders(b"x-cg-bypass") == [b"1"],
+            ))
+        except Exception:
+            self._unprepared()
+            return
+        self.feed(_START)
 
     def cut(self):
         """Cut the client off (a graceful stop ran out of time)."""
         self.feed(_CUT)
 
-    def feed(self, event):
-        """Give the exchange an event and carry out its commands (after those under way)."""
+    def feed(self, event: object) -> None:
+        """Give its machine an event and carry out its commands (after those under way)."""
         if self._busy:
             self._queue.append(event)
             return
@@ -157,8 +210,13 @@ class ExchangeDriver:
         try:
             while True:
                 try:
-                    for command in self.exchange.feed(event):
-                        _DO[type(command)](self, command)
+                    if type(event) in _PREPARATION_EVENTS:
+                        self._prepare(event)
+                    else:
+                        for command in self.exchange.feed(event):  # type: ignore[arg-type]
+                            _DO[type(command)](self, command)
+                except Unexpected as unexpected:
+                    self._unexpected("exchange", unexpected)
                 except Exception:
                     log.failure("proxying {path} failed", path=self.request.uri)
                     if self.exchange.state is State.ENDED:
@@ -171,19 +229,78 @@ class ExchangeDriver:
         finally:
             self._busy = False
 
-    def _unprepared(self, failure, body: bytes) -> Forward:
-        """A bug on the request side costs its saving, never the request: forward what came."""
-        log.failure("rewriting {path} failed; forwarding it as received", failure, path=self.request.uri)
-        return Forward(body, self.seq)
+    def _unexpected(self, machine: str, unexpected: Unexpected) -> None:
+        """A machine was fed an event it has no row for: a bug in this driver. Counted and logged
+        (the tests fail on the log line); the event is dropped and the machine goes on as it was."""
+        self.stats.unexpected_events[machine] += 1
+        log.error("{machine} got an unexpected event: {what} ({path})", machine=machine, what=str(unexpected),
+                  path=self.request.uri, cg_unexpected=True)
 
-    def _prepared(self, forward: Forward):
+    # -----------------------------------------------------------------------------------------
+    # Preparation: the store commands of `cg.exchange.prepare`, then the exchange's Prepared
+
+    def _prepare(self, event: object) -> None:
+        preparation = self.preparation
+        if preparation is None:
+            return  # a late answer to a preparation a bug ended: it was forwarded as received
+        try:
+            commands = preparation.start() if event is _START else preparation.feed(event)  # type: ignore[arg-type]
+        except Unexpected as unexpected:
+            self._unexpected("preparation", unexpected)
+            return
+        except Exception:
+            self._unprepared()
+            return
+        for command in commands:
+            _DO[type(command)](self, command)
+
+    def _unprepared(self) -> None:
+        """A bug on the request side costs its saving, never the request: forward what came."""
+        log.failure("rewriting {path} failed; forwarding it as received", path=self.request.uri)
+        self._ready(Ready(Forward(self._body or b"", self.seq), prepare.Report(0)), count=False)
+
+    def _ready(self, command: Ready, count: bool = True) -> None:
+        self.preparation = None
+        self._body = None  # the exchange keeps what it forwards
+        if count:
+            self.host.prepared(command)
+        forward = command.forward
         self.tenant, self.originals, self.model = forward.tenant, forward.originals, forward.model
         self.warm = forward.keepalive
         self.cache = forward.cache
         body = None if not forward.body and self.request.method in _BODYLESS else forward.body
         self.feed(Prepared(body, forward.rewrite, forward.session, forward.seq))
 
-    def _bug(self, failure):
+    def _store_call(self, command: prepare.StoreCommand) -> defer.Deferred:
+        store = self.host.store
+        assert store is not None  # a preparation without a store's index sends no store command
+        if isinstance(command, prepare.ReadFrozen):
+            return store.frozen(command.tenant, command.key)
+        if isinstance(command, prepare.ReadOriginal):
+            return store.get(command.tenant, command.ref)
+        if isinstance(command, prepare.Freeze):
+            return store.freeze(command.tenant, command.key, command.text)
+        if isinstance(command, prepare.RecordCache):
+            return store.cache_until(command.tenant, command.key, command.until)
+        return store.put(command.tenant, command.originals)
+
+    def _ask_store(self, command: prepare.StoreCommand) -> None:
+        """Carry out a store command; its answer (or failure) is fed back as an event."""
+
+        def answered(value: object) -> None:
+            self.feed(prepare.Answered(command, value))
+
+        def failed(failure: Failure) -> None:
+            self.feed(prepare.Failed(command, failure.getErrorMessage() or failure.type.__name__))
+
+        defer.maybeDeferred(self._store_call, command).addCallbacks(answered, failed).addErrback(self._bug)
+
+    def _touch(self, command: prepare.Touch) -> None:
+        store = self.host.store
+        assert store is not None
+        store.touch(command.tenant, command.ids)
+
+    def _bug(self, failure: Failure) -> None:
         log.failure("proxying {path} failed", failure, path=self.request.uri)
         self.feed(_CUT)
 
@@ -191,20 +308,21 @@ class ExchangeDriver:
     # The upstream
 
     def _send(self, command: Send):
-        origin, base_path = self.proxy.upstreams[self.which]
+        origin, base_path = self.host.upstreams[self.which]
         body = command.body
         self.round = command.round
         if command.round == 0 and self.warm is not None:
             key, lifetime = self.warm
             # A ping refreshes the prompt cache: the cache-aware policy must count it as a use.
-            refreshed = None if self.cache is None else functools.partial(self.proxy.cache_used, self.tenant,
+            refreshed = None if self.cache is None else functools.partial(self.host.cache_used, self.tenant,
                                                                           self.cache)
-            self.warm_generation = self.proxy.keepalive.sent(key, lifetime, body, self.request.uri,
+            assert self.host.keepalive is not None and body is not None  # Forward.keepalive is set only with it
+            self.warm_generation = self.host.keepalive.sent(key, lifetime, body, self.request.uri,
                                                              self.upstream_headers, refreshed)
         if command.round and self.cache is not None:
-            self.proxy.cache_used(self.tenant, self.cache)  # an expand round: the cache lives on
+            self.host.cache_used(self.tenant, self.cache)  # an expand round: the cache lives on
         self.stats.bytes_to_upstream += len(body or b"")
-        pending = self.pending = self.proxy.upstream.request(
+        pending = self.pending = self.host.upstream.request(
             self.request.method, origin, base_path + self.request.uri, self.upstream_headers, body
         )
         pending.addCallbacks(self._responded, self._failed).addErrback(self._bug)
@@ -259,13 +377,14 @@ class ExchangeDriver:
         if self.relay is not None:
             self.detached.add(self.relay)  # it drains unseen, or is stopped at the end
             self.relay = None
+            assert self.flow is not None  # a relay feeds the client through it
             self.flow.detach()
 
     def _stop_upstream(self, command: StopUpstream):
         if self.pending is not None:
             self.pending.cancel()
         elif self.relay is not None:
-            self.relay.transport.stopProducing()
+            self.relay.stop()
 
     # -----------------------------------------------------------------------------------------
     # Expand calls
@@ -276,8 +395,11 @@ class ExchangeDriver:
         self.stats.expand.bounces += 1
         calls = command.calls
         refs = refs_to_resolve(calls)
-        lookups = [defer.succeed(self.originals[ref]) if ref in self.originals
-                   else self.proxy.store.get(self.tenant, ref) for ref in refs]
+        store = self.host.store
+        assert store is not None  # a request with markers had a store to keep their originals
+        lookups: list[defer.Deferred[bytes | None]] = [
+            defer.succeed(self.originals[ref]) if ref in self.originals
+            else store.get(self.tenant, ref) for ref in refs]
 
         def resolved(originals):
             resolutions = {ref: resolve(ref, original) for ref, original in zip(refs, originals)}
@@ -298,7 +420,7 @@ class ExchangeDriver:
         request = self.request
         request.setResponseCode(command.status, command.phrase)
         if command.headers is not None:
-            request.responseHeaders = command.headers
+            request.responseHeaders = typing.cast(Headers, command.headers)
         for name, value in command.fields:
             request.setHeader(name, value)
 
@@ -309,8 +431,9 @@ class ExchangeDriver:
     def _finish(self, command: Finish):
         if self.relay is not None:
             relay, self.relay = self.relay, None
+            assert self.flow is not None  # a relay feeds the client through it
             self.flow.detach()
-            relay.transport.stopProducing()
+            relay.stop()
         if self.flow is not None:
             self.request.unregisterProducer()  # before finish(): after a disconnect it raises
             self.flow = None
@@ -324,21 +447,22 @@ class ExchangeDriver:
             # drained buffer resumes the channel instead of closing (until FLUSH_TIMEOUT).
             channel.loseConnection()
             # A client that stopped reading would keep the flush waiting: cut it after a while.
-            self.proxy.reactor.callLater(FLUSH_TIMEOUT, _abort_if_open, transport)
+            self.host.reactor.callLater(FLUSH_TIMEOUT, _abort_if_open, transport)
         else:
-            transport.abortConnection()
+            typing.cast(ITCPTransport, transport).abortConnection()
 
     # -----------------------------------------------------------------------------------------
     # Timers and the end
 
     def _start_timer(self, command: StartTimer):
         fired = _FIRED[command.timer]
+        call: IDelayedCall | task.LoopingCall
         if command.repeat:
             call = task.LoopingCall(self.feed, fired)
-            call.clock = self.proxy.reactor
+            call.clock = self.host.reactor
             call.start(command.delay, now=False)
         else:
-            call = self.proxy.reactor.callLater(command.delay, self.feed, fired)
+            call = self.host.reactor.callLater(command.delay, self.feed, fired)
         self.timers[command.timer] = call
 
     def _cancel_timer(self, command: CancelTimer):
@@ -353,13 +477,13 @@ class ExchangeDriver:
         self.ended = True
         self._stop_detached()
         record = command.record
-        self.stats.record_response(record, self.proxy.metrics_tenant(self.request))
+        self.stats.record_response(record, self.host.metrics_tenant(self.request))
         if record.continuation_failed is not None:
             log.warn("expand continuation failed ({why}): the client gets the rounds so far",
                      why=record.continuation_failed)
-        self.proxy.billed(record, self.model)
+        self.host.billed(record, self.model)
         self._answered(record.status)
-        self.proxy.ended(self)
+        self.host.ended(self)
         self.originals = {}  # as the exchange keeps no body (Exchange._end): the cycles it is in free late
         compacted = record.compacted
         log.info(
@@ -382,12 +506,13 @@ class ExchangeDriver:
         """Tell the keep-alive how round 0 was answered (what the client got), so it arms or ends."""
         if self.warm is not None and self.warm_generation is not None:
             generation, self.warm_generation = self.warm_generation, None
-            self.proxy.keepalive.answered(self.warm[0], generation, status)
+            assert self.host.keepalive is not None
+            self.host.keepalive.answered(self.warm[0], generation, status)
 
     def _stop_detached(self):
         """Bodies of earlier rounds still open (a gateway may keep one open past its end): stop them."""
         for relay in list(self.detached):
-            relay.transport.stopProducing()
+            relay.stop()
         self.detached.clear()
 
     def _closed_by_a_bug(self):
@@ -408,11 +533,18 @@ class ExchangeDriver:
         transport = self.request.channel.transport
         if transport is not None and not transport.disconnected:
             transport.abortConnection()
-        self.proxy.ended(self)
+        self.host.ended(self)
         self.originals = {}
 
 
-_DO = {
+_DO: dict[type, Callable[[ExchangeDriver, typing.Any], None]] = {
+    prepare.ReadFrozen: ExchangeDriver._ask_store,
+    prepare.ReadOriginal: ExchangeDriver._ask_store,
+    prepare.Freeze: ExchangeDriver._ask_store,
+    prepare.RecordCache: ExchangeDriver._ask_store,
+    prepare.PutOriginals: ExchangeDriver._ask_store,
+    prepare.Touch: ExchangeDriver._touch,
+    Ready: ExchangeDriver._ready,
     SetHead: ExchangeDriver._set_head,
     Write: ExchangeDriver._write,
     Finish: ExchangeDriver._finish,
@@ -427,6 +559,14 @@ _DO = {
     CancelTimer: ExchangeDriver._cancel_timer,
     Record: ExchangeDriver._record,
 }
+
+
+def _header_getter(headers: Headers) -> Callable[[str], str | None]:
+    def get(name: str) -> str | None:
+        values = headers.getRawHeaders(name.encode("latin-1"))
+        return values[0].decode("latin-1") if values else None
+
+    return get
 
 
 def _abort_if_open(transport):
@@ -453,10 +593,14 @@ class _Relay(Protocol):
         self.driver = driver
         self.decoder = decoder
 
+    def stop(self) -> None:
+        """Stop reading this body (its transport is the upstream response's producer)."""
+        typing.cast(IPushProducer, self.transport).stopProducing()
+
     def connectionMade(self):
         driver = self.driver
         if driver.ended:
-            self.transport.stopProducing()
+            self.stop()
             return
         driver.relay = self
         if driver.flow is None:
@@ -473,7 +617,7 @@ class _Relay(Protocol):
             try:
                 data = self.decoder.decompress(data)
             except zlib.error:
-                self.transport.stopProducing()  # ends this body as failed: the client's is cut
+                self.stop()  # ends this body as failed: the client's is cut
                 return
         driver.feed(Chunk(data))
 
@@ -483,6 +627,7 @@ class _Relay(Protocol):
         if driver.relay is not self:
             return  # the exchange ended, or moved on to another round
         driver.relay = None
+        assert driver.flow is not None
         driver.flow.detach()
         if driver.ended:
             return

@@ -43,7 +43,7 @@ class Last:
     target: bytes  # the request-target as the client sent it
     headers: Headers = attrs.field(repr=False)  # as sent upstream: the client's credentials
     # Called when a ping was answered (the prompt cache lives on): the cache-aware policy records
-    # it (cg.web.proxy.cache_used), else the next real request would look cold while it is warm.
+    # it (cg.web.forwarder.Forwarder.cache_used), else the next real request would look cold while it is warm.
     refreshed: Callable[[], object] | None = attrs.field(default=None, repr=False, eq=False)
 
 

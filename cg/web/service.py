@@ -23,6 +23,7 @@ from cg.record.stats import Stats
 from cg.store import default_store_url, store_from_url, store_label
 from cg.web import memofile, systemd
 from cg.web.config import Config
+from cg.web.forwarder import Forwarder
 from cg.web.keepalive import KeepAlive
 from cg.web.metrics import MeteredStore
 from cg.web.proxy import ProxyResource
@@ -193,7 +194,7 @@ class CGService(service.Service):
             policy = Policy(config.keepalive_max_idle, config.keepalive_budget, config.keepalive_max_conversations)
             self.keepalive = KeepAlive(self.upstream, reactor, split_base(config.anthropic_upstream), policy,
                                        self.stats.keepalive)
-        self.resource = ProxyResource(
+        self.forwarder = Forwarder(
             self.upstream,
             self.stats,
             {"anthropic": split_base(config.anthropic_upstream), "openai": split_base(config.openai_upstream)},
@@ -208,6 +209,7 @@ class CGService(service.Service):
             reactor=reactor,
             keepalive=self.keepalive,
         )
+        self.resource = ProxyResource(self.forwarder)
         self.site = ProxySite(
             self.resource, config.max_body, request_head_timeout=config.request_head_timeout, reactor=reactor
         )
@@ -317,12 +319,12 @@ class CGService(service.Service):
                 closing.append(self.memo_file.stop())
             return defer.gatherResults(closing)
 
-        drain = self.resource.drained()
+        drain = self.forwarder.drained()
         drain.addCallback(lambda _: self.connections.close_all())
         drain.addCallback(closed)
         return defer.gatherResults([*stopped, drain])
 
     def _cut(self):
         """The drain timeout ran out: cut what is still open."""
-        self.resource.abort_all()
+        self.forwarder.abort_all()
         self.connections.abort_all()

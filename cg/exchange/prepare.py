@@ -1,0 +1,604 @@
+"""Preparation: from a request body read to the bytes forwarded, as a state machine fed the store's
+answers.
+
+Sans-io, like `cg.exchange.machine`: the driver (`cg.web.driver`) starts it with what it read of
+the client's request and carries out the store commands it returns, in order, feeding back each
+one's answer (`Answered`) or failure (`Failed`). It never touches the store, a Deferred or the
+reactor; the store's synchronous index (`StoreIndex`: which originals it holds, whether it is
+healthy) is read directly, as the store's contract makes those two answers immediate. It ends with
+one `Ready`: the `Forward` the exchange sends, and a `Report` of what the request side did, which
+the host counts and logs (/stats, the change log).
+
+The steps: parse the body (`cg.compaction.rewrite`); look up, at once, the frozen text of each
+expand call the client answered with an error (`cg.compaction.repair`) and the cache-aware policy's
+part (`cg.compaction.cold`: record when the conversation's cache expires, read its epochs, freeze a
+new one if the request is cold); rewrite; store the new originals before any marker names them.
+
+============  ===========================================  ===========================================
+state         event                                        commands → next state
+============  ===========================================  ===========================================
+(start)       bypassed, nothing to parse, or no JSON       Ready (the body as it came) → READY
+(start)       A body cg parses                             ReadFrozen per repair, [RecordCache],
+                                                           [ReadFrozen epoch 0] → LOOKING_UP (with
+                                                           nothing to look up: as on its last answer)
+LOOKING_UP    Answered ReadFrozen (a repair's text)        a text: kept. None: Freeze (this body holds
+                                                           the original) or ReadOriginal
+LOOKING_UP    Failed ReadFrozen (a repair's text)          the client's answer stays
+LOOKING_UP    Answered ReadOriginal                        None from an unhealthy store: the client's
+                                                           answer stays; else Freeze (count_tokens:
+                                                           kept unfrozen)
+LOOKING_UP    Answered / Failed Freeze (a repair's text)   what is frozen is kept / the answer stays
+LOOKING_UP    Answered / Failed RecordCache                the expiry before (Known.stored) / None
+LOOKING_UP    Answered ReadFrozen (epoch n)                a text: ReadFrozen epoch n+1 (to
+                                                           MAX_EPOCHS); None: every epoch is read
+LOOKING_UP    Failed ReadFrozen (epoch n)                  Known.doubt; the epochs read before
+LOOKING_UP    (expiry and epochs in, the request cold)     Freeze the new epoch
+LOOKING_UP    Answered / Failed Freeze (an epoch)          it, or another cg's, after the others /
+                                                           Known.doubt, the epochs as they were
+LOOKING_UP    (the last lookup answered)                   rewrite; [Touch]; no new original: Ready
+                                                           → READY; else PutOriginals → STORING
+STORING       Answered PutOriginals                        the store forgot some (once): [Touch],
+                                                           PutOriginals → STORING; else Ready → READY
+STORING       Failed PutOriginals                          rewrite, offloading only what the store
+                                                           still holds; Ready → READY
+LOOKING_UP    Failed ReadOriginal                          raises (the store broke its contract): the
+                                                           driver forwards the body as it came
+READY         Answered or Failed (anything)                raises `Unexpected`
+============  ===========================================  ===========================================
+
+Fail-open as before: a store that cannot say leaves each answer as the client sent it, a request
+warm, the epochs this cg read before; a store that cannot keep an original sends it whole. A bug
+(an exception out of `start` or `feed`) is the driver's to catch: it forwards the body as received.
+`TRANSITIONS` lists the table's (state, event) pairs as data; a test checks table and code agree.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
+
+import attrs
+
+from cg.compaction import cold
+from cg.compaction.pipeline import Older
+from cg.compaction.repair import Repair, repair_answer
+from cg.compaction.rewrite import Incoming, Rewrite, Rewriter
+from cg.exchange import keepalive
+from cg.exchange.machine import Unexpected
+from cg.stream.usage import session_key
+from cg.wire import dialect
+
+__all__ = [
+    "TRANSITIONS",
+    "Answered",
+    "Failed",
+    "Forward",
+    "Freeze",
+    "PutOriginals",
+    "ReadFrozen",
+    "ReadOriginal",
+    "Ready",
+    "RecordCache",
+    "Report",
+    "Request",
+    "State",
+    "StoreContractBroken",
+    "StoreIndex",
+    "Touch",
+    "Preparation",
+]
+
+KeepAliveKey = tuple[str, bytes, "str | None"]  # (tenant, session id, model)
+
+
+@attrs.frozen
+class Forward:
+    """What the request side decided: the body to send upstream, and what the response side needs.
+
+    `rewrite` is what cg did to the body (None: nothing it must answer for); `originals` are the
+    originals behind the markers in `body`, which answer expand calls before the store is asked.
+    """
+
+    body: bytes
+    seq: int  # the request's number in the change log
+    session: str = "-"
+    tenant: str = ""
+    rewrite: Rewrite | None = None
+    originals: Mapping[str, bytes] = attrs.Factory(dict)
+    model: str | None = None  # the request's, for the change log's usage line
+    # --keepalive: the conversation (tenant, session id, model) and its cache lifetime (None: it
+    # cannot be kept warm); None when the request does not concern keep-alive.
+    keepalive: tuple[tuple[str, bytes, str | None], float | None] | None = None
+    cache: tuple[str, float] | None = None  # the cache-aware policy's (conversation key, cache lifetime)
+
+
+@attrs.frozen
+class Request:
+    """What preparation reads of the client's request."""
+
+    body: bytes
+    target: bytes  # the request-target, as the client sent it
+    seq: int
+    tenant: str  # whose originals and frozen texts the request may read (cg.web.tenant)
+    conversation: bytes  # Claude Code's or Codex CLI's session header (b"": none)
+    header: Callable[[str], str | None]  # a request header's first value, by name
+    bypass: bool = False  # x-cg-bypass: 1
+
+
+class StoreIndex(Protocol):
+    """The store's synchronous part (`cg.store.base.IStore`'s `known` and `stats.healthy`)."""
+
+    def known(self, tenant: str, ids: Iterable[str]) -> set[str]: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+
+class State(enum.Enum):
+    LOOKING_UP = "looking up"  # repair texts, the cache's expiry, epochs
+    STORING = "storing"  # new originals, before a marker names them
+    READY = "ready"
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands: the store's work, carried out by the driver. Compared by identity: each is one call.
+
+
+@attrs.frozen(eq=False)
+class ReadFrozen:
+    """The text frozen under `key`, or None; fails when the store cannot tell."""
+
+    tenant: str
+    key: str
+
+
+@attrs.frozen(eq=False)
+class ReadOriginal:
+    """An original (None: unknown, evicted, or the store is broken)."""
+
+    tenant: str
+    ref: str
+
+
+@attrs.frozen(eq=False)
+class Freeze:
+    """Keep `text` under `key` unless something is there; answered with what is stored."""
+
+    tenant: str
+    key: str
+    text: bytes
+
+
+@attrs.frozen(eq=False)
+class RecordCache:
+    """The conversation's cache lives until at least `until`; answered with the expiry before."""
+
+    tenant: str
+    key: str
+    until: float
+
+
+@attrs.frozen(eq=False)
+class PutOriginals:
+    """Store these originals; answered once they are committed."""
+
+    tenant: str
+    originals: dict[str, bytes]
+
+
+@attrs.frozen(eq=False)
+class Touch:
+    """These originals were used (for the store's LRU); no answer."""
+
+    tenant: str
+    ids: frozenset[str]
+
+
+@attrs.define
+class Report:
+    """What the request side did, for /stats and the change log."""
+
+    client_bytes: int
+    bypassed: bool = False
+    rewrite: Rewrite | None = None  # as decided (with its parse), counted whether or not forwarded
+    cold: cold.ColdStats = attrs.Factory(cold.ColdStats)
+    store_fail_open: bool = False
+
+
+@attrs.frozen(eq=False)
+class Ready:
+    """Preparation is done: forward `forward`."""
+
+    forward: Forward
+    report: Report
+
+
+StoreCommand = ReadFrozen | ReadOriginal | Freeze | RecordCache | PutOriginals
+Command = StoreCommand | Touch | Ready
+
+
+# ---------------------------------------------------------------------------------------------
+# Events: the store's answers.
+
+
+@attrs.frozen(slots=True)
+class Answered:
+    command: StoreCommand
+    value: object  # what the store's call fired with
+
+
+@attrs.frozen(slots=True)
+class Failed:
+    command: StoreCommand
+    message: str
+
+
+Event = Answered | Failed
+
+
+class StoreContractBroken(Exception):
+    """The store failed a call its contract says never fails (`get` answers None instead)."""
+
+
+# The module docstring's table, as data: (state, event, command) for each row that takes an event.
+TRANSITIONS: frozenset[tuple[State, type, type]] = frozenset(
+    {(State.LOOKING_UP, event, command) for event in (Answered, Failed)
+     for command in (ReadFrozen, Freeze, RecordCache)}
+    | {(State.LOOKING_UP, Answered, ReadOriginal), (State.LOOKING_UP, Failed, ReadOriginal)}
+    | {(State.STORING, Answered, PutOriginals), (State.STORING, Failed, PutOriginals)}
+)
+
+
+_Handler = Callable[[object], None]
+
+
+class Preparation:
+    """One request's preparation. See the module docstring.
+
+    `rewriter` is None when cg rewrites nothing (then only the session is read). `index` is None
+    when cg has no store (nothing is offloaded, repaired or re-decided). `now` is the wall-clock
+    time (the cache-aware policy's expiries are Unix times).
+    """
+
+    def __init__(
+        self,
+        request: Request,
+        *,
+        rewriter: Rewriter | None,
+        known: cold.Known,
+        index: StoreIndex | None,
+        observe: bool = False,
+        keepalive: bool = False,
+        now: float,
+    ) -> None:
+        self._request = request
+        self._rewriter = rewriter
+        self._known = known
+        self._index = index
+        self._observe = observe
+        self._keepalive = keepalive
+        self._now = now
+        self.state = State.LOOKING_UP
+        self._out: list[Command] = []
+        self._report = Report(len(request.body))
+        # Each command out with the store, and what its answer and failure do.
+        self._pending: dict[StoreCommand, tuple[_Handler, Callable[[str], None] | None]] = {}
+        self._incoming: Incoming | None = None
+        self._unchanged = Forward(request.body, request.seq)
+        self._texts: dict[str, str] = {}  # repaired answers, per tool_use_id
+        self._older: Older | None = None
+        # The cold part, open until an epoch (or none) applies: the expiry recorded before (None:
+        # unknown), whether its answer is still out, and the epochs read (all of them: complete).
+        self._cold_open = False
+        self._expired: float | None = None
+        self._expiry_out = False
+        self._epochs: list[cold.Epoch | None] = []
+        self._epochs_in = False
+        self._complete = False
+        self._key = ""
+        self._ttl = 0.0
+        self._stored_again = False  # PutOriginals was sent a second time
+        self._rewrite: Rewrite | None = None
+
+    def start(self) -> list[Command]:
+        """The first commands: the body parsed, its lookups sent (or `Ready` at once)."""
+        out = self._out = []
+        request = self._request
+        if request.bypass:
+            self._report.bypassed = True
+            self._ready(self._unchanged)
+            return out
+        rewriter = self._rewriter
+        conversation = request.conversation.decode("latin-1")
+        incoming = rewriter.parse(request.body, request.target, conversation) if rewriter else None
+        session = session_key(request.header, incoming.body if incoming else None)
+        if incoming is None:
+            self._ready(Forward(request.body, request.seq, session))
+            return out
+        self._incoming = incoming
+        model = incoming.body.value.get("model")
+        model = model if isinstance(model, str) else None
+        tenant = request.tenant
+        warm = None
+        path = dialect.split_path(request.target).decode("latin-1")
+        if self._keepalive and request.conversation and keepalive.concerns(path, request.body):
+            # One keep-alive per model: a provider caches per model, and Claude Code's side requests go to another.
+            warm = ((tenant, request.conversation, model), keepalive.lifetime(incoming.body))
+        self._unchanged = Forward(request.body, request.seq, session, tenant, model=model, keepalive=warm)
+        if incoming.repairs and self._index is not None:
+            in_body = rewriter.originals(incoming) if rewriter else {}
+            for repair in incoming.repairs:
+                self._look_up_repair(repair, in_body)
+        self._start_cold(conversation)
+        self._maybe_rewrite()
+        return out
+
+    def feed(self, event: Event) -> list[Command]:
+        """A store's answer in; the commands to carry out next, out."""
+        out = self._out = []
+        handlers = self._pending.pop(event.command, None)
+        if handlers is None or (self.state, type(event), type(event.command)) not in TRANSITIONS:
+            raise Unexpected(f"{type(event).__name__} of {type(event.command).__name__} in {self.state.name}")
+        answered, failed = handlers
+        if isinstance(event, Answered):
+            answered(event.value)
+        elif failed is None:
+            raise StoreContractBroken(f"{type(event.command).__name__} failed: {event.message}")
+        else:
+            failed(event.message)
+        if self.state is State.LOOKING_UP:
+            self._maybe_rewrite()
+        return out
+
+    def _ask(self, command: StoreCommand, answered: _Handler, failed: Callable[[str], None] | None) -> None:
+        self._pending[command] = (answered, failed)
+        self._out.append(command)
+
+    # -----------------------------------------------------------------------------------------
+    # Repairs: the answer for each expand call the client answered with an error, frozen per call
+
+    def _look_up_repair(self, repair: Repair, in_body: Mapping[str, bytes]) -> None:
+        """The first repair of a call freezes its text; every later turn replays exactly those
+        bytes, even after the original was evicted, so a repair never changes what the provider
+        cached. The original comes from this very body when it still holds it, else from the
+        store. A store that cannot say whether a text is frozen, or cannot read the original (it
+        is unhealthy), leaves that answer as the client sent it: freezing "no longer stored" then
+        would replay a loss that lasted seconds on every later turn."""
+        tenant = self._request.tenant
+        stash = self._incoming is not None and self._incoming.stash
+
+        def keep(text: bytes) -> None:
+            self._texts[repair.tool_use_id] = text.decode("utf-8")
+
+        def answered(original: object) -> None:
+            assert original is None or isinstance(original, bytes)
+            if original is None and not (self._index is not None and self._index.healthy):
+                return  # the store could not say: the client's answer stays, nothing frozen
+            text = repair_answer(repair, original).text
+            if not stash:  # count_tokens reads, never writes
+                self._texts[repair.tool_use_id] = text
+                return
+            self._ask(Freeze(tenant, repair.tool_use_id, text.encode("utf-8")), _bytes(keep), _stays)
+
+        def frozen(text: object) -> None:
+            if text is not None:
+                keep(_as_bytes(text))
+            elif repair.ref is not None and repair.ref in in_body:
+                answered(in_body[repair.ref])
+            elif repair.ref:
+                self._ask(ReadOriginal(tenant, repair.ref), answered, None)
+            else:
+                answered(None)
+
+        self._ask(ReadFrozen(tenant, repair.tool_use_id), frozen, _stays)
+
+    # -----------------------------------------------------------------------------------------
+    # The cache-aware policy (--cold-policy, cg.compaction.cold)
+
+    def _start_cold(self, conversation: str) -> None:
+        """Each request records how long its conversation's prompt cache lives (but for one this
+        cg surely knows to be warm, which asks the store nothing: cold.Known); one that comes
+        after it expired is cold, and re-decides the older history as an epoch, frozen in the
+        store (first writer wins) before anything is forwarded. Every request applies the latest
+        epoch its history matches. A store that cannot say when the cache expires leaves the
+        request warm; one that cannot read the epochs leaves those this cg read before, and makes
+        none (after a restart: first-sight decisions, so a marker an epoch sent before goes whole,
+        one cache write and nothing lost). count_tokens applies epochs, and records and makes
+        none."""
+        incoming, rewriter = self._incoming, self._rewriter
+        assert incoming is not None and rewriter is not None
+        policy = rewriter.config.cold
+        if policy is None or not conversation or incoming.injection is None or self._index is None:
+            return
+        tally = self._report.cold
+        tally.checked += 1
+        tenant, body = self._request.tenant, incoming.body
+        key = self._key = cold.conversation_key(conversation, self._unchanged.model)
+        now, ttl = self._now, cold.cache_ttl(body, incoming.dialect)
+        self._ttl = ttl
+        until = now + ttl if incoming.stash else None
+        if self._known.warm(tenant, key, now, until, policy.margin):
+            tally.known_warm += 1
+            self._apply(cold.latest(self._known.epochs(tenant, key), body, incoming.dialect))
+            return
+        if until is not None:
+            self._expiry_out = True
+
+            def recorded(before: object) -> None:
+                assert before is None or isinstance(before, float | int)
+                self._known.stored(tenant, key, until)
+                self._expired = None if before is None else float(before)
+                self._expiry_out = False
+                self._maybe_decide()
+
+            def unrecorded(message: str) -> None:
+                self._expiry_out = False
+                self._maybe_decide()
+
+            self._ask(RecordCache(tenant, key, until), recorded, unrecorded)
+        self._cold_open = True
+        self._epochs = self._known.epochs(tenant, key)
+        self._read_epoch()
+
+    def _read_epoch(self) -> None:
+        """The conversation's epochs: those read before, then any another cg (or this one, before
+        a restart) froze since."""
+        tenant, key, found = self._request.tenant, self._key, self._epochs
+        if len(found) >= cold.MAX_EPOCHS:
+            self._epochs_read(True)
+            return
+
+        def got(text: object) -> None:
+            if text is None:
+                self._epochs_read(True)
+            else:
+                found.append(cold.Epoch.loads(_as_bytes(text)))
+                self._read_epoch()
+
+        def unread(message: str) -> None:
+            self._known.doubt(tenant, key)
+            self._epochs = self._known.epochs(tenant, key)
+            self._epochs_read(False)
+
+        self._ask(ReadFrozen(tenant, cold.epoch_key(key, len(found))), got, unread)
+
+    def _epochs_read(self, complete: bool) -> None:
+        if complete:
+            self._known.set_epochs(self._request.tenant, self._key, self._epochs)
+        else:
+            self._report.cold.unknown += 1
+        self._complete = complete
+        self._epochs_in = True
+        self._maybe_decide()
+
+    def _maybe_decide(self) -> None:
+        """Once the expiry and the epochs are in: cold or not, and a new epoch for a cold one."""
+        if self._expiry_out or not self._epochs_in:
+            return
+        self._epochs_in = False
+        incoming, rewriter = self._incoming, self._rewriter
+        assert incoming is not None and rewriter is not None and rewriter.config.cold is not None
+        policy = rewriter.config.cold
+        body, shape, known = incoming.body, incoming.dialect, self._epochs
+        current = cold.latest(known, body, shape)
+        if (not (self._complete and incoming.stash and policy.is_cold(self._expired, self._now))
+                or len(known) >= cold.MAX_EPOCHS):
+            self._apply(current)
+            return
+        self._report.cold.cold += 1
+        made = policy.epoch(body, shape, current)
+        if made is None:
+            self._apply(current)
+            return
+        self._freeze_epoch(made)
+
+    def _freeze_epoch(self, made: cold.Epoch) -> None:
+        """`made` frozen after the known epochs, or what another cg froze there first; as they
+        were if the store cannot freeze (the request is cold: its bytes cost nothing extra)."""
+        incoming = self._incoming
+        assert incoming is not None
+        tenant, key, known = self._request.tenant, self._key, self._epochs
+
+        def frozen(text: object) -> None:
+            stored = cold.Epoch.loads(_as_bytes(text))
+            self._report.cold.epochs += stored == made
+            epochs = self._known.set_epochs(tenant, key, [*known, stored])
+            self._apply(cold.latest(epochs, incoming.body, incoming.dialect))
+
+        def unfrozen(message: str) -> None:
+            self._known.doubt(tenant, key)  # another cg's may be there: read them again next time
+            self._apply(cold.latest(known, incoming.body, incoming.dialect))
+
+        self._ask(Freeze(tenant, cold.epoch_key(key, len(known)), made.dumps()), frozen, unfrozen)
+
+    def _apply(self, epoch: cold.Epoch | None) -> None:
+        """The epoch this request is decided under (None: first sight only)."""
+        incoming, rewriter = self._incoming, self._rewriter
+        assert incoming is not None and rewriter is not None
+        self._cold_open = False
+        self._report.cold.applied += epoch is not None
+        self._older = cold.older(epoch, incoming.body, incoming.dialect, rewriter.config.compact)
+        if incoming.stash:
+            self._unchanged = attrs.evolve(self._unchanged, cache=(self._key, self._ttl))
+
+    # -----------------------------------------------------------------------------------------
+    # The rewrite, and storing its originals
+
+    def _maybe_rewrite(self) -> None:
+        if self._pending or self._cold_open or self.state is not State.LOOKING_UP:
+            return
+        incoming, rewriter = self._incoming, self._rewriter
+        assert incoming is not None and rewriter is not None
+        rewrite = self._rewrite = rewriter.finish(incoming, self._texts, older=self._older)
+        if self._observe or not rewrite.originals:
+            self._chosen(rewrite, {})
+            return
+        self._vouch()
+
+    def _vouch(self) -> None:
+        """Markers only for originals the store vouches for: it first stores those it does not
+        know. A store that forgot some while storing the others (it broke and came back, or
+        another process wrote) is given them once more."""
+        rewrite, index, tenant = self._rewrite, self._index, self._request.tenant
+        assert rewrite is not None and index is not None
+        known = index.known(tenant, rewrite.originals)
+        if known:
+            self._out.append(Touch(tenant, frozenset(known)))
+        new = {i: rewrite.originals[i] for i in rewrite.originals if i not in known}  # only these encoded
+        if not new:
+            self._chosen(rewrite, rewrite.originals)
+            return
+        self.state = State.STORING
+        self._ask(PutOriginals(tenant, new), self._stored, lambda message: self._unstored(known))
+
+    def _stored(self, value: object) -> None:
+        rewrite, index = self._rewrite, self._index
+        assert rewrite is not None and index is not None
+        if not self._stored_again and len(index.known(self._request.tenant, rewrite.originals)) < len(rewrite.originals):
+            self._stored_again = True
+            self._vouch()
+            return
+        self._chosen(rewrite, rewrite.originals)
+
+    def _unstored(self, known: set[str]) -> None:
+        """A store that cannot keep them vouches for what it still knows (nothing, once it is
+        unhealthy): the rest go whole, and reformat still runs. Offloads sent on earlier turns
+        stay while the store still vouches for them, so the bytes the provider has cached do not
+        change. The store logs the failure, once."""
+        incoming, rewriter, index = self._incoming, self._rewriter, self._index
+        assert incoming is not None and rewriter is not None and index is not None
+        self._report.store_fail_open = True
+        vouched = rewriter.finish(incoming, self._texts, lossy=frozenset(index.known(self._request.tenant, known)),
+                                  older=self._older)
+        self._chosen(vouched, vouched.originals)
+
+    def _chosen(self, rewrite: Rewrite, originals: Mapping[str, bytes]) -> None:
+        """Forward the rewrite (in observe mode, the body as it came)."""
+        self._report.rewrite = rewrite
+        unchanged = self._unchanged
+        if self._observe:
+            self._ready(unchanged)
+            return
+        # Kept for the response's life: what it decides by (not the parse), and the originals
+        # behind its markers, which answer expand calls even if the store breaks meanwhile.
+        self._ready(attrs.evolve(unchanged, body=rewrite.body, rewrite=attrs.evolve(rewrite, originals={}, parsed={}),
+                                 originals=originals))
+
+    def _ready(self, forward: Forward) -> None:
+        self.state = State.READY
+        self._incoming = self._rewrite = None
+        self._out.append(Ready(forward, self._report))
+
+
+def _as_bytes(value: object) -> bytes:
+    assert isinstance(value, bytes)
+    return value
+
+
+def _bytes(handler: Callable[[bytes], None]) -> _Handler:
+    return lambda value: handler(_as_bytes(value))
+
+
+def _stays(message: str) -> None:
+    """A repair the store cannot look up or freeze: the client's answer stays."""
