@@ -136,7 +136,7 @@ class Worker:
         try:
             result = fn(*args)
         except Exception:  # noqa: BLE001 -- the thread must outlive any job
-            failure = Failure()  # type: ignore[no-untyped-call]  # untyped in Twisted
+            failure = Failure()
             if d is None:
                 self.reactor.callFromThread(self._report, failure)
             else:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from twisted.internet import defer, task
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, ITCPTransport
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
@@ -86,7 +86,6 @@ if TYPE_CHECKING:
 log = Logger(namespace="cg.web.driver")
 
 FLUSH_TIMEOUT = 10.0  # seconds a cut client connection may take to take its last bytes
-_UNDECODABLE = object()  # a response encoding cg did not ask for on a path it reads
 _BODYLESS = (b"GET", b"HEAD", b"DELETE", b"OPTIONS")
 _FIRED = {timer: TimerFired(timer) for timer in Timer}
 class _Start:
@@ -197,7 +196,7 @@ class ExchangeDriver:
             return
         self.feed(_START)
 
-    def cut(self):
+    def cut(self) -> None:
         """Cut the client off (a graceful stop ran out of time)."""
         self.feed(_CUT)
 
@@ -271,7 +270,7 @@ class ExchangeDriver:
         body = None if not forward.body and self.request.method in _BODYLESS else forward.body
         self.feed(Prepared(body, forward.rewrite, forward.session, forward.seq))
 
-    def _store_call(self, command: prepare.StoreCommand) -> defer.Deferred:
+    def _store_call(self, command: prepare.StoreCommand) -> defer.Deferred[typing.Any]:
         store = self.host.store
         assert store is not None  # a preparation without a store's index sends no store command
         if isinstance(command, prepare.ReadFrozen):
@@ -307,7 +306,7 @@ class ExchangeDriver:
     # -----------------------------------------------------------------------------------------
     # The upstream
 
-    def _send(self, command: Send):
+    def _send(self, command: Send) -> None:
         origin, base_path = self.host.upstreams[self.which]
         body = command.body
         self.round = command.round
@@ -327,14 +326,12 @@ class ExchangeDriver:
         )
         pending.addCallbacks(self._responded, self._failed).addErrback(self._bug)
 
-    def _responded(self, response):
+    def _responded(self, response: Response) -> None:
         self.pending = None
         if self.ended:
             response.deliverBody(_Discard())
             return
-        decoder = self._decoder(response)
-        decodable = decoder is not _UNDECODABLE
-        self.decoder = decoder if decodable else None  # undecodable: passed through, encoded
+        decodable, self.decoder = self._decoder(response)  # undecodable: passed through, encoded
         self.response = response
         if self.round:  # the client has its head
             head = Head(response.code, response.phrase, None, False, _is_stream(response), decodable)
@@ -345,42 +342,42 @@ class ExchangeDriver:
                         _is_stream(response), decodable)
         self.feed(head)
 
-    def _failed(self, failure):
+    def _failed(self, failure: Failure) -> None:
         self.pending = None
         if not self.ended:
             self.feed(UpstreamFailed(is_timeout(failure), failure.getErrorMessage() or failure.type.__name__))
 
-    def _decoder(self, response):
-        """A gzip decoder for a body cg reads (None: it is not encoded); _UNDECODABLE for an encoding
-        it asked not to get."""
+    def _decoder(self, response: Response) -> tuple[bool, zlib._Decompress | None]:
+        """(whether the exchange can read the body, the gzip decoder of a body cg reads: None when
+        it is not encoded). An encoding cg asked not to get is not readable."""
         if not self.decode:
-            return None
+            return True, None
         encodings = [e.strip().lower() for v in response.headers.getRawHeaders(b"content-encoding", ())
                      for e in v.split(b",") if e.strip()]
         if not encodings or encodings == [b"identity"]:
-            return None
+            return True, None
         if encodings == [b"gzip"]:
-            return zlib.decompressobj(wbits=31)
-        return _UNDECODABLE
+            return True, zlib.decompressobj(wbits=31)
+        return False, None
 
-    def _read_body(self, command: ReadBody):
+    def _read_body(self, command: ReadBody) -> None:
         response, self.response = self.response, None
         assert response is not None  # the exchange reads the body of the head it was fed
         response.deliverBody(_Relay(self, self.decoder))
 
-    def _discard_body(self, command: DiscardBody):
+    def _discard_body(self, command: DiscardBody) -> None:
         response, self.response = self.response, None
         assert response is not None
         response.deliverBody(_Discard())
 
-    def _detach_body(self, command: DetachBody):
+    def _detach_body(self, command: DetachBody) -> None:
         if self.relay is not None:
             self.detached.add(self.relay)  # it drains unseen, or is stopped at the end
             self.relay = None
             assert self.flow is not None  # a relay feeds the client through it
             self.flow.detach()
 
-    def _stop_upstream(self, command: StopUpstream):
+    def _stop_upstream(self, command: StopUpstream) -> None:
         if self.pending is not None:
             self.pending.cancel()
         elif self.relay is not None:
@@ -389,7 +386,7 @@ class ExchangeDriver:
     # -----------------------------------------------------------------------------------------
     # Expand calls
 
-    def _resolve(self, command: Resolve):
+    def _resolve(self, command: Resolve) -> None:
         """The originals the calls ask for: those behind this request's own markers, else from the
         store under this request's tenant."""
         self.stats.expand.bounces += 1
@@ -401,13 +398,13 @@ class ExchangeDriver:
             defer.succeed(self.originals[ref]) if ref in self.originals
             else store.get(self.tenant, ref) for ref in refs]
 
-        def resolved(originals):
+        def resolved(originals: list[bytes | None]) -> None:
             resolutions = {ref: resolve(ref, original) for ref, original in zip(refs, originals)}
             for reply in answers(calls, resolutions):
                 self.stats.expand.count(reply.kind, reply.text)
             self.feed(Resolved(resolutions))
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             log.failure("looking up the originals of expand calls failed", failure)
             self.feed(ResolveFailed(failure.getErrorMessage()))
 
@@ -416,7 +413,7 @@ class ExchangeDriver:
     # -----------------------------------------------------------------------------------------
     # The client
 
-    def _set_head(self, command: SetHead):
+    def _set_head(self, command: SetHead) -> None:
         request = self.request
         request.setResponseCode(command.status, command.phrase)
         if command.headers is not None:
@@ -424,11 +421,11 @@ class ExchangeDriver:
         for name, value in command.fields:
             request.setHeader(name, value)
 
-    def _write(self, command: Write):
+    def _write(self, command: Write) -> None:
         self.stats.bytes_to_client += len(command.data)
         self.request.write(command.data)
 
-    def _finish(self, command: Finish):
+    def _finish(self, command: Finish) -> None:
         if self.relay is not None:
             relay, self.relay = self.relay, None
             assert self.flow is not None  # a relay feeds the client through it
@@ -439,7 +436,7 @@ class ExchangeDriver:
             self.flow = None
         self.request.finish()
 
-    def _abort(self, command: Abort):
+    def _abort(self, command: Abort) -> None:
         channel = self.request.channel
         transport = channel.transport
         if command.flush:
@@ -454,7 +451,7 @@ class ExchangeDriver:
     # -----------------------------------------------------------------------------------------
     # Timers and the end
 
-    def _start_timer(self, command: StartTimer):
+    def _start_timer(self, command: StartTimer) -> None:
         fired = _FIRED[command.timer]
         call: IDelayedCall | task.LoopingCall
         if command.repeat:
@@ -465,7 +462,7 @@ class ExchangeDriver:
             call = self.host.reactor.callLater(command.delay, self.feed, fired)
         self.timers[command.timer] = call
 
-    def _cancel_timer(self, command: CancelTimer):
+    def _cancel_timer(self, command: CancelTimer) -> None:
         call = self.timers.pop(command.timer, None)
         if isinstance(call, task.LoopingCall):
             if call.running:
@@ -473,7 +470,7 @@ class ExchangeDriver:
         elif call is not None and call.active():
             call.cancel()
 
-    def _record(self, command: Record):
+    def _record(self, command: Record) -> None:
         self.ended = True
         self._stop_detached()
         record = command.record
@@ -502,20 +499,20 @@ class ExchangeDriver:
             rounds=record.expand_rounds,
         )
 
-    def _answered(self, status: int | None):
+    def _answered(self, status: int | None) -> None:
         """Tell the keep-alive how round 0 was answered (what the client got), so it arms or ends."""
         if self.warm is not None and self.warm_generation is not None:
             generation, self.warm_generation = self.warm_generation, None
             assert self.host.keepalive is not None
             self.host.keepalive.answered(self.warm[0], generation, status)
 
-    def _stop_detached(self):
+    def _stop_detached(self) -> None:
         """Bodies of earlier rounds still open (a gateway may keep one open past its end): stop them."""
         for relay in list(self.detached):
             relay.stop()
         self.detached.clear()
 
-    def _closed_by_a_bug(self):
+    def _closed_by_a_bug(self) -> None:
         """The exchange ended, but a bug lost the commands that close it: close everything here.
 
         The client's connection is aborted (what it got, if anything, cannot look complete), the
@@ -530,7 +527,7 @@ class ExchangeDriver:
         self._stop_upstream(_STOP)
         self._stop_detached()
         self._answered(None)
-        transport = self.request.channel.transport
+        transport = typing.cast(_Connection | None, self.request.channel.transport)
         if transport is not None and not transport.disconnected:
             transport.abortConnection()
         self.host.ended(self)
@@ -569,16 +566,24 @@ def _header_getter(headers: Headers) -> Callable[[str], str | None]:
     return get
 
 
-def _abort_if_open(transport):
+class _Connection(typing.Protocol):
+    """What cg does with a client's connection when it must cut it (twisted's TCP and TLS transports)."""
+
+    disconnected: bool
+
+    def abortConnection(self) -> None: ...
+
+
+def _abort_if_open(transport: _Connection) -> None:
     if not transport.disconnected:
         transport.abortConnection()
 
 
-def _is_stream(response) -> bool:
+def _is_stream(response: Response) -> bool:
     return response.headers.getRawHeaders(b"content-type", [b""])[0].startswith(b"text/event-stream")
 
 
-def _ms(start, end):
+def _ms(start: float | None, end: float | None) -> str:
     return "-" if start is None or end is None else f"{(end - start) * 1000:.1f}"
 
 
@@ -589,7 +594,7 @@ class _Relay(Protocol):
     so a client that stops reading pauses the upstream read.
     """
 
-    def __init__(self, driver: ExchangeDriver, decoder):
+    def __init__(self, driver: ExchangeDriver, decoder: zlib._Decompress | None):
         self.driver = driver
         self.decoder = decoder
 
@@ -597,7 +602,7 @@ class _Relay(Protocol):
         """Stop reading this body (its transport is the upstream response's producer)."""
         typing.cast(IPushProducer, self.transport).stopProducing()
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         driver = self.driver
         if driver.ended:
             self.stop()
@@ -606,9 +611,9 @@ class _Relay(Protocol):
         if driver.flow is None:
             driver.flow = ClientFlow()
             driver.request.registerProducer(driver.flow, True)
-        driver.flow.attach(self.transport)
+        driver.flow.attach(typing.cast(IPushProducer, self.transport))
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         driver = self.driver
         driver.stats.bytes_from_upstream += len(data)
         if driver.ended or driver.relay is not self:
@@ -621,7 +626,7 @@ class _Relay(Protocol):
                 return
         driver.feed(Chunk(data))
 
-    def connectionLost(self, reason=None):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         driver = self.driver
         driver.detached.discard(self)
         if driver.relay is not self:
@@ -648,32 +653,32 @@ class ClientFlow:
     state and hands it to each body.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.paused = False
-        self._body = None  # the upstream body's producer now feeding the client
+        self._body: IPushProducer | None = None  # the upstream body's producer now feeding the client
 
-    def attach(self, body):
+    def attach(self, body: IPushProducer) -> None:
         self._body = body
         if self.paused:
             body.pauseProducing()
 
-    def detach(self):
+    def detach(self) -> None:
         """The body feeds the client no more: it must not stay paused on the client's account."""
         body, self._body = self._body, None
         if body is not None and self.paused:
             body.resumeProducing()
 
-    def pauseProducing(self):
+    def pauseProducing(self) -> None:
         self.paused = True
         if self._body is not None:
             self._body.pauseProducing()
 
-    def resumeProducing(self):
+    def resumeProducing(self) -> None:
         self.paused = False
         if self._body is not None:
             self._body.resumeProducing()
 
-    def stopProducing(self):
+    def stopProducing(self) -> None:
         if self._body is not None:
             self._body.stopProducing()
 

@@ -83,8 +83,8 @@ class Forwarder:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
-            reactor = default_reactor  # type: ignore[assignment]
-        self.reactor: IReactorTime = reactor  # type: ignore[assignment]
+            reactor = default_reactor
+        self.reactor: IReactorTime = reactor
         self.clock = clock
         self.now = now  # wall-clock time: when a conversation's prompt cache expires (cg.compaction.cold)
         # What the cache-aware policy learned from the store, per (tenant, conversation key).

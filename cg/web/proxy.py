@@ -34,7 +34,7 @@ class ProxyResource(resource.Resource):
     isLeaf = True
 
     def __init__(self, forwarder: Forwarder):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # twisted.web's Resource
         self.forwarder = forwarder
         self.stats: Stats = forwarder.stats
         self.store: IStore | None = forwarder.store
