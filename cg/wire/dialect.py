@@ -1,13 +1,22 @@
-"""Which provider a request is for, and how that provider shapes an error.
+"""Which provider a request is for, how that provider shapes an error, and the shape of its bodies.
 
 Routing is by path, as the SDKs build it: ANTHROPIC_BASE_URL=http://cg and
 OPENAI_BASE_URL=http://cg/v1 both work unchanged. An `anthropic-version`
 header wins over the path, because Anthropic serves some of the same paths
 (`/v1/models`).
+
+A body's shape (`Shape`) is the adapter every layer reaches the three APIs through: Anthropic
+Messages (`MESSAGES_SHAPE`), OpenAI chat completions (`CHAT_SHAPE`) and the Responses API
+(`RESPONSES_SHAPE`). It holds the facts of the wire (its name, the route it is served by, where a
+body keeps its conversation), and `select` picks a layer's own per-dialect part: a layer above
+this one writes one class or function per dialect and picks it once, through the shape, instead of
+comparing dialect names. This module and `cg.exchange.dialects` are where dialect names are
+compared (tests/test_dialect_adapters.py keeps it so).
 """
 
-from collections.abc import Sequence
-from typing import Protocol
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar, final
 
 import ujson
 
@@ -16,6 +25,64 @@ OPENAI = "openai"
 # A body shape, not a route: `/v1/responses` routes as OPENAI (its upstream, its /stats line), but
 # its bodies carry `input` and `output` items, not chat `messages`. Its errors are OpenAI's.
 RESPONSES = "responses"
+
+T = TypeVar("T")
+
+
+class Shape(abc.ABC):
+    """How one API lays out a request body and its response: the adapter for a dialect.
+
+    One instance a dialect (compared by identity). `name` is the dialect's name as /stats, the
+    change log and the record write it; `route` the dialect its path routes as (its upstream, its
+    errors: the Responses API routes as OPENAI); `items` the key of the body's conversation (the
+    array of messages, or of input items), which repair, compaction and the cache-aware policy walk.
+    """
+
+    __slots__ = ("items", "name", "route")
+
+    def __init__(self, name: str, route: str, items: str) -> None:
+        self.name, self.route, self.items = name, route, items
+
+    @abc.abstractmethod
+    def select(self, anthropic: T, chat: T, responses: T) -> T:
+        """This dialect's one of a layer's three per-dialect parts (Messages, chat, Responses)."""
+
+    def __repr__(self) -> str:
+        return f"<Shape {self.name}>"
+
+    def __reduce__(self) -> str:  # copy and pickle: the same instance
+        return _SHAPE_NAMES[self.name]
+
+
+@final
+class _Messages(Shape):
+    __slots__ = ()
+
+    def select(self, anthropic: T, chat: T, responses: T) -> T:
+        return anthropic
+
+
+@final
+class _Chat(Shape):
+    __slots__ = ()
+
+    def select(self, anthropic: T, chat: T, responses: T) -> T:
+        return chat
+
+
+@final
+class _Responses(Shape):
+    __slots__ = ()
+
+    def select(self, anthropic: T, chat: T, responses: T) -> T:
+        return responses
+
+
+MESSAGES_SHAPE: Shape = _Messages(ANTHROPIC, ANTHROPIC, "messages")
+CHAT_SHAPE: Shape = _Chat(OPENAI, OPENAI, "messages")
+RESPONSES_SHAPE: Shape = _Responses(RESPONSES, OPENAI, "input")
+SHAPES: Mapping[str, Shape] = {shape.name: shape for shape in (MESSAGES_SHAPE, CHAT_SHAPE, RESPONSES_SHAPE)}
+_SHAPE_NAMES = {ANTHROPIC: "MESSAGES_SHAPE", OPENAI: "CHAT_SHAPE", RESPONSES: "RESPONSES_SHAPE"}
 
 _OPENAI_PATHS = (
     b"/v1/chat/completions",
