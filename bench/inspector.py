@@ -347,9 +347,10 @@ def _run_parser(rounds):
 
 def _run_meter(rounds):
     from cg.stream.usage import ResponseUsage
+    from cg.wire.dialect import MESSAGES_SHAPE
 
     for chunks in rounds:
-        meter = ResponseUsage("anthropic", True)
+        meter = ResponseUsage(MESSAGES_SHAPE, True)
         for chunk in chunks:
             meter.feed(chunk)
     return None

@@ -11,18 +11,15 @@ from test_markers import go_style, js_style, python_style, slash_style
 
 from cg.stream import continuation
 from cg.stream.continuation import (
+    CHAT_LOOP,
     EVICTED,
     MALFORMED,
+    MESSAGES_LOOP,
     UNKNOWN,
     ClientStyle,
     ExpandCall,
     answers,
-    billed,
-    continuation_body,
-    expand_calls,
     is_cg_answer,
-    lone_expand_calls,
-    merge,
     refs_to_resolve,
     resolve,
 )
@@ -74,13 +71,13 @@ def openai_response(content=None, tool_calls=None, id="chatcmpl-1", finish_reaso
 
 def test_a_lone_expand_call_is_found_with_its_ref():
     response = anthropic_response([{"type": "text", "text": "Let me see."}, tool_use("toolu_1")])
-    assert lone_expand_calls(response, "anthropic") == [
+    assert MESSAGES_LOOP.lone_expand_calls(response) == [
         ExpandCall("toolu_1", {"id": f"<<cg:{ID_A}>>"}, ID_A)]
 
 
 def test_several_expand_calls_come_in_order_bare_ids_too():
     response = anthropic_response([tool_use("toolu_1"), tool_use("toolu_2", tool_input={"id": f" {ID_B} "})])
-    assert [(c.id, c.ref) for c in lone_expand_calls(response, "anthropic")] == [
+    assert [(c.id, c.ref) for c in MESSAGES_LOOP.lone_expand_calls(response)] == [
         ("toolu_1", ID_A), ("toolu_2", ID_B)]
 
 
@@ -91,7 +88,7 @@ def test_several_expand_calls_come_in_order_bare_ids_too():
     [tool_use("toolu_2", name="Bash", tool_input={"command": "ls"}), tool_use("toolu_1")],
 ], ids=["text", "empty", "expand-then-bash", "bash-then-expand"])
 def test_no_call_or_a_client_call_in_the_batch_means_the_client_gets_it(content):
-    assert lone_expand_calls(anthropic_response(content), "anthropic") is None
+    assert MESSAGES_LOOP.lone_expand_calls(anthropic_response(content)) is None
 
 
 def test_server_tools_run_at_the_provider_and_do_not_count():
@@ -100,14 +97,14 @@ def test_server_tools_run_at_the_provider_and_do_not_count():
         {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
         tool_use("toolu_1"),
     ])
-    assert [c.id for c in lone_expand_calls(response, "anthropic")] == ["toolu_1"]
+    assert [c.id for c in MESSAGES_LOOP.lone_expand_calls(response)] == ["toolu_1"]
 
 
 @pytest.mark.parametrize("tool_input", [{}, {"id": 5}, {"id": "not an id!"}, {"ID": ID_A}, "a string", None,
                                         {"id": f"<<cg:{ID_A}>> and more"}])
 def test_an_input_naming_no_id_is_malformed(tool_input):
     response = anthropic_response([tool_use("toolu_1", tool_input=tool_input)])
-    [call] = lone_expand_calls(response, "anthropic")
+    [call] = MESSAGES_LOOP.lone_expand_calls(response)
     assert call.ref is None and call.raw_input == tool_input
 
 
@@ -115,7 +112,7 @@ def test_openai_tool_calls():
     response = openai_response(tool_calls=[
         openai_call("call_1"), openai_call("call_2", arguments="{not json"),
         openai_call("call_3", arguments=json.dumps({"id": f"<<cg:{ID_B}>>"}))])
-    assert lone_expand_calls(response, "openai") == [
+    assert CHAT_LOOP.lone_expand_calls(response) == [
         ExpandCall("call_1", json.dumps({"id": ID_A}), ID_A),
         ExpandCall("call_2", "{not json", None),
         ExpandCall("call_3", json.dumps({"id": f"<<cg:{ID_B}>>"}), ID_B),
@@ -129,12 +126,12 @@ def test_openai_tool_calls():
     {"choices": []},
 ], ids=["text", "no-calls", "batched", "no-choices"])
 def test_openai_responses_cg_does_not_answer(response):
-    assert lone_expand_calls(response, "openai") is None
+    assert CHAT_LOOP.lone_expand_calls(response) is None
 
 
 def test_expand_calls_of_a_batch_are_still_readable_for_repair():
     response = anthropic_response([tool_use("toolu_2", name="Bash", tool_input={}), tool_use("toolu_1")])
-    assert [c.id for c in expand_calls(response, "anthropic")] == ["toolu_1"]
+    assert [c.id for c in MESSAGES_LOOP.expand_calls(response)] == ["toolu_1"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,8 +188,8 @@ def claude_code_request(name="p_second_request_tool_result", **changes) -> bytes
 def test_anthropic_continuation_appends_and_keeps_every_byte():
     forwarded = claude_code_request()
     response = anthropic_response([THINKING, {"type": "text", "text": "Reading it."}, tool_use("toolu_1")])
-    calls = lone_expand_calls(response, "anthropic")
-    out = continuation_body(forwarded, response, calls, {ID_A: b"line 1\nline 2 \xc3\xa9 </b>"}, "anthropic")
+    calls = MESSAGES_LOOP.lone_expand_calls(response)
+    out = MESSAGES_LOOP.continuation_body(forwarded, response, calls, {ID_A: b"line 1\nline 2 \xc3\xa9 </b>"})
     cut = insertion_point(forwarded)
     added = len(out) - len(forwarded)
     assert out[:cut] == forwarded[:cut] and out[cut + added:] == forwarded[cut:]
@@ -211,7 +208,7 @@ def test_anthropic_continuation_appends_and_keeps_every_byte():
 def test_the_thinking_block_and_its_signature_go_back_byte_exact():
     forwarded = claude_code_request("p_second_request_after_thinking")
     response = anthropic_response([THINKING, tool_use("toolu_1")])
-    out = continuation_body(forwarded, response, lone_expand_calls(response, "anthropic"), {ID_A: b"x"}, "anthropic")
+    out = MESSAGES_LOOP.continuation_body(forwarded, response, MESSAGES_LOOP.lone_expand_calls(response), {ID_A: b"x"})
     assert js_style(THINKING) in out  # key order, text and signature as returned
     assert out.count(THINKING["signature"].encode()) == 1
     # the history's own thinking block is untouched too
@@ -223,9 +220,9 @@ def test_every_call_is_answered_in_order_and_the_same_id_once():
     forwarded = claude_code_request()
     response = anthropic_response([tool_use("toolu_1"), tool_use("toolu_2", tool_input={"id": "seg_0001"}),
                                    tool_use("toolu_3"), tool_use("toolu_4", tool_input={})])
-    calls = lone_expand_calls(response, "anthropic")
+    calls = MESSAGES_LOOP.lone_expand_calls(response)
     assert refs_to_resolve(calls) == [ID_A, "seg_0001"]
-    out = continuation_body(forwarded, response, calls, {ID_A: b"AAA", "seg_0001": UNKNOWN}, "anthropic")
+    out = MESSAGES_LOOP.continuation_body(forwarded, response, calls, {ID_A: b"AAA", "seg_0001": UNKNOWN})
     results = json.loads(out)["messages"][-1]["content"]
     assert [r["tool_use_id"] for r in results] == ["toolu_1", "toolu_2", "toolu_3", "toolu_4"]
     assert [r["content"] for r in results][::2] == ["AAA", "AAA"]
@@ -236,7 +233,7 @@ def test_every_call_is_answered_in_order_and_the_same_id_once():
 def test_no_cache_control_is_added():
     forwarded = claude_code_request()
     response = anthropic_response([tool_use("toolu_1")])
-    out = continuation_body(forwarded, response, lone_expand_calls(response, "anthropic"), {ID_A: b"x"}, "anthropic")
+    out = MESSAGES_LOOP.continuation_body(forwarded, response, MESSAGES_LOOP.lone_expand_calls(response), {ID_A: b"x"})
     assert out.count(b'"cache_control"') == forwarded.count(b'"cache_control"') > 0
 
 
@@ -245,7 +242,7 @@ def test_no_cache_control_is_added():
 def test_stream_is_forced_as_asked(name, stream):
     forwarded = claude_code_request(name)
     response = anthropic_response([tool_use("toolu_1")])
-    out = continuation_body(forwarded, response, lone_expand_calls(response, "anthropic"), {}, "anthropic",
+    out = MESSAGES_LOOP.continuation_body(forwarded, response, MESSAGES_LOOP.lone_expand_calls(response), {},
                             stream=stream)
     sent, got = json.loads(forwarded), json.loads(out)
     if stream is None:
@@ -266,10 +263,10 @@ def test_stream_is_forced_as_asked(name, stream):
 def test_the_continuation_of_a_continuation_extends_it():
     first = claude_code_request()
     round1 = anthropic_response([tool_use("toolu_1")])
-    second = continuation_body(first, round1, lone_expand_calls(round1, "anthropic"), {ID_A: b"A"}, "anthropic",
+    second = MESSAGES_LOOP.continuation_body(first, round1, MESSAGES_LOOP.lone_expand_calls(round1), {ID_A: b"A"},
                                stream=False)
     round2 = anthropic_response([tool_use("toolu_2", tool_input={"id": ID_B})], id="msg_2")
-    third = continuation_body(second, round2, lone_expand_calls(round2, "anthropic"), {ID_B: b"B"}, "anthropic",
+    third = MESSAGES_LOOP.continuation_body(second, round2, MESSAGES_LOOP.lone_expand_calls(round2), {ID_B: b"B"},
                               stream=False)
     cut = insertion_point(second)
     assert third.startswith(second[:cut]) and third.endswith(second[cut:])
@@ -288,7 +285,7 @@ def test_new_json_is_written_the_way_the_client_writes(style, check):
     forwarded = style(body)
     response = anthropic_response([tool_use("toolu_1")])
     original = "é </b> a/b".encode()
-    out = continuation_body(forwarded, response, lone_expand_calls(response, "anthropic"), {ID_A: original}, "anthropic")
+    out = MESSAGES_LOOP.continuation_body(forwarded, response, MESSAGES_LOOP.lone_expand_calls(response), {ID_A: original})
     cut = insertion_point(forwarded)
     new = out[cut:cut + len(out) - len(forwarded)]
     assert check(new)
@@ -298,7 +295,7 @@ def test_new_json_is_written_the_way_the_client_writes(style, check):
 def test_a_lone_surrogate_travels_escaped():
     forwarded = claude_code_request()
     response = anthropic_response([{"type": "text", "text": "bad \ud800 text"}, tool_use("toolu_1")])
-    out = continuation_body(forwarded, response, lone_expand_calls(response, "anthropic"), {}, "anthropic")
+    out = MESSAGES_LOOP.continuation_body(forwarded, response, MESSAGES_LOOP.lone_expand_calls(response), {})
     assert json.loads(out)["messages"][-2]["content"][0]["text"] == "bad \ud800 text"
 
 
@@ -309,7 +306,7 @@ def test_openai_continuation_appends_the_message_as_returned_and_one_tool_messag
     forwarded = json.dumps(body).encode()  # the Python SDK's spelling
     response = openai_response(content="Reading.", tool_calls=[
         openai_call("call_1"), openai_call("call_2", arguments="{}")])
-    out = continuation_body(forwarded, response, lone_expand_calls(response, "openai"), {ID_A: b"AAA"}, "openai")
+    out = CHAT_LOOP.continuation_body(forwarded, response, CHAT_LOOP.lone_expand_calls(response), {ID_A: b"AAA"})
     got = json.loads(out)["messages"]
     assert got[:2] == body["messages"]
     assert got[2] == response["choices"][0]["message"]
@@ -320,15 +317,15 @@ def test_openai_continuation_appends_the_message_as_returned_and_one_tool_messag
 
 
 def test_empty_messages_get_no_leading_comma():
-    out = continuation_body(b'{"messages":[]}', anthropic_response([tool_use("t")]),
-                            [ExpandCall("t", {}, ID_A)], {ID_A: b"x"}, "anthropic")
+    out = MESSAGES_LOOP.continuation_body(b'{"messages":[]}', anthropic_response([tool_use("t")]),
+                                          [ExpandCall("t", {}, ID_A)], {ID_A: b"x"})
     assert [m["role"] for m in json.loads(out)["messages"]] == ["assistant", "user"]
 
 
 @pytest.mark.parametrize("raw", [b"[]", b'{"model":"x"}', b'{"messages":{}}', b"not json"])
 def test_a_body_without_messages_is_refused(raw):
     with pytest.raises(ValueError):
-        continuation_body(raw, anthropic_response([]), [], {}, "anthropic")
+        MESSAGES_LOOP.continuation_body(raw, anthropic_response([]), [], {})
 
 
 text_no_surrogates = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
@@ -346,9 +343,8 @@ def test_property_the_continuation_keeps_the_request_and_answers_every_call(hist
     forwarded = style(body)
     ids = [marker_id(text.encode()) for text in originals]
     response = anthropic_response([tool_use(f"toolu_{i}", tool_input={"id": ref}) for i, ref in enumerate(ids)])
-    calls = lone_expand_calls(response, "anthropic")
-    out = continuation_body(forwarded, response, calls, {ref: t.encode() for ref, t in zip(ids, originals)},
-                            "anthropic")
+    calls = MESSAGES_LOOP.lone_expand_calls(response)
+    out = MESSAGES_LOOP.continuation_body(forwarded, response, calls, {ref: t.encode() for ref, t in zip(ids, originals)})
     cut = insertion_point(forwarded)
     added = len(out) - len(forwarded)
     assert out[:cut] == forwarded[:cut] and out[cut + added:] == forwarded[cut:]
@@ -380,7 +376,7 @@ def test_anthropic_merge_keeps_the_first_id_the_non_expand_content_and_the_final
                                 id="msg_second", usage=usage(2, 5100, 300, 30))
     round3 = anthropic_response([{"type": "text", "text": "The test failed because X."}], id="msg_third",
                                 stop_reason="end_turn", usage=usage(1, 5400, 10, 20))
-    merged = merge([round1, round2, round3], "anthropic")
+    merged = MESSAGES_LOOP.merge([round1, round2, round3])
     assert merged["id"] == "msg_first"
     assert list(merged) == list(round1)
     assert merged["content"] == [THINKING, {"type": "text", "text": "Let me expand."},
@@ -389,7 +385,7 @@ def test_anthropic_merge_keeps_the_first_id_the_non_expand_content_and_the_final
     assert merged["stop_reason"] == "end_turn"
     assert merged["usage"] == usage(3, 5000, 100, 90)
     assert round1["content"][2]["type"] == "tool_use"  # the rounds themselves are not changed
-    assert billed([round1, round2, round3], "anthropic") == [
+    assert MESSAGES_LOOP.billed([round1, round2, round3]) == [
         Usage(3, 5000, 100, 40), Usage(2, 5100, 300, 30), Usage(1, 5400, 10, 20)]
 
 
@@ -397,22 +393,22 @@ def test_anthropic_merge_keeps_the_final_rounds_calls_whole():
     round1 = anthropic_response([tool_use("toolu_1")])
     final = anthropic_response([{"type": "text", "text": "Now run it."}, tool_use("toolu_2"),
                                 tool_use("toolu_3", name="Bash", tool_input={"command": "make"})])
-    merged = merge([round1, final], "anthropic")
+    merged = MESSAGES_LOOP.merge([round1, final])
     assert merged["content"] == final["content"] and merged["stop_reason"] == "tool_use"
 
 
 def test_merging_one_round_gives_it_back():
     response = anthropic_response([THINKING, tool_use("toolu_1")])
-    assert merge([response], "anthropic") == response
+    assert MESSAGES_LOOP.merge([response]) == response
     completion = openai_response(content="hi", finish_reason="stop")
-    assert merge([completion], "openai") == completion
+    assert CHAT_LOOP.merge([completion]) == completion
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(*[st.integers(0, 10**6)] * 4), min_size=1, max_size=5))
 def test_property_usage_input_side_from_the_first_round_output_summed(counts):
     rounds = [anthropic_response([tool_use(f"t{i}")], usage=usage(*c)) for i, c in enumerate(counts)]
-    merged = merge(rounds, "anthropic")["usage"]
+    merged = MESSAGES_LOOP.merge(rounds)["usage"]
     first = counts[0]
     assert merged == usage(first[0], first[1], first[2], sum(c[3] for c in counts))
 
@@ -425,7 +421,7 @@ def test_openai_merge():
                                     "completion_tokens_details": {"reasoning_tokens": 2, "audio_tokens": 0}})
     final = openai_response(content="It failed because X.", tool_calls=[openai_call("call_9", name="shell")],
                             id="chatcmpl-3", finish_reason="tool_calls")
-    merged = merge([round1, round2, final], "openai")
+    merged = CHAT_LOOP.merge([round1, round2, final])
     assert merged["id"] == "chatcmpl-first" and list(merged) == list(round1)
     [choice] = merged["choices"]
     assert choice["finish_reason"] == "tool_calls"
@@ -437,12 +433,12 @@ def test_openai_merge():
     final_stop = copy.deepcopy(final)
     final_stop["choices"][0]["message"].pop("tool_calls")
     final_stop["choices"][0]["finish_reason"] = "stop"
-    merged = merge([round1, final_stop], "openai")
+    merged = CHAT_LOOP.merge([round1, final_stop])
     assert "tool_calls" not in merged["choices"][0]["message"]
     assert merged["choices"][0]["finish_reason"] == "stop"
-    assert billed([round1, round2], "openai") == [Usage(100, 900, 0, 20), Usage(500, 1000, 0, 7)]
+    assert CHAT_LOOP.billed([round1, round2]) == [Usage(100, 900, 0, 20), Usage(500, 1000, 0, 7)]
 
 
 def test_merge_needs_a_round():
     with pytest.raises(ValueError):
-        merge([], "anthropic")
+        MESSAGES_LOOP.merge([])

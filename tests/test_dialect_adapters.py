@@ -5,6 +5,7 @@ Responses API is reached through a `cg.wire.dialect.Shape` (and, for the exchang
 import copy
 import pickle
 
+from cg.exchange import dialects
 from cg.record.pricing import prices
 from cg.wire.dialect import ANTHROPIC, CHAT_SHAPE, MESSAGES_SHAPE, OPENAI, RESPONSES, RESPONSES_SHAPE, SHAPES
 
@@ -32,3 +33,9 @@ def test_a_shape_is_one_instance_through_copy_and_pickle():
 
 def test_every_route_is_a_priced_provider():
     assert {shape.route for shape in SHAPES.values()} <= set(prices().providers)
+
+
+def test_the_exchange_adapter_of_a_shape_is_its_names():
+    for shape in SHAPES.values():
+        adapter = dialects.for_dialect(shape)
+        assert adapter is dialects.for_dialect(shape.name) and adapter.shape is shape and adapter.name == shape.name

@@ -16,7 +16,7 @@ from cg.testing import (
     responses_stream_events,
 )
 from cg.wire.body import ParsedBody
-from cg.wire.dialect import RESPONSES
+from cg.wire.dialect import RESPONSES, RESPONSES_SHAPE
 from cg.wire.markers import EXPAND_TOOL
 from cg.wire.sse import SSEParser
 
@@ -123,11 +123,11 @@ def test_codexs_unsupported_call_answer_is_found_and_repaired():
 
 
 def test_a_streams_usage_is_read_off_its_terminal_event():
-    usage = StreamUsage(RESPONSES)
+    usage = StreamUsage(RESPONSES_SHAPE)
     for event in SSEParser().feed(b"".join(responses_stream_events(input_tokens=40, output_tokens=3))):
         usage.observe(event)
     assert usage.complete and usage.has_usage and usage.usage == Usage(40, 0, 0, 3)
-    cut = StreamUsage(RESPONSES)
+    cut = StreamUsage(RESPONSES_SHAPE)
     for event in SSEParser().feed(b"".join(responses_stream_events()[:-1])):
         cut.observe(event)
     assert not cut.complete and not cut.has_usage

@@ -42,11 +42,12 @@ import attrs
 
 from cg.stream import responses
 from cg.stream.continuation import (
+    CHAT_LOOP,
+    MESSAGES_LOOP,
     Answer,
     ClientStyle,
     ExpandCall,
     answer,
-    expand_calls,
     is_cg_answer,
     resolve,
 )
@@ -141,7 +142,7 @@ def _seen(message: object, dialect: str) -> _Seen:
         return _NOTHING
     role = message.get("role")
     if role == "assistant":
-        return tuple(expand_calls(message, dialect)), ()
+        return tuple((MESSAGES_LOOP if dialect == ANTHROPIC else CHAT_LOOP).expand_calls(message)), ()
     if dialect == ANTHROPIC and role == "user" and isinstance(message.get("content"), list):
         return (), tuple((block["tool_use_id"], index) for index, block in enumerate(message["content"])
                          if isinstance(block, dict) and block.get("type") == "tool_result"

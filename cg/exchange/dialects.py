@@ -4,22 +4,25 @@ The exchange never branches on a dialect: it asks the adapter how to read a resp
 calls (a JSON document, or a stream through the adapter's `StreamInspector`), how to build the
 continuation request, how to merge a JSON loop's rounds into one answer, what each round billed,
 and how an error reads. A dialect whose streams cg cannot inspect returns no inspector: those
-streams pass through. Anthropic Messages and chat completions delegate to `cg.stream.continuation`,
-`cg.stream.inspector` and `cg.stream.chat_inspector`; the Responses API to `cg.stream.responses`
-and `cg.stream.responses_inspector`.
+streams pass through. Each adapter composes its dialect's parts of the layers below: its body
+shape (`cg.wire.dialect.Shape`), its JSON expand loop (`cg.stream.continuation.MESSAGES_LOOP`
+and `CHAT_LOOP`, `cg.stream.responses.RESPONSES_LOOP`), its usage meter (`cg.stream.usage`) and
+its stream inspector (`cg.stream.inspector`, `cg.stream.chat_inspector`,
+`cg.stream.responses_inspector`).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from cg.stream import continuation, responses
 from cg.stream.chat_inspector import ChatInspector
-from cg.stream.continuation import ExpandCall, Resolution
+from cg.stream.continuation import CHAT_LOOP, MESSAGES_LOOP, ExpandCall, ExpandLoop, Resolution
 from cg.stream.inspector import PING, Inspector, ReleaseReason, Step
+from cg.stream.responses import RESPONSES_LOOP
 from cg.stream.responses_inspector import ResponsesInspector
 from cg.stream.usage import ResponseUsage, Usage
 from cg.wire import dialect
+from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE, Shape
 from cg.wire.sse import Event
 
 __all__ = ["ANTHROPIC_MESSAGES", "OPENAI_CHAT", "OPENAI_RESPONSES", "Dialect", "StreamInspector", "for_dialect"]
@@ -66,6 +69,7 @@ class Dialect(Protocol):
     """What the exchange asks of a provider API."""
 
     name: str
+    shape: Shape  # its bodies' shape
     keepalive: bytes  # what a stream's client may get at any moment, to keep it from timing out
 
     def error_body(self, status: int, message: str) -> bytes:
@@ -101,34 +105,35 @@ class Dialect(Protocol):
 
 
 class _JSONLoop:
-    """The JSON expand loop and errors, the same for every dialect `cg.stream.continuation` knows."""
+    """The parts every dialect composes alike: its shape's name and errors, its usage meter, and
+    its JSON expand loop (`cg.stream.continuation.ExpandLoop`)."""
 
     keepalive = b": keepalive\n\n"  # an SSE comment
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, shape: Shape, loop: ExpandLoop) -> None:
+        self.shape, self.name, self._loop = shape, shape.name, loop
 
     def error_body(self, status: int, message: str) -> bytes:
         return dialect.error_body(self.name, status, message)
 
     def usage_meter(self, stream: bool) -> ResponseUsage:
-        return ResponseUsage(self.name, stream)
+        return ResponseUsage(self.shape, stream)
 
     def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
         return None
 
     def lone_expand_calls(self, response: dict[str, object]) -> list[ExpandCall] | None:
-        return continuation.lone_expand_calls(response, self.name)
+        return self._loop.lone_expand_calls(response)
 
     def continuation_body(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
                           resolutions: Resolutions, stream: bool | None) -> bytes:
-        return continuation.continuation_body(forwarded, assistant, calls, resolutions, self.name, stream=stream)
+        return self._loop.continuation_body(forwarded, assistant, calls, resolutions, stream)
 
     def merge(self, rounds: list[dict[str, object]]) -> dict[str, object]:
-        return continuation.merge(rounds, self.name)
+        return self._loop.merge(rounds)
 
     def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
-        return continuation.billed(rounds, self.name)
+        return self._loop.billed(rounds)
 
 
 class _AnthropicMessages(_JSONLoop):
@@ -154,27 +159,14 @@ class _OpenAIResponses(_JSONLoop):
     def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
         return ResponsesInspector(max_held=max_held, max_rounds=max_rounds)
 
-    def lone_expand_calls(self, response: dict[str, object]) -> list[ExpandCall] | None:
-        return responses.lone_expand_calls(response)
 
-    def continuation_body(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
-                          resolutions: Resolutions, stream: bool | None) -> bytes:
-        return responses.continuation_body(forwarded, assistant, calls, resolutions, stream)
-
-    def merge(self, rounds: list[dict[str, object]]) -> dict[str, object]:
-        return responses.merge(rounds)
-
-    def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
-        return responses.billed(rounds)
-
-
-ANTHROPIC_MESSAGES: Dialect = _AnthropicMessages(dialect.ANTHROPIC)
-OPENAI_CHAT: Dialect = _OpenAIChat(dialect.OPENAI)
-OPENAI_RESPONSES: Dialect = _OpenAIResponses(dialect.RESPONSES)
+ANTHROPIC_MESSAGES: Dialect = _AnthropicMessages(MESSAGES_SHAPE, MESSAGES_LOOP)
+OPENAI_CHAT: Dialect = _OpenAIChat(CHAT_SHAPE, CHAT_LOOP)
+OPENAI_RESPONSES: Dialect = _OpenAIResponses(RESPONSES_SHAPE, RESPONSES_LOOP)
 _ADAPTERS = {adapter.name: adapter for adapter in (ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES)}
 
 
-def for_dialect(name: str) -> Dialect:
-    """The adapter for a dialect name (`cg.wire.dialect`); Anthropic's shape for one it does not know,
-    as `cg.wire.dialect.error_body` does."""
-    return _ADAPTERS.get(name, ANTHROPIC_MESSAGES)
+def for_dialect(name: str | Shape) -> Dialect:
+    """The adapter for a body shape, or a dialect name (`cg.wire.dialect`: a route's, or a response
+    shape's); Anthropic's for a name it does not know, as `cg.wire.dialect.error_body` does."""
+    return _ADAPTERS.get(name if isinstance(name, str) else name.name, ANTHROPIC_MESSAGES)

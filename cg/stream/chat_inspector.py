@@ -85,7 +85,7 @@ from cg.stream.inspector import (
     json_object,
 )
 from cg.stream.usage import StreamUsage
-from cg.wire.dialect import OPENAI
+from cg.wire.dialect import CHAT_SHAPE
 from cg.wire.markers import EXPAND_TOOL, parse_marker_ref
 from cg.wire.sse import Event
 
@@ -191,7 +191,7 @@ class ChatInspector(RoundInspector):
         self._saw_end = False  # [DONE] or an error chunk
         self._committed = self._round == 0
         self._opening = b""  # a continuation's chunks before its first content, sent when it comes
-        self._usage = StreamUsage(OPENAI)
+        self._usage = StreamUsage(CHAT_SHAPE)
         self._usage_doc: object = None
 
     # -----------------------------------------------------------------------------------------

@@ -2,8 +2,11 @@
 
 Transport-independent (the JSON exchange and the streaming Inspector share it) and pure: dicts and
 bytes in, dicts and bytes out; no store, no Twisted. The caller looks the refs up in the store
-(`refs_to_resolve`, then `resolve` for each), builds the next request with `continuation_body`,
-and when the loop ends sends the client `merge(rounds)` and counts `billed(rounds)`.
+(`refs_to_resolve`, then `resolve` for each), builds the next request with its dialect's
+`ExpandLoop.continuation_body`, and when the loop ends sends the client `merge(rounds)` and counts
+`billed(rounds)`. The loops of the two dialects whose answer is one message are here (`MESSAGES_LOOP`:
+Anthropic Messages; `CHAT_LOOP`: OpenAI chat completions); the Responses API's is
+`cg.stream.responses.RESPONSES_LOOP`.
 
 Decisions:
 
@@ -22,35 +25,34 @@ Decisions:
   `cache_control` is added.
 """
 
+import abc
 import enum
 import json
 import re
 from collections.abc import Iterator
+from typing import Protocol
 
 import attrs
 
 from cg.stream.usage import Usage, anthropic_usage, openai_usage
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
-from cg.wire.dialect import ANTHROPIC, OPENAI
 from cg.wire.markers import EXPAND_TOOL, marker, parse_marker_ref
 
 __all__ = [
+    "CHAT_LOOP",
     "EVICTED",
     "MALFORMED",
+    "MESSAGES_LOOP",
     "UNKNOWN",
     "Answer",
     "ClientStyle",
     "ExpandCall",
+    "ExpandLoop",
     "Resolution",
     "answer",
     "answers",
-    "billed",
-    "continuation_body",
-    "expand_calls",
     "is_cg_answer",
-    "lone_expand_calls",
-    "merge",
     "merge_openai_usage",
     "merge_responses_usage",
     "refs_to_resolve",
@@ -107,51 +109,159 @@ class Answer:
     text: str
 
 
-def lone_expand_calls(message: object, dialect: str) -> list[ExpandCall] | None:
-    """The expand calls of a response whose tool calls are all expand calls; else None.
+class ExpandLoop(Protocol):
+    """A dialect's expand loop over JSON: what the exchange asks of it (`cg.exchange.dialects`)."""
 
-    None when the response has no tool call, or any tool call that is not `context_guru_expand`
-    (the client owns that one, so the whole response goes to it). `message` is the response
-    (Anthropic message; OpenAI chat.completion, whose `choices[0].message` is read).
-    """
-    calls: list[ExpandCall] = []
-    for call_id, name, raw_input, arguments in _tool_calls(message, dialect):
-        if name != EXPAND_TOOL or not isinstance(call_id, str):
-            return None
-        calls.append(ExpandCall(call_id, raw_input, _ref(arguments)))
-    return calls or None
+    def lone_expand_calls(self, response: object) -> list[ExpandCall] | None:
+        """The expand calls of a response whose tool calls are all expand calls; else None.
 
+        None when the response has no tool call, or any tool call that is not
+        `context_guru_expand` (the client owns that one, so the whole response goes to it)."""
+        ...
 
-def expand_calls(message: object, dialect: str) -> list[ExpandCall]:
-    """Every expand call of an assistant message or response, whatever else it calls."""
-    return [ExpandCall(call_id, raw_input, _ref(arguments))
-            for call_id, name, raw_input, arguments in _tool_calls(message, dialect)
-            if name == EXPAND_TOOL and isinstance(call_id, str)]
+    def continuation_body(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                          resolutions: dict[str, bytes | Resolution], stream: bool | None = None) -> bytes:
+        """The next request: `forwarded` byte for byte, then the turn and its answers."""
+        ...
+
+    def merge(self, rounds: list[dict[str, object]]) -> dict[str, object]:
+        """The one response a JSON exchange of several rounds gives the client."""
+        ...
+
+    def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
+        """What each round was billed, for /stats and the change log."""
+        ...
 
 
 _ToolCall = tuple[object, object, object, dict[str, object] | None]
 
 
-def _tool_calls(message: object, dialect: str) -> Iterator[_ToolCall]:
-    """(id, name, input as given, input as a dict or None) of each tool call of a response."""
-    if dialect == ANTHROPIC:
+class _MessageLoop(abc.ABC):
+    """The expand loop of a dialect whose answer is one assistant message (Anthropic Messages, chat
+    completions): its tool calls, the turn a continuation appends, the merge of its rounds."""
+
+    def lone_expand_calls(self, message: object) -> list[ExpandCall] | None:
+        """See `ExpandLoop`. `message` is the response (Anthropic message; OpenAI chat.completion,
+        whose `choices[0].message` is read)."""
+        calls: list[ExpandCall] = []
+        for call_id, name, raw_input, arguments in self.tool_calls(message):
+            if name != EXPAND_TOOL or not isinstance(call_id, str):
+                return None
+            calls.append(ExpandCall(call_id, raw_input, _ref(arguments)))
+        return calls or None
+
+    def expand_calls(self, message: object) -> list[ExpandCall]:
+        """Every expand call of an assistant message or response, whatever else it calls."""
+        return [ExpandCall(call_id, raw_input, _ref(arguments))
+                for call_id, name, raw_input, arguments in self.tool_calls(message)
+                if name == EXPAND_TOOL and isinstance(call_id, str)]
+
+    @abc.abstractmethod
+    def tool_calls(self, message: object) -> Iterator[_ToolCall]:
+        """(id, name, input as given, input as a dict or None) of each tool call of a response."""
+
+    def continuation_body(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                          resolutions: dict[str, bytes | Resolution], stream: bool | None = None) -> bytes:
+        """The next request: `forwarded`, then the assistant message as returned, then the answers
+        (`turn`). Every byte of `forwarded` is kept; `stream` (when not None) sets the `stream`
+        key, adding it if absent. Raises ValueError when `forwarded` is not a JSON object with a
+        `messages` array."""
+        body = ParsedBody.load(forwarded, _CONTINUATION_SPINE)
+        value, spans = body.value, body.spans
+        if not isinstance(value.get("messages"), list):
+            raise ValueError("not a request with a messages array")
+        style = ClientStyle(body.doc)
+        new = self.turn(assistant, answers(calls, resolutions))
+        end = spans[("messages",)][1] - 1  # the closing bracket
+        lead = "," if value["messages"] else ""
+        edits = [((end, end), lead + ",".join(style.dumps(message) for message in new))]
+        return body.apply(edits + stream_edit(body, stream))
+
+    @abc.abstractmethod
+    def turn(self, assistant: dict[str, object], replies: list[Answer]) -> list[dict[str, object]]:
+        """The messages a continuation appends: the assistant's (`assistant` is the response, or
+        its message), then the answers."""
+
+    def merge(self, rounds: list[dict[str, object]]) -> dict[str, object]:
+        """The one response a JSON exchange of several rounds gives the client.
+
+        The first round's id, model and other keys; the content of every round but the last without
+        its expand calls (text and thinking stay), then the last round's whole; the last stop reason.
+        Usage: the first round's (input-side counts are the live context size, which Claude Code
+        watches to auto-compact) with the output counts summed over all rounds.
+        """
+        if not rounds:
+            raise ValueError("no rounds to merge")
+        return self.merged(rounds)
+
+    @abc.abstractmethod
+    def merged(self, rounds: list[dict[str, object]]) -> dict[str, object]:
+        """`merge` of one or more rounds."""
+
+    @abc.abstractmethod
+    def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
+        """What each round was billed, for /stats and the change log."""
+
+
+class _AnthropicLoop(_MessageLoop):
+    """Anthropic Messages: `tool_use` blocks in the content; a continuation appends
+    `{"role":"assistant","content":<content as returned>}` and one user message of `tool_result`
+    blocks."""
+
+    def tool_calls(self, message: object) -> Iterator[_ToolCall]:
         content = message.get("content") if isinstance(message, dict) else None
         for block in content if isinstance(content, list) else ():
             if isinstance(block, dict) and block.get("type") == "tool_use":
                 raw = block.get("input")
                 yield block.get("id"), block.get("name"), raw, raw if isinstance(raw, dict) else None
-        return
-    for call in map(_dict, _list(_openai_message(message).get("tool_calls"))):
-        function = call.get("function")
-        if not isinstance(function, dict):
-            yield None, None, None, None  # unreadable: not ours to answer
-            continue
-        raw = function.get("arguments")
-        try:
-            arguments = json.loads(raw) if isinstance(raw, str) else None
-        except ValueError:
-            arguments = None
-        yield call.get("id"), function.get("name"), raw, arguments if isinstance(arguments, dict) else None
+
+    def turn(self, assistant: dict[str, object], replies: list[Answer]) -> list[dict[str, object]]:
+        return [
+            {"role": "assistant", "content": assistant.get("content")},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": reply.call_id, "content": reply.text}
+                for reply in replies
+            ]},
+        ]
+
+    def merged(self, rounds: list[dict[str, object]]) -> dict[str, object]:
+        return _merge_anthropic(rounds)
+
+    def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
+        return [anthropic_usage(response) for response in rounds]
+
+
+class _ChatLoop(_MessageLoop):
+    """OpenAI chat completions: `tool_calls` of `choices[0].message`; a continuation appends the
+    returned message object and one `role: "tool"` message per call."""
+
+    def tool_calls(self, message: object) -> Iterator[_ToolCall]:
+        for call in map(_dict, _list(_openai_message(message).get("tool_calls"))):
+            function = call.get("function")
+            if not isinstance(function, dict):
+                yield None, None, None, None  # unreadable: not ours to answer
+                continue
+            raw = function.get("arguments")
+            try:
+                arguments = json.loads(raw) if isinstance(raw, str) else None
+            except ValueError:
+                arguments = None
+            yield call.get("id"), function.get("name"), raw, arguments if isinstance(arguments, dict) else None
+
+    def turn(self, assistant: dict[str, object], replies: list[Answer]) -> list[dict[str, object]]:
+        return [_openai_message(assistant)] + [
+            {"role": "tool", "tool_call_id": reply.call_id, "content": reply.text} for reply in replies
+        ]
+
+    def merged(self, rounds: list[dict[str, object]]) -> dict[str, object]:
+        return _merge_openai(rounds)
+
+    def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
+        return [openai_usage(response) for response in rounds]
+
+
+MESSAGES_LOOP = _AnthropicLoop()
+CHAT_LOOP = _ChatLoop()
 
 
 def _openai_message(doc: object) -> dict[str, object]:
@@ -271,44 +381,6 @@ def _utf8(text: str) -> bool:
 _CONTINUATION_SPINE: jsonbytes.Spine = {"messages": {}, "stream": {}}
 
 
-def continuation_body(forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
-                      resolutions: dict[str, bytes | Resolution], dialect: str,
-                      stream: bool | None = None) -> bytes:
-    """The next request: `forwarded`, then the assistant message as returned, then the answers.
-
-    `assistant` is the response (or its message). Anthropic appends
-    `{"role":"assistant","content":<content as returned>}` and one user message of `tool_result`
-    blocks; OpenAI appends the returned message object and one `role: "tool"` message per call.
-    Every byte of `forwarded` is kept; `stream` (when not None) sets the `stream` key, adding it
-    if absent. Raises ValueError when `forwarded` is not a JSON object with a `messages` array.
-    """
-    body = ParsedBody.load(forwarded, _CONTINUATION_SPINE)
-    value, spans = body.value, body.spans
-    if not isinstance(value.get("messages"), list):
-        raise ValueError("not a request with a messages array")
-    style = ClientStyle(body.doc)
-    replies = answers(calls, resolutions)
-    new: list[dict[str, object]]
-    if dialect == ANTHROPIC:
-        new = [
-            {"role": "assistant", "content": assistant.get("content")},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": reply.call_id, "content": reply.text}
-                for reply in replies
-            ]},
-        ]
-    elif dialect == OPENAI:
-        new = [_openai_message(assistant)] + [
-            {"role": "tool", "tool_call_id": reply.call_id, "content": reply.text} for reply in replies
-        ]
-    else:
-        raise ValueError(f"unknown dialect {dialect!r}")
-    end = spans[("messages",)][1] - 1  # the closing bracket
-    lead = "," if value["messages"] else ""
-    edits = [((end, end), lead + ",".join(style.dumps(message) for message in new))]
-    return body.apply(edits + stream_edit(body, stream))
-
-
 def stream_edit(body: ParsedBody, stream: bool | None) -> list[tuple[jsonbytes.Span, str]]:
     """The edit that sets `body`'s ``stream`` key to `stream` (added last if absent); none for None
     or a body that says so already. `body` must have been parsed with the ``stream`` key's span."""
@@ -326,23 +398,6 @@ def stream_edit(body: ParsedBody, stream: bool | None) -> list[tuple[jsonbytes.S
 
 
 _ANTHROPIC_FINAL_KEYS = ("stop_reason", "stop_sequence", "stop_details", "container", "context_management")
-
-
-def merge(rounds: list[dict[str, object]], dialect: str) -> dict[str, object]:
-    """The one response a JSON exchange of several rounds gives the client.
-
-    The first round's id, model and other keys; the content of every round but the last without
-    its expand calls (text and thinking stay), then the last round's whole; the last stop reason.
-    Usage: the first round's (input-side counts are the live context size, which Claude Code
-    watches to auto-compact) with the output counts summed over all rounds.
-    """
-    if not rounds:
-        raise ValueError("no rounds to merge")
-    if dialect == ANTHROPIC:
-        return _merge_anthropic(rounds)
-    if dialect == OPENAI:
-        return _merge_openai(rounds)
-    raise ValueError(f"unknown dialect {dialect!r}")
 
 
 def _is_expand_use(block: object) -> bool:
@@ -414,12 +469,6 @@ def _sum_counts(dicts: list[dict[str, object]]) -> dict[str, object]:
         if isinstance(value, int) and not isinstance(value, bool):
             total[key] = sum(_count(d.get(key)) for d in dicts)
     return total
-
-
-def billed(rounds: list[dict[str, object]], dialect: str) -> list[Usage]:
-    """What each round was billed, for /stats and the change log."""
-    read = anthropic_usage if dialect == ANTHROPIC else openai_usage
-    return [read(response) for response in rounds]
 
 
 def _count(value: object) -> int:

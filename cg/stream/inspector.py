@@ -72,7 +72,7 @@ import ujson
 
 from cg.stream.continuation import ExpandCall
 from cg.stream.usage import StreamUsage, Usage
-from cg.wire.dialect import ANTHROPIC
+from cg.wire.dialect import MESSAGES_SHAPE
 from cg.wire.markers import EXPAND_TOOL, parse_marker_ref
 from cg.wire.sse import Event
 
@@ -470,7 +470,7 @@ class Inspector(RoundInspector):
         self._saw_stop = False
         self._saw_error = False
         self._committed = self._round == 0  # sent the client more than pings in this round
-        self._usage = StreamUsage(ANTHROPIC)
+        self._usage = StreamUsage(MESSAGES_SHAPE)
 
     # -----------------------------------------------------------------------------------------
     # Public API

@@ -25,6 +25,7 @@ import json
 from cg.stream.continuation import (
     ClientStyle,
     ExpandCall,
+    ExpandLoop,
     Resolution,
     answers,
     merge_responses_usage,
@@ -36,6 +37,7 @@ from cg.wire.body import ParsedBody
 from cg.wire.markers import EXPAND_TOOL, parse_marker_ref
 
 __all__ = [
+    "RESPONSES_LOOP",
     "SERVER_CALLS",
     "continuation_body",
     "expand_call",
@@ -153,3 +155,15 @@ def merge(rounds: list[dict[str, object]]) -> dict[str, object]:
 def billed(rounds: list[dict[str, object]]) -> list[Usage]:
     """What each round was billed."""
     return [openai_usage(response) for response in rounds]
+
+
+class _ResponsesLoop:
+    """The Responses API's `ExpandLoop`: this module's functions."""
+
+    lone_expand_calls = staticmethod(lone_expand_calls)
+    continuation_body = staticmethod(continuation_body)
+    merge = staticmethod(merge)
+    billed = staticmethod(billed)
+
+
+RESPONSES_LOOP: ExpandLoop = _ResponsesLoop()

@@ -99,7 +99,7 @@ from cg.stream.inspector import (
 )
 from cg.stream.responses import SERVER_CALLS, expand_call, is_expand_call
 from cg.stream.usage import StreamUsage
-from cg.wire.dialect import RESPONSES
+from cg.wire.dialect import RESPONSES_SHAPE
 from cg.wire.sse import Event
 
 __all__ = ["ResponsesInspector"]
@@ -188,7 +188,7 @@ class ResponsesInspector(RoundInspector):
         self._map: dict[int, int] = {}  # continuation output_index -> client output_index
         self._base = self._next_index
         self._shown_before = len(self._shown)  # items of earlier rounds in _shown
-        self._usage = StreamUsage(RESPONSES)
+        self._usage = StreamUsage(RESPONSES_SHAPE)
         self._usage_doc: object = None
 
     # -----------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import attrs
 import ujson
 
 from cg.wire.body import ParsedBody
-from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
+from cg.wire.dialect import Shape
 from cg.wire.sse import Event, SSEParser
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "Usage",
     "UsageTotals",
     "anthropic_usage",
+    "json_usage",
     "openai_usage",
     "session_key",
 ]
@@ -169,6 +170,12 @@ def openai_usage(doc: object) -> Usage:
     return Usage(**(_openai_fields(doc.get("usage")) or {}))
 
 
+def json_usage(shape: Shape) -> Callable[[object], Usage]:
+    """How a non-streaming response of `shape` reports its usage: `anthropic_usage`, or
+    `openai_usage` (chat completions and Responses alike)."""
+    return shape.select(anthropic_usage, openai_usage, openai_usage)
+
+
 _ANTHROPIC_USAGE_EVENTS = frozenset({"message_start", "message_delta", "message_stop"})
 
 
@@ -195,10 +202,10 @@ class StreamUsage:
     ``complete`` False.
     """
 
-    def __init__(self, dialect: str) -> None:
-        if dialect not in (ANTHROPIC, OPENAI, RESPONSES):
-            raise ValueError(f"unknown dialect {dialect!r}")
-        self.dialect = dialect
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        self._read: Callable[[StreamUsage, Event], None] = shape.select(
+            StreamUsage._anthropic, StreamUsage._openai, StreamUsage._responses)
         self.complete = False
         self.has_usage = False
         self._fields: dict[str, int] = {}
@@ -209,12 +216,7 @@ class StreamUsage:
 
     def observe(self, event: Event) -> None:
         try:
-            if self.dialect == ANTHROPIC:
-                self._anthropic(event)
-            elif self.dialect == OPENAI:
-                self._openai(event)
-            else:
-                self._responses(event)
+            self._read(self, event)
         except Exception:  # a stream we cannot read must never break the proxy
             pass
 
@@ -292,9 +294,10 @@ class ResponseUsage:
     reported none cg could read.
     """
 
-    def __init__(self, dialect: str, streaming: bool, max_json: int = 16 << 20) -> None:
-        self.dialect = dialect
-        self._stream = StreamUsage(dialect) if streaming else None
+    def __init__(self, shape: Shape, streaming: bool, max_json: int = 16 << 20) -> None:
+        self.shape = shape
+        self._read: Callable[[object], Usage] = json_usage(shape)
+        self._stream = StreamUsage(shape) if streaming else None
         self._parser = SSEParser() if streaming else None
         self._chunks: list[bytes] = []
         self._size = 0
@@ -322,7 +325,7 @@ class ResponseUsage:
             return None
         if not isinstance(doc, dict) or not isinstance(doc.get("usage"), dict):
             return None
-        return anthropic_usage(doc) if self.dialect == ANTHROPIC else openai_usage(doc)
+        return self._read(doc)
 
 
 @attrs.define
