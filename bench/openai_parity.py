@@ -659,6 +659,7 @@ def savings(quick: bool) -> dict:
     from cg.record.replay import segments
     from cg.web.config import Config
     from cg.web.service import rewrite_config
+    from cg.wire.dialect import CHAT_SHAPE, RESPONSES_SHAPE
 
     price = prices().price("gpt-5.5", "openai")
     read = price.cache_read / price.input  # a cached token, in uncached-input-token units
@@ -679,7 +680,7 @@ def savings(quick: bool) -> dict:
                    "changed": len({(c.message_index, c.block_index, c.part_index) for c in changes}),
                    "offloaded": len({c.marker_id for c in changes if c.lossy and c.marker_id})}
             for side, body in sent.items():
-                billed = caches[side].bill(turn * 30.0, segments(json.loads(body), "chat" if api == CHAT else "responses"))
+                billed = caches[side].bill(turn * 30.0, segments(json.loads(body), CHAT_SHAPE if api == CHAT else RESPONSES_SHAPE))
                 total = estimate_tokens(body.decode())
                 cached = min(billed.cache_read, total)
                 row[side] = {"bytes": len(body), "tokens": total, "cached": cached,

@@ -65,6 +65,7 @@ from cg.compaction.tokens import estimate_tokens  # noqa: E402
 from cg.web.config import Config  # noqa: E402
 from cg.web.service import rewrite_config  # noqa: E402
 from cg.wire.body import ParsedBody  # noqa: E402
+from cg.wire.dialect import MESSAGES_SHAPE  # noqa: E402
 
 clock = time.perf_counter
 URI = b"/v1/messages?beta=true"
@@ -786,9 +787,9 @@ def run(quick: bool) -> dict:
         start = clock()
         parsed = ParsedBody.parse(data)
         parsed_at = clock()
-        edits = expand.injection(parsed, "anthropic")
+        edits = expand.injection(parsed, MESSAGES_SHAPE)
         injected_at = clock()
-        planned = plan(parsed, "anthropic", config.compact, True, warm_rewriter.memo)
+        planned = plan(parsed, MESSAGES_SHAPE, config.compact, True, warm_rewriter.memo)
         planned_at = clock()
         parsed.apply(planned.edits + edits)
         applied_at = clock()

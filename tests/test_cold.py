@@ -21,7 +21,7 @@ from cg.compaction.tokens import estimate_tokens
 from cg.record.replay import Sent, replay
 from cg.wire.body import ParsedBody
 from cg.wire.cache import cache_lifetime
-from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
+from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE
 from cg.wire.markers import marker_id
 
 MARKER = re.compile(r"<<cg:([0-9a-f]{16})>>")
@@ -105,8 +105,8 @@ def test_the_lifetime_of_a_next_turn_is_what_a_fresh_parse_finds(hours):
         fresh = ParsedBody.parse(turn(count))
         grown = ParsedBody.parse(turn(count), previous)
         assert fresh is not None and grown is not None
-        assert cold.cache_ttl(grown, ANTHROPIC) == cold.cache_ttl(fresh, ANTHROPIC)
-        assert cold.cache_ttl(fresh, ANTHROPIC) == (cold.TTL_1H if any(hours[:count]) else cold.TTL_5M)
+        assert cold.cache_ttl(grown, MESSAGES_SHAPE) == cold.cache_ttl(fresh, MESSAGES_SHAPE)
+        assert cold.cache_ttl(fresh, MESSAGES_SHAPE) == (cold.TTL_1H if any(hours[:count]) else cold.TTL_5M)
         previous = grown.earlier()
 
 
@@ -120,31 +120,31 @@ def test_cold_only_past_the_recorded_expiry_and_the_margin():
 
 def test_the_cache_lifetime_the_client_asked_for():
     body = conversation(bash_turns(1))
-    assert cold.cache_ttl(parsed(body), ANTHROPIC) == cold.TTL_5M
+    assert cold.cache_ttl(parsed(body), MESSAGES_SHAPE) == cold.TTL_5M
     body["system"][-1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
-    assert cold.cache_ttl(parsed(body), ANTHROPIC) == cold.TTL_1H
+    assert cold.cache_ttl(parsed(body), MESSAGES_SHAPE) == cold.TTL_1H
     # The same words inside a tool result are text, not a breakpoint.
     quoted = conversation([tool_turn("toolu_x", "Bash", '{"cache_control": {"ttl": "1h"}}')])
-    assert cold.cache_ttl(parsed(quoted), ANTHROPIC) == cold.TTL_5M
+    assert cold.cache_ttl(parsed(quoted), MESSAGES_SHAPE) == cold.TTL_5M
     # ... and so are the same keys in a tool call's input; a breakpoint on a tool, or on a block
     # inside a tool result, asks for itself.
     called = conversation(bash_turns(1))
     called["messages"][-2]["content"][0]["input"] = {"cache_control": {"type": "ephemeral", "ttl": "1h"}}
-    assert cold.cache_ttl(parsed(called), ANTHROPIC) == cold.TTL_5M
+    assert cold.cache_ttl(parsed(called), MESSAGES_SHAPE) == cold.TTL_5M
     on_tool = conversation(bash_turns(1))
     on_tool["tools"][0]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
-    assert cold.cache_ttl(parsed(on_tool), ANTHROPIC) == cold.TTL_1H
+    assert cold.cache_ttl(parsed(on_tool), MESSAGES_SHAPE) == cold.TTL_1H
     inside = conversation([tool_turn("toolu_x", "Bash", [{"type": "text", "text": "ok",
                                                            "cache_control": {"type": "ephemeral", "ttl": "1h"}}])])
-    assert cold.cache_ttl(parsed(inside), ANTHROPIC) == cold.TTL_1H
+    assert cold.cache_ttl(parsed(inside), MESSAGES_SHAPE) == cold.TTL_1H
     # Automatic caching: the request's own cache_control places the breakpoint.
     automatic = {**conversation(bash_turns(1)), "cache_control": {"type": "ephemeral", "ttl": "1h"}}
-    assert cold.cache_ttl(parsed(automatic), ANTHROPIC) == cold.TTL_1H
+    assert cold.cache_ttl(parsed(automatic), MESSAGES_SHAPE) == cold.TTL_1H
     assert cache_lifetime(parsed({"model": "m", "messages": [], "cache_control": {"type": "ephemeral"}})) == cold.TTL_5M
     # OpenAI keeps a prefix up to an hour; a day when asked to.
-    assert cold.cache_ttl(parsed({"model": "gpt-5", "input": []}), RESPONSES) == cold.TTL_1H
+    assert cold.cache_ttl(parsed({"model": "gpt-5", "input": []}), RESPONSES_SHAPE) == cold.TTL_1H
     retained = {"model": "gpt-5", "input": [], "prompt_cache_retention": "24h"}
-    assert cold.cache_ttl(parsed(retained), RESPONSES) == cold.TTL_24H
+    assert cold.cache_ttl(parsed(retained), RESPONSES_SHAPE) == cold.TTL_24H
 
 
 
@@ -236,21 +236,21 @@ def test_skipping_the_store_never_changes_whether_a_request_is_cold(skews, reque
 
 def test_an_epoch_covers_everything_before_the_last_turns():
     body = conversation(bash_turns(5))
-    epoch = POLICY.epoch(parsed(body), ANTHROPIC)
+    epoch = POLICY.epoch(parsed(body), MESSAGES_SHAPE)
     assert epoch is not None
     messages = body["messages"]
     # The last 2 assistant messages and what follows them are the recent turns.
     assert [m["role"] for m in messages[epoch.cutoff:]] == ["assistant", "user", "assistant", "user"]
     assert epoch.cutoff == len(messages) - 4
     assert (epoch.min_tokens, epoch.views) == (500, True)
-    assert ColdPolicy(recent_turns=7).epoch(parsed(body), ANTHROPIC) is None  # no older history
+    assert ColdPolicy(recent_turns=7).epoch(parsed(body), MESSAGES_SHAPE) is None  # no older history
 
 
 def test_no_new_epoch_where_the_current_one_covers_as_much():
     body = parsed(conversation(bash_turns(5)))
-    epoch = POLICY.epoch(body, ANTHROPIC)
-    assert POLICY.epoch(body, ANTHROPIC, epoch) is None
-    assert attrs.evolve(POLICY, offload_min_tokens=250).epoch(body, ANTHROPIC, epoch) is not None
+    epoch = POLICY.epoch(body, MESSAGES_SHAPE)
+    assert POLICY.epoch(body, MESSAGES_SHAPE, epoch) is None
+    assert attrs.evolve(POLICY, offload_min_tokens=250).epoch(body, MESSAGES_SHAPE, epoch) is not None
 
 
 def test_an_epoch_is_frozen_as_text_and_read_back():
@@ -273,7 +273,7 @@ def test_an_epoch_replays_the_same_bytes_on_every_later_turn():
     assert MARKER.search(first_sight.decode()) is None  # every log kept whole at first sight
 
     cold_body = conversation(turns[:8])
-    epoch = POLICY.epoch(parsed(cold_body), ANTHROPIC)
+    epoch = POLICY.epoch(parsed(cold_body), MESSAGES_SHAPE)
     assert epoch is not None
     sent = [forward(rewriter, conversation(turns[:k]), [epoch]) for k in range(8, 13)]
     covered = {marker_id(log(i).encode()) for i in range(8 - 2)}  # the logs before the last 2 turns
@@ -287,7 +287,7 @@ def test_an_epoch_replays_the_same_bytes_on_every_later_turn():
 
 def test_results_newer_than_the_cutoff_get_first_sight_decisions():
     body = conversation(bash_turns(8))
-    epoch = POLICY.epoch(parsed(body), ANTHROPIC)
+    epoch = POLICY.epoch(parsed(body), MESSAGES_SHAPE)
     assert epoch is not None
     with_epoch = ParsedBody.parse(forward(Rewriter(CONFIG), body, [epoch]))
     without = ParsedBody.parse(forward(Rewriter(CONFIG), body, []))
@@ -303,32 +303,32 @@ def test_results_newer_than_the_cutoff_get_first_sight_decisions():
 def test_a_rewritten_or_compacted_history_matches_no_epoch():
     turns = bash_turns(8)
     body = conversation(turns)
-    epoch = POLICY.epoch(parsed(body), ANTHROPIC)
+    epoch = POLICY.epoch(parsed(body), MESSAGES_SHAPE)
     assert epoch is not None
-    assert cold.latest([epoch], parsed(body), ANTHROPIC) == epoch
+    assert cold.latest([epoch], parsed(body), MESSAGES_SHAPE) == epoch
     later = conversation(bash_turns(10))
-    assert cold.latest([epoch], parsed(later), ANTHROPIC) == epoch
+    assert cold.latest([epoch], parsed(later), MESSAGES_SHAPE) == epoch
 
     rewritten = copy.deepcopy(later)  # the client changed the last covered message
     rewritten["messages"][epoch.cutoff - 1]["content"][0]["content"] = "[Old tool result content cleared]"
-    assert cold.latest([epoch], parsed(rewritten), ANTHROPIC) is None
+    assert cold.latest([epoch], parsed(rewritten), MESSAGES_SHAPE) is None
     compacted = conversation(bash_turns(2))  # a summary and a few turns: shorter than the epoch
-    assert cold.latest([epoch], parsed(compacted), ANTHROPIC) is None
+    assert cold.latest([epoch], parsed(compacted), MESSAGES_SHAPE) is None
     assert MARKER.search(forward(Rewriter(CONFIG), rewritten, [epoch]).decode()) is None
 
 
 def test_the_latest_matching_epoch_wins():
     turns = bash_turns(12)
-    first = POLICY.epoch(parsed(conversation(turns[:6])), ANTHROPIC)
-    second = POLICY.epoch(parsed(conversation(turns[:10])), ANTHROPIC)
+    first = POLICY.epoch(parsed(conversation(turns[:6])), MESSAGES_SHAPE)
+    second = POLICY.epoch(parsed(conversation(turns[:10])), MESSAGES_SHAPE)
     assert first is not None and second is not None and second.cutoff > first.cutoff
     body = parsed(conversation(turns))
-    assert cold.latest([first, second], body, ANTHROPIC) == second
-    assert cold.latest([first, None, second, None], body, ANTHROPIC) == second  # unreadable ones skipped
+    assert cold.latest([first, second], body, MESSAGES_SHAPE) == second
+    assert cold.latest([first, None, second, None], body, MESSAGES_SHAPE) == second  # unreadable ones skipped
     # A history rewritten after the first epoch still matches it.
     rewritten = conversation(turns)
     rewritten["messages"][second.cutoff - 1]["content"][0]["content"] = "cleared"
-    assert cold.latest([first, second], parsed(rewritten), ANTHROPIC) == first
+    assert cold.latest([first, second], parsed(rewritten), MESSAGES_SHAPE) == first
 
 
 def read_turn(tool_id: str, path: str, text: str) -> list[dict]:
@@ -348,7 +348,7 @@ def test_a_file_view_superseded_by_a_later_call_on_the_file_is_offloaded():
              read_turn("toolu_rd2", "/p/d.py", view_d2), *bash_turns(1),
              edit_turn("toolu_ec", "/p/c.py"), *bash_turns(1)]
     body = conversation(turns)
-    epoch = POLICY.epoch(parsed(body), ANTHROPIC)
+    epoch = POLICY.epoch(parsed(body), MESSAGES_SHAPE)
     assert epoch is not None
     found = set(MARKER.findall(forward(Rewriter(CONFIG), body, [epoch]).decode()))
     assert marker_id(view_a.encode()) in found  # read, then edited: superseded
@@ -370,12 +370,12 @@ def test_openai_and_responses_bodies_get_epochs_too():
                               "tool_calls": [{"id": f"c{i}", "type": "function",
                                               "function": {"name": "sh", "arguments": "{}"}}]},
                              {"role": "tool", "tool_call_id": f"c{i}", "content": log(i)}]
-    epoch = POLICY.epoch(parsed(chat), OPENAI)
+    epoch = POLICY.epoch(parsed(chat), CHAT_SHAPE)
     assert epoch is not None and epoch.cutoff == len(chat["messages"]) - 4
     rewriter = Rewriter(CONFIG)
     incoming = rewriter.parse(raw(chat), b"/v1/chat/completions")
     assert incoming is not None
-    older = cold.older(cold.latest([epoch], incoming.body, OPENAI), incoming.body, OPENAI, CONFIG.compact)
+    older = cold.older(cold.latest([epoch], incoming.body, CHAT_SHAPE), incoming.body, CHAT_SHAPE, CONFIG.compact)
     assert set(MARKER.findall(rewriter.finish(incoming, older=older).body.decode())) == {
         marker_id(log(i).encode()) for i in range(3)}
 
@@ -385,7 +385,7 @@ def test_openai_and_responses_bodies_get_epochs_too():
                           {"type": "function_call", "id": f"fc{i}", "name": "exec_command", "arguments": "{}",
                            "call_id": f"call{i}"},
                           {"type": "function_call_output", "call_id": f"call{i}", "output": log(i)}]
-    epoch = POLICY.epoch(parsed(body), RESPONSES)
+    epoch = POLICY.epoch(parsed(body), RESPONSES_SHAPE)
     assert epoch is not None and epoch.cutoff == len(body["input"]) - 6
 
 

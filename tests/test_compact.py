@@ -20,6 +20,7 @@ from test_markers import go_style, js_style, python_style, slash_style
 from cg.compaction.components import DEFAULT_COMPONENTS, Dedup, Offload, Outcome
 from cg.compaction.pipeline import CompactConfig, Memo, compact, plan
 from cg.wire.body import ParsedBody
+from cg.wire.dialect import MESSAGES_SHAPE, SHAPES
 from cg.wire.markers import body_has_marker, marker, marker_id
 
 FIXTURE_NAMES = sorted(path.stem for path in CLAUDE_CODE.glob("*.json"))
@@ -86,7 +87,7 @@ def where(compaction) -> list[tuple]:
 def run(body: bytes, **kwargs):
     kwargs.setdefault("config", CONFIG)
     kwargs.setdefault("lossy", True)
-    return compact(body, kwargs.pop("dialect", "anthropic"), **kwargs)
+    return compact(body, SHAPES[kwargs.pop("dialect", "anthropic")], **kwargs)
 
 
 # Byte fidelity
@@ -157,7 +158,7 @@ message_shapes = st.recursive(
 @settings(max_examples=300)
 def test_never_raises_on_odd_shapes(messages, dialect, lossy):
     raw = json.dumps({"messages": messages}).encode()
-    compaction = compact(raw, dialect, CONFIG, lossy)
+    compaction = compact(raw, SHAPES[dialect], CONFIG, lossy)
     if not compaction.changed:
         assert compaction.body is raw
 
@@ -322,7 +323,7 @@ def test_rewrites_breaking_the_contract_are_reverted(component):
     config = CompactConfig(components=(component,))
     assert run(raw, config=config).body is raw
     parsed = ParsedBody.parse(raw)
-    counted = plan(parsed, "anthropic", config, lossy=True)
+    counted = plan(parsed, MESSAGES_SHAPE, config, lossy=True)
     assert counted.reverted[component.name] == counted.runs[component.name] > 0
 
 
@@ -377,7 +378,8 @@ def test_same_input_same_bytes_with_or_without_memo():
 def test_same_bytes_in_another_process():
     raw = js_style(conversation(6))
     script = ("import sys, hashlib; from cg.compaction.pipeline import compact, CompactConfig; "
-              "print(hashlib.sha256(compact(sys.stdin.buffer.read(), 'anthropic', CompactConfig(), True).body)"
+              "from cg.wire.dialect import MESSAGES_SHAPE; "
+              "print(hashlib.sha256(compact(sys.stdin.buffer.read(), MESSAGES_SHAPE, CompactConfig(), True).body)"
               ".hexdigest())")
     for seed in ("1", "2"):
         result = subprocess.run([sys.executable, "-c", script], input=raw, capture_output=True, check=True,

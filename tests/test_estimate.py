@@ -16,6 +16,7 @@ from cg.record import estimate, plot, report, transcripts
 from cg.record.pricing import TTL_1H, TTL_5M, PriceTable, PromptCache, Segment, Tokens, digest, prices
 from cg.record.replay import Sent, replay, segments
 from cg.testing import JSONReply, anthropic_message
+from cg.wire.dialect import MESSAGES_SHAPE
 
 HOME = Path(__file__).resolve().parent / "fixtures" / "transcripts" / "home"
 
@@ -184,8 +185,8 @@ def test_replay_counts_an_offload_after_a_lossless_step():
 def test_segments_ignore_where_the_breakpoint_sits():
     a = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}]}
     b = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}
-    assert segments(a, "anthropic")[0].digest == segments(b, "anthropic")[0].digest
-    assert segments(a, "anthropic")[0].breakpoint == TTL_5M and segments(b, "anthropic")[0].breakpoint is None
+    assert segments(a, MESSAGES_SHAPE)[0].digest == segments(b, MESSAGES_SHAPE)[0].digest
+    assert segments(a, MESSAGES_SHAPE)[0].breakpoint == TTL_5M and segments(b, MESSAGES_SHAPE)[0].breakpoint is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +274,7 @@ class Provider:
 
     def __call__(self, received):
         request = self.requests.pop(0)
-        t = self.cache.bill(request.time, segments(json.loads(received.body), "anthropic"))
+        t = self.cache.bill(request.time, segments(json.loads(received.body), MESSAGES_SHAPE))
         usage = {"input_tokens": t.input, "cache_read_input_tokens": t.cache_read,
                  "cache_creation_input_tokens": t.cache_write, "output_tokens": request.output_tokens}
         return JSONReply(anthropic_message("ok", model=request.model, usage=usage))

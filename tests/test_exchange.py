@@ -49,7 +49,7 @@ from cg.testing import (
     openai_completion,
     openai_stream_events,
 )
-from cg.wire.dialect import ANTHROPIC, OPENAI
+from cg.wire.dialect import ANTHROPIC, MESSAGES_SHAPE, OPENAI, SHAPES
 
 REF = "0123456789abcdef"
 ORIGINAL = b"the whole output, as the tool gave it"
@@ -67,7 +67,7 @@ class Clock:
 
 def rewrite(dialect=ANTHROPIC, injected=True, changes=()):
     return Rewrite(body=FORWARDED, originals={}, changes=list(changes), injected=injected, stash=True,
-                   parsed={}, dialect=dialect)
+                   parsed={}, dialect=SHAPES[dialect])
 
 
 def exchange(dialect=ANTHROPIC, http11=True, clock=None, **limits):
@@ -420,7 +420,7 @@ def test_an_ended_exchange_keeps_no_body():
     """The driver, the client's request and Twisted's callbacks hold one another in cycles that
     the cyclic collector frees late: an exchange that ended must not keep the bodies alive."""
     body = FORWARDED.replace(b'"hi"', b'"hello"')  # this test's own bytes object
-    sent = Rewrite(body=body, originals={}, changes=[], injected=True, stash=True, parsed={}, dialect=ANTHROPIC)
+    sent = Rewrite(body=body, originals={}, changes=[], injected=True, stash=True, parsed={}, dialect=MESSAGES_SHAPE)
     ex = exchange()
     ex.feed(Prepared(body, sent))
     ex.feed(head())

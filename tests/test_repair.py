@@ -13,6 +13,7 @@ from cg.compaction.pipeline import CompactConfig, plan
 from cg.compaction.repair import Repair, find_repairs, looks_like_error, repair_answer, repair_edits
 from cg.stream.continuation import is_cg_answer
 from cg.wire.body import ParsedBody
+from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, Shape
 from cg.wire.markers import marker_id
 
 CLAUDE_CODE_ERROR = "<tool_use_error>Error: No such tool available: context_guru_expand</tool_use_error>"
@@ -26,7 +27,7 @@ def followup() -> dict:
     return claude_code_body("p_unknown_tool_followup")
 
 
-def repaired(raw: bytes, dialect: str = "anthropic", text: str = ORIGINAL) -> tuple[bytes, list[Repair], list]:
+def repaired(raw: bytes, dialect: Shape = MESSAGES_SHAPE, text: str = ORIGINAL) -> tuple[bytes, list[Repair], list]:
     body = ParsedBody.parse(raw)
     repairs = find_repairs(body, dialect)
     edits = repair_edits(body, repairs, {r.tool_use_id: text for r in repairs})
@@ -80,13 +81,13 @@ def test_an_expand_call_is_found_past_a_prefix_the_last_turn_did_not_name_it_in(
     expand_turn = body["messages"][2:4]
     del body["messages"][2:]
     first = ParsedBody.parse(js_style(body))
-    assert find_repairs(first, "anthropic") == []
+    assert find_repairs(first, MESSAGES_SHAPE) == []
     body["messages"] += [*expand_turn, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
     second = ParsedBody.parse(js_style(body), first.earlier())
-    assert second.shared > 0 and [r.tool_use_id for r in find_repairs(second, "anthropic")] == [EXPAND_ID]
+    assert second.shared > 0 and [r.tool_use_id for r in find_repairs(second, MESSAGES_SHAPE)] == [EXPAND_ID]
     body["messages"].append({"role": "user", "content": [{"type": "text", "text": "go on"}]})
     third = ParsedBody.parse(js_style(body), second.earlier())  # the call is in the shared prefix now
-    assert [r.tool_use_id for r in find_repairs(third, "anthropic")] == [EXPAND_ID]
+    assert [r.tool_use_id for r in find_repairs(third, MESSAGES_SHAPE)] == [EXPAND_ID]
 
 
 def test_a_repaired_body_repaired_again_is_unchanged():
@@ -115,7 +116,7 @@ def test_other_tool_results_are_never_touched(result):
     body["messages"][3]["content"][0]["content"] = ORIGINAL  # the expand answer is not an error either
     body["messages"][3]["content"][0].pop("is_error")
     raw = js_style(body)
-    assert find_repairs(ParsedBody.parse(raw), "anthropic") == []
+    assert find_repairs(ParsedBody.parse(raw), MESSAGES_SHAPE) == []
 
 
 @pytest.mark.parametrize("content", [ORIGINAL * 100, "the original, 42 lines of build output", ""],
@@ -124,19 +125,19 @@ def test_an_answer_that_is_not_an_error_is_left_alone(content):
     body = followup()
     block = body["messages"][3]["content"][0]
     block["content"], block["is_error"] = content, False
-    found = find_repairs(ParsedBody.parse(js_style(body)), "anthropic")
+    found = find_repairs(ParsedBody.parse(js_style(body)), MESSAGES_SHAPE)
     assert [r.tool_use_id for r in found] == ([EXPAND_ID] if content == "" else [])
 
 
 def test_an_error_answer_without_the_flag_is_still_an_error():
     body = followup()
     body["messages"][3]["content"][0].pop("is_error")
-    assert [r.tool_use_id for r in find_repairs(ParsedBody.parse(js_style(body)), "anthropic")] == [EXPAND_ID]
+    assert [r.tool_use_id for r in find_repairs(ParsedBody.parse(js_style(body)), MESSAGES_SHAPE)] == [EXPAND_ID]
 
 
 def test_a_repair_with_no_text_is_left_out():
     body = ParsedBody.parse(js_style(followup()))
-    assert repair_edits(body, find_repairs(body, "anthropic"), {}) == []
+    assert repair_edits(body, find_repairs(body, MESSAGES_SHAPE), {}) == []
 
 
 def test_a_cache_control_on_a_content_part_stays():
@@ -200,8 +201,8 @@ def test_repair_edits_combine_with_compaction_edits():
     log = "".join(f"PASSED tests/unit/test_{n}.py::test_{n} [{n % 100:3d}%]\n" for n in range(3000))
     body["messages"][3]["content"][1]["content"] = log
     parsed = ParsedBody.parse(js_style(body))
-    repairs = find_repairs(parsed, "anthropic")
-    compaction = plan(parsed, "anthropic", CompactConfig(), lossy=True)
+    repairs = find_repairs(parsed, MESSAGES_SHAPE)
+    compaction = plan(parsed, MESSAGES_SHAPE, CompactConfig(), lossy=True)
     assert compaction.edits and compaction.originals
     out = json.loads(parsed.apply(compaction.edits + repair_edits(parsed, repairs, {EXPAND_ID: ORIGINAL})))
     assert out["messages"][3]["content"][0]["content"] == ORIGINAL
@@ -271,17 +272,17 @@ def openai_body(answer) -> dict:
 def test_openai_error_answer_is_repaired(answer, style):
     body = openai_body(answer)
     raw = style(body)
-    out, [repair], [(span, new)] = repaired(raw, "openai")
+    out, [repair], [(span, new)] = repaired(raw, CHAT_SHAPE)
     assert (repair.tool_use_id, repair.ref, repair.message_index, repair.block_index) == ("call_x", REF, 2, None)
     assert only_span_changed(raw, out, *span)
     expected = copy.deepcopy(body)
     expected["messages"][2]["content"] = ORIGINAL
     assert json.loads(out) == expected  # the shell error answer is not touched
-    assert repaired(out, "openai")[1] == []
+    assert repaired(out, CHAT_SHAPE)[1] == []
 
 
 def test_openai_answers_that_are_cgs_own_are_left_alone():
     final = repair_answer(Repair("call_x", "seg_0001", {"id": "seg_0001"}, 2, None), None).text
     assert is_cg_answer(final) and not looks_like_error(ORIGINAL)
     for answer in [ORIGINAL, final]:
-        assert find_repairs(ParsedBody.parse(js_style(openai_body(answer))), "openai") == []
+        assert find_repairs(ParsedBody.parse(js_style(openai_body(answer))), CHAT_SHAPE) == []

@@ -16,7 +16,7 @@ from cg.testing import (
     responses_stream_events,
 )
 from cg.wire.body import ParsedBody
-from cg.wire.dialect import RESPONSES, RESPONSES_SHAPE
+from cg.wire.dialect import RESPONSES_SHAPE
 from cg.wire.markers import EXPAND_TOOL
 from cg.wire.sse import SSEParser
 
@@ -114,7 +114,7 @@ def test_codexs_unsupported_call_answer_is_found_and_repaired():
     ]
     raw = json.dumps({"model": "gpt-5.5", "input": items}, separators=(",", ":")).encode()
     body = ParsedBody.parse(raw)
-    (repair,) = find_repairs(body, RESPONSES)  # the shell's own error is the client's business
+    (repair,) = find_repairs(body, RESPONSES_SHAPE)  # the shell's own error is the client's business
     assert (repair.tool_use_id, repair.ref, repair.message_index) == ("call_x", REF, 3)
     repaired = json.loads(body.apply(repair_edits(body, [repair], {"call_x": "ORIGINAL"})))
     assert repaired["input"][3] == {"type": "function_call_output", "id": "fco_1", "call_id": "call_x",

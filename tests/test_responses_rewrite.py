@@ -18,7 +18,7 @@ from cg.compaction import expand
 from cg.compaction.rewrite import RewriteConfig, Rewriter
 from cg.testing import command_output
 from cg.wire.body import UNREAD, ParsedBody
-from cg.wire.dialect import RESPONSES
+from cg.wire.dialect import RESPONSES_SHAPE
 from cg.wire.markers import EXPAND_TOOL
 
 TIMEOUT = 15
@@ -71,7 +71,7 @@ def test_a_coloured_output_is_cleaned_and_every_other_byte_kept(name, tool):
     body, path = planted(name, coloured_output())
     raw = serde(body)
     rewrite = Rewriter(RewriteConfig(expand=False)).rewrite(raw, RESPONSES_PATH)
-    assert rewrite is not None and rewrite.dialect == RESPONSES
+    assert rewrite is not None and rewrite.dialect is RESPONSES_SHAPE
     forwarded = json.loads(rewrite.body)
     cleaned = get_at(forwarded, path)
     assert cleaned == command_output()  # the colours gone, nothing else, nothing offloaded

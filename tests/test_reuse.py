@@ -15,6 +15,7 @@ from cg.exchange import keepalive
 from cg.wire import jsonbytes
 from cg.wire.body import UNREAD, ParsedBody
 from cg.wire.cache import TTL_1H, TTL_5M, asks_for_an_hour, cache_lifetime
+from cg.wire.dialect import MESSAGES_SHAPE
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
 MESSAGE = st.fixed_dictionaries({
@@ -346,13 +347,13 @@ def test_a_warm_turn_reads_only_its_new_messages(monkeypatch):
         assert incoming is not None and incoming.repairs  # the history names the expand tool
         body = incoming.body
         bodies.append(body)
-        epochs.append(cold.Epoch(cutoff, cold.fingerprint(body, "anthropic", cutoff - 1), 100, True))
-        older = cold.older(epochs[0], body, "anthropic", config)
+        epochs.append(cold.Epoch(cutoff, cold.fingerprint(body, MESSAGES_SHAPE, cutoff - 1), 100, True))
+        older = cold.older(epochs[0], body, MESSAGES_SHAPE, config)
         assert older is not None and older.superseded  # the Read that the Edit superseded
         rewritten = rewriter.finish(incoming, {repair.tool_use_id: "the original" for repair in incoming.repairs},
                                     older=older)
         assert rewritten.repaired == 1
-        return keepalive.lifetime(body), cold.cache_ttl(body, "anthropic") == TTL_1H
+        return keepalive.lifetime(body), cold.cache_ttl(body, MESSAGES_SHAPE) == TTL_1H
 
     assert turn(history) == (TTL_5M, True)  # message 3's breakpoint: 5 minutes
     scans = []

@@ -28,10 +28,10 @@ from collections.abc import Sequence
 
 import attrs
 
-from cg.compaction.pipeline import LIST_KEY, CompactConfig, Older
+from cg.compaction.pipeline import CompactConfig, Older
 from cg.wire.body import ParsedBody
 from cg.wire.cache import TTL_1H, TTL_5M, asks_for_an_hour
-from cg.wire.dialect import ANTHROPIC
+from cg.wire.dialect import Shape
 
 VERSION = 1  # what an epoch's fields mean; an epoch of another version is not applied
 
@@ -99,11 +99,11 @@ class ColdPolicy:
         nothing recorded, so nothing is known), has surely expired at ``now``."""
         return expired is not None and now > expired + self.margin
 
-    def epoch(self, body: ParsedBody, dialect: str, current: Epoch | None = None) -> Epoch | None:
+    def epoch(self, body: ParsedBody, shape: Shape, current: Epoch | None = None) -> Epoch | None:
         """The epoch a cold request makes: everything before its last ``recent_turns`` model turns.
         None when there is no older history, or when ``current`` (the epoch this body matches)
         already decides it under the same parameters."""
-        items = body.value.get(LIST_KEY[dialect])
+        items = body.value.get(shape.items)
         if not isinstance(items, list):
             return None
         cutoff = _recent_start(items, self.recent_turns)
@@ -112,7 +112,7 @@ class ColdPolicy:
         if (current is not None and current.cutoff >= cutoff
                 and (current.min_tokens, current.views) == (self.offload_min_tokens, self.views)):
             return None
-        return Epoch(cutoff, fingerprint(body, dialect, cutoff - 1), self.offload_min_tokens, self.views)
+        return Epoch(cutoff, fingerprint(body, shape, cutoff - 1), self.offload_min_tokens, self.views)
 
 
 @attrs.define
@@ -238,46 +238,60 @@ def _is_model(item: object) -> bool:
     return isinstance(item, dict) and (item.get("role") == "assistant" or item.get("type") in _MODEL_ITEMS)
 
 
-def fingerprint(body: ParsedBody, dialect: str, index: int) -> str:
+def fingerprint(body: ParsedBody, shape: Shape, index: int) -> str:
     """Message (input item) ``index`` as the client sent it, hashed."""
-    start, end = body.spans[(LIST_KEY[dialect], index)]
+    start, end = body.spans[(shape.items, index)]
     return hashlib.sha256(body.raw[start:end]).hexdigest()[:32]
 
 
-def cache_ttl(body: ParsedBody, dialect: str) -> float:
+def cache_ttl(body: ParsedBody, shape: Shape) -> float:
     """How long the provider keeps this request's prompt cached, at the longest: Anthropic's
     5 minutes, or an hour when a ``cache_control`` breakpoint asks for ``"ttl": "1h"``; OpenAI's
-    up to an hour (it says 5 to 10 minutes, up to an hour off-peak), a day with
-    ``prompt_cache_retention: "24h"``."""
-    if dialect == ANTHROPIC:
-        return TTL_1H if asks_for_an_hour(body) else TTL_5M
+    (chat completions and Responses) up to an hour (it says 5 to 10 minutes, up to an hour
+    off-peak), a day with ``prompt_cache_retention: "24h"``."""
+    return shape.select(_breakpoints_ttl, _retention_ttl, _retention_ttl)(body)
+
+
+def _breakpoints_ttl(body: ParsedBody) -> float:
+    return TTL_1H if asks_for_an_hour(body) else TTL_5M
+
+
+def _retention_ttl(body: ParsedBody) -> float:
     return TTL_24H if body.value.get("prompt_cache_retention") == "24h" else TTL_1H
 
 
-def latest(epochs: Sequence[Epoch | None], body: ParsedBody, dialect: str) -> Epoch | None:
+def latest(epochs: Sequence[Epoch | None], body: ParsedBody, shape: Shape) -> Epoch | None:
     """The latest of a conversation's epochs that this body matches (None: none does).
 
     An epoch matches while the body still holds its last covered message byte for byte. The
     latest was made at the latest cold request, which decided the whole history before it again;
     an earlier one only counts when a rewritten history no longer holds the later one's message.
     """
-    items = body.value.get(LIST_KEY[dialect])
+    items = body.value.get(shape.items)
     if not isinstance(items, list):
         return None
     for epoch in reversed(epochs):
         if epoch is not None and 0 < epoch.cutoff <= len(items) and (
-                fingerprint(body, dialect, epoch.cutoff - 1) == epoch.last):
+                fingerprint(body, shape, epoch.cutoff - 1) == epoch.last):
             return epoch
     return None
 
 
-def older(epoch: Epoch | None, body: ParsedBody, dialect: str, config: CompactConfig) -> Older | None:
-    """What ``epoch`` (one this body matches: ``latest``) asks of the pipeline."""
+def older(epoch: Epoch | None, body: ParsedBody, shape: Shape, config: CompactConfig) -> Older | None:
+    """What ``epoch`` (one this body matches: ``latest``) asks of the pipeline. Superseded file
+    views are Claude Code's (Anthropic Messages); other shapes have none."""
     if epoch is None:
         return None
     strong, views = _configs(config, epoch.min_tokens)
-    superseded = _superseded_in(body, epoch.cutoff) if epoch.views and dialect == ANTHROPIC else frozenset()
+    superseded = shape.select(_superseded_in, _no_views, _no_views)(body, epoch.cutoff) if epoch.views else _NONE
     return Older(epoch.cutoff, strong, views, superseded)
+
+
+_NONE: frozenset[tuple[int, int]] = frozenset()
+
+
+def _no_views(body: ParsedBody, cutoff: int) -> frozenset[tuple[int, int]]:
+    return _NONE
 
 
 # ParsedBody.carried (`ParsedBody.up_to` message cutoff - 1): `_superseded` of the messages before.

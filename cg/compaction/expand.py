@@ -19,11 +19,13 @@ function added to one of that item's namespaces is not known, so cg leaves those
 lossless reformat.
 """
 
+from collections.abc import Callable
+
 import ujson
 
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
-from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
+from cg.wire.dialect import Shape
 from cg.wire.markers import EXPAND_TOOL
 
 DESCRIPTION = (
@@ -49,7 +51,21 @@ OPENAI_TOOL = _serialize(
 RESPONSES_TOOL = _serialize(
     {"type": "function", "name": EXPAND_TOOL, "description": DESCRIPTION, "strict": False, "parameters": _SCHEMA}
 )
-_TOOLS = {ANTHROPIC: ANTHROPIC_TOOL, OPENAI: OPENAI_TOOL, RESPONSES: RESPONSES_TOOL}
+
+
+def _anywhere(body: ParsedBody) -> bool:
+    return True
+
+
+def _unstored(body: ParsedBody) -> bool:
+    return body.value.get("store") is False  # see the module docstring
+
+
+_Injectable = tuple[str, Callable[[ParsedBody], bool]]
+# Each dialect's declaration, and whether a request with tools may have it.
+_ANTHROPIC: _Injectable = (ANTHROPIC_TOOL, _anywhere)
+_CHAT: _Injectable = (OPENAI_TOOL, _anywhere)
+_RESPONSES: _Injectable = (RESPONSES_TOOL, _unstored)
 
 
 def _tool_name(tool: object) -> object:
@@ -59,21 +75,19 @@ def _tool_name(tool: object) -> object:
     return function.get("name") if isinstance(function, dict) else tool.get("name")
 
 
-def injection(body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]] | None:
+def injection(body: ParsedBody, shape: Shape) -> list[tuple[jsonbytes.Span, str]] | None:
     """The edit that appends the expand tool to `tools`, or None where cg does not inject.
 
     None when `tools` is absent or empty (side requests such as title generation
     send `tools: []`, and are left alone) or already holds a tool of that name, and for a
     Responses request the provider may store.
     """
-    declaration = _TOOLS.get(dialect)
-    if declaration is None:
-        return None
+    declaration, injectable = shape.select(_ANTHROPIC, _CHAT, _RESPONSES)
     tools = body.value.get("tools")
     if not isinstance(tools, list) or not tools:
         return None
-    if dialect == RESPONSES and body.value.get("store") is not False:
-        return None  # see the module docstring
+    if not injectable(body):
+        return None
     if any(_tool_name(tool) == EXPAND_TOOL for tool in tools):
         return None
     end = body.spans[("tools",)][1] - 1  # the closing bracket

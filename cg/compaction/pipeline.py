@@ -18,7 +18,7 @@ from cg.compaction.components import DEFAULT_COMPONENTS, Component, Context, Ded
 from cg.compaction.tokens import estimate_tokens
 from cg.wire import jsonbytes
 from cg.wire.body import Earlier, ParsedBody
-from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
+from cg.wire.dialect import Shape
 from cg.wire.jsonbytes import EACH, StringStyle
 from cg.wire.markers import EXPAND_TOOL, id_of, marker
 
@@ -322,7 +322,7 @@ class Plan:
     reverted: Counter[str] = attrs.Factory(Counter)  # component -> rewrites undone by the contract
 
 
-def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | frozenset[str],
+def plan(body: ParsedBody, shape: Shape, config: CompactConfig, lossy: bool | frozenset[str],
          memo: Memo | None = None, older: Older | None = None) -> Plan:
     """The edits that compact the tool results of `body`; no edits when nothing changes.
 
@@ -334,13 +334,13 @@ def plan(body: ParsedBody, dialect: str, config: CompactConfig, lossy: bool | fr
     carried in `ParsedBody.carried` under this plan's inputs): everything before it is the same
     bytes, so its tool names, its results' "seen earlier" and their decisions are too.
     """
-    key = LIST_KEY[dialect]
+    key = shape.items
     messages = body.value.get(key)
     if not isinstance(messages, list):
         return Plan([], Originals(), [])
     out = Plan([], Originals(body.raw), [])
-    walk = _Walk(dialect, config, lossy, memo, older)
-    cache_key = ("plan", dialect, config, lossy, older) if isinstance(lossy, bool) else None
+    walk = _Walk(shape, config, lossy, memo, older)
+    cache_key = ("plan", shape, config, lossy, older) if isinstance(lossy, bool) else None
     last = body.earlier_carried.get(cache_key, []) if cache_key else []
     planned: list[_Planned] = []
     for index in range(len(messages)):  # a message planned last time is not looked at (cg.wire.body.Messages)
@@ -437,9 +437,9 @@ def _message_spans(body: ParsedBody, key: str, index: int) -> dict[jsonbytes.Pat
     return {path: (start + a, start + b) for path, (a, b) in relative.items()}
 
 
-def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
+def compact(body: bytes, shape: Shape, config: CompactConfig, lossy: bool,
             memo: Memo | None = None) -> Compaction:
-    """Compact the tool results of a /v1/messages ("anthropic") or /v1/chat/completions ("openai") body.
+    """Compact the tool results of a body of `shape`.
 
     Lossy components run only when `lossy` (the request can answer expand calls). When nothing
     changes, the returned body is the very bytes object passed in.
@@ -447,7 +447,7 @@ def compact(body: bytes, dialect: str, config: CompactConfig, lossy: bool,
     parsed = ParsedBody.parse(body)
     if parsed is None:
         return Compaction(body=body, changed=False, originals={}, changes=[])
-    edits = plan(parsed, dialect, config, lossy, memo)
+    edits = plan(parsed, shape, config, lossy, memo)
     return Compaction(body=parsed.apply(edits.edits), changed=bool(edits.edits),
                       originals=edits.originals, changes=edits.changes)
 
@@ -457,9 +457,9 @@ class _Walk:
     itself (its tool's name, from the call an earlier message made; whether the same text came
     earlier in the request), and the decision inputs that stay the same for every result."""
 
-    def __init__(self, dialect: str, config: CompactConfig, lossy: bool | frozenset[str], memo: Memo | None,
+    def __init__(self, shape: Shape, config: CompactConfig, lossy: bool | frozenset[str], memo: Memo | None,
                  older: Older | None):
-        self.find = _MESSAGE_RESULTS[dialect]
+        self.find = message_results(shape)
         self.config, self.memo, self.older = config, memo, older
         # `lossy` may be a set of marker IDs: lossy rewrites only for those originals (the ones
         # already stored), reformat only for the rest.
@@ -603,13 +603,13 @@ def _responses_results(index: int, item: object, calls: "_Calls") -> Iterator[_T
         )
 
 
-# Each body shape's tool results in one message (or input item), given the calls made before it
-# (call ID -> tool name), to which the message's own calls are added.
-_MESSAGE_RESULTS: dict[str, Callable[[int, object, "_Calls"], Iterator[_ToolResult]]] = {
-    ANTHROPIC: _anthropic_results, OPENAI: _openai_results, RESPONSES: _responses_results,
-}
-# Where each body shape keeps the list of messages _MESSAGE_RESULTS walks.
-LIST_KEY = {ANTHROPIC: "messages", OPENAI: "messages", RESPONSES: "input"}
+_FindResults = Callable[[int, object, "_Calls"], Iterator[_ToolResult]]
+
+
+def message_results(shape: Shape) -> _FindResults:
+    """A body shape's tool results in one message (or input item) of its `Shape.items`, given the
+    calls made before it (call ID -> tool name), to which the message's own calls are added."""
+    return shape.select(_anthropic_results, _openai_results, _responses_results)
 
 
 def _result_texts(content: object, path: jsonbytes.Path, tool_name: str | None, message_index: int,

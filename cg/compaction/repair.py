@@ -53,7 +53,7 @@ from cg.stream.continuation import (
 )
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
-from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES
+from cg.wire.dialect import Shape
 from cg.wire.jsonbytes import EACH
 from cg.wire.markers import EXPAND_TOOL
 
@@ -96,7 +96,7 @@ _EXPAND_TOOL_BYTES = EXPAND_TOOL.encode()
 _UNNAMED = "repair: no expand tool named"  # ParsedBody.carried: the body's bytes never name it
 
 
-def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
+def find_repairs(body: ParsedBody, shape: Shape) -> list[Repair]:
     """The error answers to expand calls in `body`'s messages (Responses: input items), in order.
 
     A body that never names the expand tool holds no call to it: one C-speed search instead of a
@@ -108,10 +108,9 @@ def find_repairs(body: ParsedBody, dialect: str) -> list[Repair]:
     if not _names_expand(body):
         body.carried[_UNNAMED] = ()
         return []
-    key = "input" if dialect == RESPONSES else "messages"
     calls: dict[str, ExpandCall] = {}
     repairs: list[Repair] = []
-    seen = body.per_message((_SEEN, dialect), key, lambda message: _seen(message, dialect))
+    seen = body.per_message((_SEEN, shape), shape.items, shape.select(_seen_message, _seen_chat, _seen_item))
     for message_index, (made, answered) in enumerate(seen):
         calls.update((call.id, call) for call in made)
         for call_id, block_index in answered:
@@ -127,28 +126,46 @@ _Seen = tuple[tuple[ExpandCall, ...], tuple[tuple[str, "int | None"], ...]]
 _NOTHING: _Seen = ((), ())
 
 
-def _seen(message: object, dialect: str) -> _Seen:
-    """A message's expand calls, and its answers that read like errors (call ID, block index; None
-    for a whole message or item), whatever they answer: which call they answer is the walk's to
-    say. Anthropic and OpenAI messages; Responses input items."""
+# A message's expand calls, and its answers that read like errors (call ID, block index; None for a
+# whole message or item), whatever they answer: which call they answer is the walk's to say. One
+# reader a dialect: Anthropic messages, chat messages, Responses input items.
+
+
+def _seen_message(message: object) -> _Seen:
+    """Anthropic: an assistant's `tool_use` blocks; a user's `tool_result` blocks."""
     if not isinstance(message, dict):
-        return _NOTHING
-    if dialect == RESPONSES:
-        kind = message.get("type")
-        if kind == "function_call":
-            return tuple(responses.expand_calls([message])), ()
-        if kind == "function_call_output" and _is_error_answer(message.get("call_id"), message):
-            return (), ((message["call_id"], None),)
         return _NOTHING
     role = message.get("role")
     if role == "assistant":
-        return tuple((MESSAGES_LOOP if dialect == ANTHROPIC else CHAT_LOOP).expand_calls(message)), ()
-    if dialect == ANTHROPIC and role == "user" and isinstance(message.get("content"), list):
+        return tuple(MESSAGES_LOOP.expand_calls(message)), ()
+    if role == "user" and isinstance(message.get("content"), list):
         return (), tuple((block["tool_use_id"], index) for index, block in enumerate(message["content"])
                          if isinstance(block, dict) and block.get("type") == "tool_result"
                          and _is_error_answer(block.get("tool_use_id"), block))
-    if dialect == OPENAI and role == "tool" and _is_error_answer(message.get("tool_call_id"), message):
+    return _NOTHING
+
+
+def _seen_chat(message: object) -> _Seen:
+    """Chat completions: an assistant's `tool_calls`; a `role: "tool"` message."""
+    if not isinstance(message, dict):
+        return _NOTHING
+    role = message.get("role")
+    if role == "assistant":
+        return tuple(CHAT_LOOP.expand_calls(message)), ()
+    if role == "tool" and _is_error_answer(message.get("tool_call_id"), message):
         return (), ((message["tool_call_id"], None),)
+    return _NOTHING
+
+
+def _seen_item(item: object) -> _Seen:
+    """The Responses API: a `function_call` item; a `function_call_output` item."""
+    if not isinstance(item, dict):
+        return _NOTHING
+    kind = item.get("type")
+    if kind == "function_call":
+        return tuple(responses.expand_calls([item])), ()
+    if kind == "function_call_output" and _is_error_answer(item.get("call_id"), item):
+        return (), ((item["call_id"], None),)
     return _NOTHING
 
 

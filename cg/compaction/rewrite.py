@@ -18,16 +18,16 @@ from cg.compaction.pipeline import Change, CompactConfig, Memo, Older, plan
 from cg.compaction.repair import Repair, find_repairs, repair_edits
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
-from cg.wire.dialect import ANTHROPIC, OPENAI, RESPONSES, split_path
+from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE, Shape, split_path
 
 # Paths whose bodies cg rewrites, their body shape, and whether what it stashes there matters
 # (count_tokens is read-only: it sizes the request cg would send, nothing more). The shape is not
 # the route: /v1/responses routes as OPENAI (cg.wire.dialect) but carries `input` items.
 _PATHS = {
-    b"/v1/messages": (ANTHROPIC, True),
-    b"/v1/messages/count_tokens": (ANTHROPIC, False),
-    b"/v1/chat/completions": (OPENAI, True),
-    b"/v1/responses": (RESPONSES, True),
+    b"/v1/messages": (MESSAGES_SHAPE, True),
+    b"/v1/messages/count_tokens": (MESSAGES_SHAPE, False),
+    b"/v1/chat/completions": (CHAT_SHAPE, True),
+    b"/v1/responses": (RESPONSES_SHAPE, True),
 }
 
 
@@ -68,7 +68,7 @@ class Rewrite:
     runs: dict[str, int] = attrs.Factory(dict)  # component -> tool results it ran on
     reverted: dict[str, int] = attrs.Factory(dict)  # component -> rewrites the contract undid
     repaired: int = 0  # client answers to expand calls replaced by what cg would have answered
-    dialect: str = ANTHROPIC  # the body's shape (the path's), which the response shares
+    dialect: Shape = MESSAGES_SHAPE  # the body's shape (the path's), which the response shares
     usage_added: bool = False  # cg set stream_options.include_usage: the client did not ask for usage
 
 
@@ -81,7 +81,7 @@ class Incoming:
     """
 
     body: ParsedBody
-    dialect: str
+    dialect: Shape  # the body's shape: the adapter to its dialect
     stash: bool
     injection: list[tuple[jsonbytes.Span, str]] | None
     repairs: list[Repair]
@@ -105,7 +105,7 @@ class Rewriter:
         route = _PATHS.get(split_path(uri))
         if route is None or not raw:
             return None
-        dialect, stash = route
+        shape, stash = route
         # The conversation's last body to this model: the next one repeats most of it (memo.bodies).
         # Claude Code's side requests to a small model share the session id; keyed apart, they do
         # not push the main thread's body out. A hint only: reuse is decided by the bytes.
@@ -115,11 +115,11 @@ class Rewriter:
         if body is None:
             return None
         self.memo.bodies.put(key, body.earlier(), len(raw))
-        injection = self._injection(body, dialect)
+        injection = self._injection(body, shape)
         # Exactly where cg manages expand does it repair the client's answers to expand calls.
-        repairs = find_repairs(body, dialect) if injection is not None else []
+        repairs = find_repairs(body, shape) if injection is not None else []
         usage_added = injection is not None and any(text == _USAGE_OPTION for _, text in injection)
-        return Incoming(body, dialect, stash, injection, repairs, usage_added)
+        return Incoming(body, shape, stash, injection, repairs, usage_added)
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
                lossy: bool | frozenset[str] = True, older: Older | None = None) -> Rewrite:
@@ -129,9 +129,9 @@ class Rewriter:
         originals (the store could not keep the others). `older`: the cache-aware policy's
         stronger config for older messages (cg.compaction.cold), where an epoch applies.
         """
-        body, dialect = incoming.body, incoming.dialect
+        body, shape = incoming.body, incoming.dialect
         injected = incoming.injection is not None
-        compaction = plan(body, dialect, self.config.compact, lossy if injected else False, self.memo, older)
+        compaction = plan(body, shape, self.config.compact, lossy if injected else False, self.memo, older)
         repairs = repair_edits(body, incoming.repairs, repair_texts) if repair_texts else []
         edits = repairs + compaction.edits + (incoming.injection or [])
         return Rewrite(
@@ -144,7 +144,7 @@ class Rewriter:
             runs=compaction.runs,
             reverted=compaction.reverted,
             repaired=len(repairs),
-            dialect=dialect,
+            dialect=shape,
             usage_added=incoming.usage_added,
         )
 
@@ -157,20 +157,35 @@ class Rewriter:
         incoming = self.parse(raw, uri)
         return None if incoming is None else self.finish(incoming, lossy=lossy)
 
-    def _injection(self, body: ParsedBody, dialect: str) -> list[tuple[jsonbytes.Span, str]] | None:
+    def _injection(self, body: ParsedBody, shape: Shape) -> list[tuple[jsonbytes.Span, str]] | None:
         if not self.config.expand:
             return None
-        edits = expand.injection(body, dialect)
-        value = body.value
-        if edits is None or dialect != OPENAI or value.get("stream") is not True:
-            return edits
-        n = value.get("n")
-        if isinstance(n, int) and n > 1:
-            return None  # the stream inspector reads one choice: n > 1 streams pass through
-        if "stream_options" in value:
-            return edits  # the client's own options, byte for byte (with or without usage)
-        close = len(body.doc.rstrip()) - 1  # the object's closing brace
-        return [*edits, ((close, close), _USAGE_OPTION)]
+        edits = expand.injection(body, shape)
+        if edits is None:
+            return None
+        return shape.select(_as_is, _with_stream_usage, _as_is)(body, edits)
+
+
+_Edits = list[tuple[jsonbytes.Span, str]]
+
+
+def _as_is(body: ParsedBody, edits: _Edits) -> _Edits | None:
+    return edits
+
+
+def _with_stream_usage(body: ParsedBody, edits: _Edits) -> _Edits | None:
+    """A chat completions stream's injection: with `stream_options.include_usage` set, so that the
+    inspector can sum the rounds' usage."""
+    value = body.value
+    if value.get("stream") is not True:
+        return edits
+    n = value.get("n")
+    if isinstance(n, int) and n > 1:
+        return None  # the stream inspector reads one choice: n > 1 streams pass through
+    if "stream_options" in value:
+        return edits  # the client's own options, byte for byte (with or without usage)
+    close = len(body.doc.rstrip()) - 1  # the object's closing brace
+    return [*edits, ((close, close), _USAGE_OPTION)]
 
 
 def _opening(raw: bytes) -> str:

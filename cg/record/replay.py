@@ -46,8 +46,6 @@ from cg.compaction.rewrite import Incoming, RewriteConfig, Rewriter
 from cg.compaction.tokens import estimate_tokens
 from cg.exchange import keepalive
 from cg.record.pricing import (
-    ANTHROPIC,
-    OPENAI,
     Price,
     PriceTable,
     PromptCache,
@@ -58,10 +56,13 @@ from cg.record.pricing import (
 )
 from cg.wire.body import ParsedBody
 from cg.wire.cache import breakpoint_ttl
+from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE, Shape
 
 DEFAULT_EXPAND_RATE = 0.1
 
-_SHAPES = {"/v1/messages": ANTHROPIC, "/v1/chat/completions": "chat", "/v1/responses": "responses"}
+# The paths whose requests are replayed, and their bodies' shape (whose route names the provider
+# that prices them: cg.record.pricing keys its providers by the route's dialect name).
+_SHAPES = {"/v1/messages": MESSAGES_SHAPE, "/v1/chat/completions": CHAT_SHAPE, "/v1/responses": RESPONSES_SHAPE}
 
 
 @attrs.frozen
@@ -135,33 +136,43 @@ class _Sizer:
         return Segment(key, tokens, breakpoint)
 
 
-def segments(body: dict[str, Any], shape: str, sizer: _Sizer | None = None) -> list[Segment]:
+def segments(body: dict[str, Any], shape: Shape, sizer: _Sizer | None = None) -> list[Segment]:
     """A body's prompt in the provider's order, one segment per block: Anthropic tools, system,
     then each message's content blocks; OpenAI tools, instructions, then each message or item."""
-    sizer = sizer or _Sizer()
-    out: list[Segment] = []
+    return shape.select(_block_segments, _item_segments, _item_segments)(body, shape, sizer or _Sizer())
+
+
+def _tools(body: dict[str, Any]) -> list[Any]:
     tools = body.get("tools")
-    for tool in tools if isinstance(tools, list) else []:
-        out.append(sizer.segment("tool", tool, breakpoint_ttl(tool) if shape == ANTHROPIC else None))
-    if shape == ANTHROPIC:
-        system = body.get("system")
-        if isinstance(system, list):
-            out += [sizer.segment("system", b, breakpoint_ttl(b)) for b in system]
-        elif system:
-            out.append(sizer.segment("system", system))
-        for message in body.get("messages") or []:
-            if not isinstance(message, dict):
-                continue
-            role = str(message.get("role"))
-            content = message.get("content")
-            if isinstance(content, list):
-                out += [sizer.segment(role, b, breakpoint_ttl(b)) for b in content]
-            else:
-                out.append(sizer.segment(role, content))
-        return out
+    return tools if isinstance(tools, list) else []
+
+
+def _block_segments(body: dict[str, Any], shape: Shape, sizer: _Sizer) -> list[Segment]:
+    """Anthropic's: its breakpoints (``cache_control``) on tools, system and content blocks."""
+    out = [sizer.segment("tool", tool, breakpoint_ttl(tool)) for tool in _tools(body)]
+    system = body.get("system")
+    if isinstance(system, list):
+        out += [sizer.segment("system", b, breakpoint_ttl(b)) for b in system]
+    elif system:
+        out.append(sizer.segment("system", system))
+    for message in body.get(shape.items) or []:
+        if not isinstance(message, dict):
+            continue
+        role = str(message.get("role"))
+        content = message.get("content")
+        if isinstance(content, list):
+            out += [sizer.segment(role, b, breakpoint_ttl(b)) for b in content]
+        else:
+            out.append(sizer.segment(role, content))
+    return out
+
+
+def _item_segments(body: dict[str, Any], shape: Shape, sizer: _Sizer) -> list[Segment]:
+    """OpenAI's (chat completions, Responses): no breakpoints; a message or input item a segment."""
+    out = [sizer.segment("tool", tool, None) for tool in _tools(body)]
     if body.get("instructions"):
         out.append(sizer.segment("instructions", body["instructions"]))
-    items = body.get("messages" if shape == "chat" else "input")
+    items = body.get(shape.items)
     if isinstance(items, str):
         items = [items]
     out += [sizer.segment("item", item) for item in items or []]
@@ -183,10 +194,6 @@ def _first_offloads(changes: Iterable[Change], seen: set[str]) -> dict[str, int]
     return new
 
 
-def _provider(path: str) -> str:
-    return ANTHROPIC if _SHAPES.get(path) == ANTHROPIC else OPENAI
-
-
 class _Conversation:
     """The cache-aware policy's state of one conversation, as cg's store would hold it: when its
     cache expires (the latest request's time plus its lifetime), and its epochs."""
@@ -198,15 +205,15 @@ class _Conversation:
 
     def step(self, now: float, incoming: Incoming) -> tuple[cold.Epoch | None, bool]:
         """The epoch this request is decided by, and whether it was cold and made a new one."""
-        body, dialect = incoming.body, incoming.dialect
-        current = cold.latest(self.epochs, body, dialect)
+        body, shape = incoming.body, incoming.dialect
+        current = cold.latest(self.epochs, body, shape)
         made = None
         if self.policy.is_cold(self.expires, now) and len(self.epochs) < cold.MAX_EPOCHS:
-            made = self.policy.epoch(body, dialect, current)
+            made = self.policy.epoch(body, shape, current)
             if made is not None:
                 self.epochs.append(made)
                 current = made
-        self.expires = max(self.expires or now, now + cold.cache_ttl(body, dialect))
+        self.expires = max(self.expires or now, now + cold.cache_ttl(body, shape))
         return current, made is not None
 
 
@@ -236,7 +243,7 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         if warm is not None:
             warm.until(request.time)
         model = direct_body.get("model") if isinstance(direct_body.get("model"), str) else None
-        price = table.price(model, _provider(request.path))
+        price = table.price(model, shape.route)
         incoming = rewriter.parse(request.body, request.path.encode(), conversation)
         epoch, was_cold = None, False
         if config.cold is not None and incoming is not None and incoming.injection is not None:

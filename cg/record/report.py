@@ -23,7 +23,8 @@ from typing import Any, BinaryIO, overload
 import attrs
 import ujson
 
-from cg.record.pricing import ANTHROPIC, OPENAI, Tokens, prices
+from cg.record.pricing import OPENAI, Tokens, prices
+from cg.wire.dialect import SHAPES
 
 NOTE = (
     "Cumulative counts a compaction again on every turn that re-sends it, so it grows with the "
@@ -204,7 +205,10 @@ class Tally:
         for key, value in counts.items():
             self.usage[key] += value
         model = record.get("model")
-        provider = ANTHROPIC if record.get("dialect") == ANTHROPIC else OPENAI
+        # The provider is the route of the line's dialect (cg.record.pricing keys its providers by
+        # the route's name); a line of no dialect cg knows is priced as OpenAI's, as it always was.
+        shape = SHAPES.get(str(record.get("dialect")))
+        provider = shape.route if shape is not None else OPENAI
         priced_by = (model if isinstance(model, str) else None, provider)
         self.billed[priced_by] = self.billed.get(priced_by, Tokens()) + tokens
 
