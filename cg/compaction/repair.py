@@ -152,9 +152,7 @@ def _seen_chat(message: object) -> _Seen:
     role = message.get("role")
     if role == "assistant":
         return tuple(CHAT_LOOP.expand_calls(message)), ()
-    if role == "tool" and _is_error_answer(message.get("tool_call_id"), message):
-        return (), ((message["tool_call_id"], None),)
-    return _NOTHING
+    return _error_answer(message, "tool_call_id") if role == "tool" else _NOTHING
 
 
 def _seen_item(item: object) -> _Seen:
@@ -164,9 +162,13 @@ def _seen_item(item: object) -> _Seen:
     kind = item.get("type")
     if kind == "function_call":
         return tuple(responses.expand_calls([item])), ()
-    if kind == "function_call_output" and _is_error_answer(item.get("call_id"), item):
-        return (), ((item["call_id"], None),)
-    return _NOTHING
+    return _error_answer(item, "call_id") if kind == "function_call_output" else _NOTHING
+
+
+def _error_answer(answered: dict[str, object], call_id_key: str) -> _Seen:
+    """A whole message or item answering the call its `call_id_key` names, when it reads like an error."""
+    call_id = answered.get(call_id_key)
+    return ((), ((call_id, None),)) if isinstance(call_id, str) and _is_error_answer(call_id, answered) else _NOTHING
 
 
 def _is_error_answer(call_id: object, answered: dict[str, object]) -> bool:
