@@ -15,8 +15,7 @@ import anthropic
 import pytest
 import ujson
 from helpers.bodies import bash_body, history, ident_of, two_bash_body
-from helpers.drive import TIMEOUT, raw_stream, until
-from helpers.drive import post_body as post
+from helpers.drive import TIMEOUT, post_body, raw_stream, until
 from helpers.replies import continuation, stream
 from helpers.streams import assert_spliced, events, is_insertion, names, text_of, without_pings
 from pytest_twisted import inlineCallbacks
@@ -106,7 +105,7 @@ def test_marker_free_stream_streams_through(make_cg, fake):
     body = history("short output\n", "x")
     upstream = anthropic_stream_events(texts=["a"] * 8)
     fake.enqueue(SSEReply(upstream, delay=0.05))
-    client = yield post(cg, body)
+    client = yield post_body(cg, body)
     yield until(lambda: "content_block_delta" in names(client_body(client)))
     assert not fake.received[0].finished.called, "the client waited for the whole stream"
     yield client.closed.addTimeout(TIMEOUT, reactor)
@@ -123,7 +122,7 @@ def test_marker_bearing_stream_without_expand_streams_through(make_cg, fake):
     upstream = stream([anthropic_text_block(0, ["the ", "test ", "fails ", "at ", "line ", "450"])],
                       stop_reason="end_turn")
     fake.enqueue(SSEReply(upstream, delay=0.05))
-    client = yield post(cg, bash_body())
+    client = yield post_body(cg, bash_body())
     yield until(lambda: "message_start" in names(client_body(client)))
     assert not fake.received[0].finished.called, "the client waited for the whole stream"
     yield until(lambda: "content_block_delta" in names(client_body(client)))
@@ -150,7 +149,7 @@ def test_expand_after_a_text_block_is_spliced(make_cg, fake):
 
     # raw: every byte the client got, and what the continuation carried
     fake.enqueue(SSEReply(round1, delay=0.03), SSEReply(round2))
-    client = yield post(cg, bash_body(bash))
+    client = yield post_body(cg, bash_body(bash))
     yield until(lambda: "Let me look." == text_of(client_body(client)))
     assert len(fake.received) == 1, "round 1's text waited for the continuation"
     yield client.closed.addTimeout(TIMEOUT, reactor)
@@ -191,7 +190,7 @@ def test_expand_with_a_client_tool_is_verbatim(make_cg, fake, order):
     blocks = [anthropic_text_block(0, ["Checking."]), *calls]
     round1 = stream(blocks)
     fake.enqueue(SSEReply(round1, delay=0.03))
-    client = yield post(cg, bash_body())
+    client = yield post_body(cg, bash_body())
 
     def bash_events():
         return [(n, d) for n, d in events(client_body(client)) if d and d.get("index") == 2 - (order != "expand_first")]
@@ -491,7 +490,7 @@ def test_client_disconnect_during_a_streaming_continuation_cancels_it(make_cg, f
     ident = ident_of(command_output())
     round1 = stream([anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=ident)])
     fake.enqueue(SSEReply(round1), SSEReply(continuation(["slow "] * 50), delay=0.1))
-    client = yield post(cg, bash_body())
+    client = yield post_body(cg, bash_body())
     yield until(lambda: "slow " in text_of(client_body(client)))
     assert not fake.received[1].finished.called
     client.transport.abortConnection()
