@@ -14,7 +14,7 @@ its system prompt and 24 tools, so cg injects ``context_guru_expand`` and the st
 through the inspector):
 
 - marker-free: the fixture as it is (its one tool result is small: nothing is offloaded);
-- marker-bearing: the fixture's history with a 60 KB Bash output (as tests/test_rewrite_proxy.py's
+- marker-bearing: the fixture's history with a 60 KB Bash output (as tests/helpers/bodies.py's
   ``history(command_output(), ...)`` builds it), which cg offloads behind a ``<<cg:ID>>`` marker,
   so the body cg forwards carries one. The same body each time: after the warm-up, cg's rewrite
   is warm (memoized) and the original already stored, as on a re-sent history.
@@ -103,7 +103,7 @@ def fixture() -> dict:
 
 
 def history(base: dict, bash_output: str, read_output: str) -> dict:
-    """As tests/test_rewrite_proxy.py: the fixture's Bash turn with ``bash_output``, then a Read turn."""
+    """As tests/helpers/bodies.py's history: the fixture's Bash turn with ``bash_output``, then a Read turn."""
     body = copy.deepcopy(base["body"])
     body["messages"][3]["content"][0]["content"] = bash_output
     body["messages"] += [

@@ -1,6 +1,8 @@
 """Shared fixtures: a fake provider on 127.0.0.1 and cg in-process in front of it."""
 
 import os
+import subprocess
+import sys
 
 import attrs
 import pytest
@@ -11,6 +13,9 @@ from twisted.logger import formatEvent, globalLogPublisher
 from cg.testing import FakeUpstream
 from cg.web.config import Config
 from cg.web.service import CGService
+
+# Before a test module first imports them: the helpers' asserts explain themselves as a test's do.
+pytest.register_assert_rewrite("helpers")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -209,3 +214,41 @@ def _no_unexpected_events():
     finally:
         globalLogPublisher.removeObserver(observe)
     assert not unexpected, unexpected
+
+
+@pytest.fixture
+def closing():
+    """Close every threaded store a test opened (their threads hold the files, the connections)."""
+    stores = []
+    yield stores.append
+    for store in stores:
+        pytest_twisted.blockon(store.close())
+
+
+@pytest.fixture
+def spawn(tmp_path):
+    """Start a process in tmp_path, output to a log file; every one is killed after the test."""
+    from helpers.processes import TWISTD, WAIT
+    procs = []
+
+    def start(argv, env, name="proc"):
+        assert TWISTD.exists(), f"no twistd next to {sys.executable}: is cg installed here?"
+        log = tmp_path / f"{name}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [str(a) for a in argv],
+                cwd=tmp_path,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        proc.log = log
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=WAIT)

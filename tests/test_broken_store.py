@@ -4,24 +4,19 @@ A real SQLite file, damaged from outside while cg runs; Claude Code-shaped reque
 the strict fake upstream.
 """
 
-import json
 import os
-import re
 import time
 
 import pytest
+from helpers.bodies import history, two_bash_body
+from helpers.drive import markers, read_original, send
+from helpers.stores import GARBAGE, damage
 from pytest_twisted import inlineCallbacks
-from rawhttp import connect, http_request, split_response
-from test_inspect_proxy import two_bash_body
-from test_rewrite_proxy import history, post
-from test_store import GARBAGE, damage
 from twisted.logger import LogLevel
 
 import cg.store.sqlite
-from cg.testing import claude_code_bytes, command_output, default_reply
+from cg.testing import command_output, default_reply
 from cg.wire.markers import marker_id
-
-MARKER = re.compile(r"<<cg:([0-9a-f]{16})>>")  # a marker (the tool's description shows <<cg:ID>>)
 
 
 @pytest.fixture
@@ -34,25 +29,6 @@ def running(make_cg, fake, store_path, monkeypatch):
     monkeypatch.setattr(cg.store.sqlite, "REOPEN_AFTER", 0.0)  # a broken store tries its file again at once
     fake.strict = True
     return make_cg(anthropic_upstream=fake.url, expand=True, store=f"sqlite:{store_path}")
-
-
-def markers(received) -> list[str]:
-    return MARKER.findall(json.dumps(received.json()["messages"]))
-
-
-@inlineCallbacks
-def send(running, body: dict, headers=()):
-    client = yield post(running.port, claude_code_bytes(body), headers)
-    status, _, data = split_response((yield client.closed))
-    assert status == 200, data
-    return data
-
-
-@inlineCallbacks
-def read_original(running, ident: str):
-    client = yield connect(running.port, http_request("GET", f"/cg/expand/{ident}"))
-    status, _, data = split_response((yield client.closed))
-    return status, data
 
 
 @inlineCallbacks

@@ -7,13 +7,11 @@ the chunk-boundary property: however the upstream bytes are cut, the client gets
 
 from __future__ import annotations
 
-import httpx2
-import openai
 import pytest
-import ujson
+from helpers.replies import HEAD, LATER, REF, chunk, expanding, frag, opening_call, start, turn
+from helpers.streams import cutting, docs, feed_round, run_rounds, sdk_completion
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_inspector import cutting, feed_round, run_rounds
 
 from cg.stream.chat_inspector import ChatInspector
 from cg.stream.continuation import ExpandCall
@@ -22,41 +20,7 @@ from cg.testing import sse_event
 from cg.wire.markers import EXPAND_TOOL
 from cg.wire.sse import SSEParser
 
-REF = "0123456789abcdef"
 ARGS = '{"id":"' + REF + '"}'
-HEAD = {"id": "chatcmpl-a", "created": 1700000000, "model": "gpt-5"}
-LATER = {"id": "chatcmpl-b", "created": 1700000099, "model": "gpt-5-2026"}
-DONE_EVENT = sse_event(None, "[DONE]")
-
-
-def chunk(delta: dict, finish: str | None = None, head: dict = HEAD, **choice) -> bytes:
-    return sse_event(None, {**head, "object": "chat.completion.chunk", "choices": [
-        {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **choice}], "usage": None})
-
-
-def usage_chunk(prompt: int, completion: int, head: dict = HEAD) -> bytes:
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    return sse_event(None, {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage})
-
-
-def start(index: int, call_id: str, name: str = EXPAND_TOOL, args: str = "") -> dict:
-    return {"tool_calls": [{"index": index, "id": call_id, "type": "function",
-                            "function": {"name": name, "arguments": args}}]}
-
-
-def frag(index: int, args: str) -> dict:
-    return {"tool_calls": [{"index": index, "function": {"arguments": args}}]}
-
-
-def turn(*deltas: dict, finish: str, head: dict = HEAD, prompt: int = 100, completion: int = 7) -> list[bytes]:
-    """role, the deltas, the finish chunk, the usage chunk, [DONE]: a whole round as OpenAI streams it."""
-    return [chunk({"role": "assistant", "content": ""}, head=head), *(chunk(d, head=head) for d in deltas),
-            chunk({}, finish, head=head), usage_chunk(prompt, completion, head), DONE_EVENT]
-
-
-def expanding(index: int = 0, call_id: str = "call_x", ref: str = REF) -> list[dict]:
-    args = '{"id":"' + ref + '"}'
-    return [start(index, call_id), frag(index, args[:7]), frag(index, args[7:])]
 
 
 ROUND1 = turn({"content": "Let me "}, {"content": "look."}, *expanding(), finish="tool_calls")
@@ -66,22 +30,6 @@ ROUND2 = turn({"content": "Line 450."}, finish="stop", head=LATER, prompt=9999, 
 def run(rounds: list[list[bytes]], chunker=None, **kw) -> tuple[bytes, object, ChatInspector]:
     insp = ChatInspector(**kw)
     return (*run_rounds(insp, rounds, chunker), insp)
-
-
-def sdk_completion(data: bytes):
-    """What the official SDK's accumulator makes of a client stream."""
-
-    def handler(request):
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=data)
-
-    client = openai.OpenAI(api_key="k", base_url="http://cg.invalid/v1", max_retries=0,
-                           http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
-    with client.chat.completions.stream(model="gpt-5", messages=[{"role": "user", "content": "hi"}]) as s:
-        return s.get_final_completion()
-
-
-def docs(data: bytes) -> list[object]:
-    return [ujson.loads(e.data) for e in SSEParser().feed(data) if e.data and e.data != b"[DONE]"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -133,13 +81,6 @@ def test_a_lone_expand_call_is_held_and_decided_at_done():
     assert insp.calls == [ExpandCall("call_x", ARGS, REF)]
     assert insp.assistant_message() == {"role": "assistant", "content": "Let me look.", "tool_calls": [
         {"id": "call_x", "type": "function", "function": {"name": EXPAND_TOOL, "arguments": ARGS}}]}
-
-
-def opening_call(call_id: str = "call_x", ref: str = REF) -> list[bytes]:
-    """A turn that starts with the call: role, content null and its first fragment in one chunk, as OpenAI."""
-    first = chunk({"role": "assistant", "content": None, **start(0, call_id)})
-    args = '{"id":"' + ref + '"}'
-    return [first, chunk(frag(0, args)), chunk({}, "tool_calls"), usage_chunk(100, 7), DONE_EVENT]
 
 
 def test_an_expand_call_opening_the_turn_is_held_and_the_client_gets_one_role():

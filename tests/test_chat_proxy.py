@@ -9,9 +9,10 @@ import json
 
 import openai
 import pytest
+from helpers.bodies import TOOLS, messages
+from helpers.replies import LATER, expanding, opening_call, turn
+from helpers.streams import is_insertion
 from pytest_twisted import inlineCallbacks
-from test_chat_inspector import LATER, expanding, opening_call, turn
-from test_inspect_proxy import is_insertion
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
@@ -19,16 +20,6 @@ from cg.testing import SSEReply, command_output
 from cg.wire.markers import EXPAND_TOOL, marker_id
 
 TIMEOUT = 15
-TOOLS = [{"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}]
-
-
-def messages(output: str) -> list[dict]:
-    return [
-        {"role": "user", "content": "run it"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": output},
-    ]
 
 
 def sdk_stream(cg, output: str, **kw):

@@ -7,10 +7,10 @@ import re
 
 import attrs
 import pytest
-from fixturedata import claude_code_body, codex_body
+from fixturedata import codex_body
+from helpers.bodies import bash_turns, conversation, log, messages_bytes, tool_turn
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from test_compact import tool_turn
 
 from cg.compaction import cold
 from cg.compaction.cold import ColdPolicy, Epoch
@@ -30,48 +30,18 @@ CONFIG = rewrite_config(cold=True)
 FIRST_SIGHT = rewrite_config(cold=False)
 
 
-def log(i: int, lines: int = 140) -> str:
-    """A test log of ~1,700 tokens: kept whole at first sight (offloaded above 2,000 tokens),
-    offloaded by an epoch (above 500 or 1,000: its excerpt elides about 1,000)."""
-    return "\n".join(f"ok test_{i}_{n:03d} in 0.{n % 97:02d}s" for n in range(lines))
-
-
 def test_a_log_is_between_the_two_thresholds():
     assert 1000 < estimate_tokens(log(0)) < 2000
-
-
-def conversation(turns: list[list[dict]]) -> dict:
-    """Claude Code's fixture with these tool turns after its own, cache_control on the newest block."""
-    body = copy.deepcopy(claude_code_body("p_second_request_tool_result"))
-    for message in body["messages"]:
-        for block in message["content"] if isinstance(message["content"], list) else ():
-            block.pop("cache_control", None)
-    for turn in turns:
-        body["messages"] += copy.deepcopy(turn)
-    body["messages"][-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
-    return body
 
 
 def raw(body: dict) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def bash_turns(n: int) -> list[list[dict]]:
-    return [tool_turn(f"toolu_{i:03d}", "Bash", log(i)) for i in range(n)]
-
-
 def parsed(body: dict) -> ParsedBody:
     result = ParsedBody.parse(raw(body))
     assert result is not None
     return result
-
-
-def messages_bytes(forwarded: bytes, count: int) -> bytes:
-    """The first `count` messages of a forwarded body, as bytes."""
-    body = ParsedBody.parse(forwarded)
-    assert body is not None
-    start, end = body.spans[("messages", 0)][0], body.spans[("messages", count - 1)][1]
-    return forwarded[start:end]
 
 
 def forward(rewriter: Rewriter, body: dict, epochs: list, policy: ColdPolicy = POLICY) -> bytes:
@@ -147,7 +117,6 @@ def test_the_cache_lifetime_the_client_asked_for():
     assert cold.cache_ttl(parsed(retained), RESPONSES_SHAPE) == cold.TTL_24H
 
 
-
 # --- what cg remembers between requests (cold.Known)
 
 
@@ -178,6 +147,7 @@ def test_a_conversation_known_warm_asks_the_store_nothing_for_half_a_margin():
     assert not known.warm("t", "k", 1000.0, 1300.0, margin) and known.epochs("t", "k") == [None]
     known.set_epochs("t", "k", [None])
     assert known.warm("t", "k", 1000.0, 1300.0, margin)
+
 
 
 def test_what_is_known_is_bounded_in_conversations():

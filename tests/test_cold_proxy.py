@@ -11,12 +11,11 @@ import re
 
 import attrs
 import pytest
+from helpers.bodies import bash_turns, conversation, log, messages_bytes
+from helpers.drive import send, until
+from helpers.stores import FakeClock
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
-from test_broken_store import send
-from test_cold import bash_turns, conversation, log, messages_bytes
-from test_inspect_proxy import until
-from test_store import FakeClock
 from twisted.internet import defer
 from twisted.internet.task import Clock
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import attrs
 import pytest
 from fixturedata import CLAUDE_CODE, claude_code_body
+from helpers.bodies import go_style, js_style, python_style, slash_style, tool_turn
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_markers import go_style, js_style, python_style, slash_style
 
 from cg.compaction.components import DEFAULT_COMPONENTS, Dedup, Offload, Outcome
 from cg.compaction.pipeline import CompactConfig, Memo, compact, plan
@@ -48,15 +48,6 @@ def bash_output(lines: int = 2500, seed: int = 0) -> str:
             percent = number * 100 // lines
             out.append(f"\x1b[32mPASSED\x1b[0m tests/unit/test_{name}.py::test_{number} [{percent:3d}%]")
     return "\n".join(out) + "\n"
-
-
-def tool_turn(tool_id: str, name: str, result, tool_input=None) -> list[dict]:
-    """An assistant tool_use and the user message answering it."""
-    return [
-        {"role": "assistant", "content": [
-            {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input or {"command": "pytest"}}]},
-        {"role": "user", "content": [{"tool_use_id": tool_id, "type": "tool_result", "content": result}]},
-    ]
 
 
 def plant(body: dict, text: str) -> dict:

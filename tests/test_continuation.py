@@ -5,9 +5,9 @@ import json
 
 import pytest
 from fixturedata import claude_code_body
+from helpers.bodies import go_style, js_style, python_style, slash_style
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_markers import go_style, js_style, python_style, slash_style
 
 from cg.stream import continuation
 from cg.stream.continuation import (

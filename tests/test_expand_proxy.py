@@ -14,43 +14,16 @@ import anthropic
 import openai
 import pytest
 import ujson
+from helpers.bodies import BASH, NO_SUCH_TOOL, expand_use, repair_request, request_with_output
+from helpers.replies import USAGE, tool_turn
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
-from test_rewrite_proxy import command_output
 from twisted.internet.defer import succeed
 from twisted.internet.threads import deferToThread
 
 from cg.compaction.expand import ANTHROPIC_TOOL
-from cg.testing import JSONReply, Reset, anthropic_message, openai_completion
+from cg.testing import JSONReply, Reset, anthropic_message, command_output, openai_completion
 from cg.wire.markers import EXPAND_TOOL, marker_id
-
-BASH = {"name": "Bash", "description": "Run a command", "input_schema": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
-USAGE = {"input_tokens": 100, "cache_read_input_tokens": 5000, "cache_creation_input_tokens": 50, "output_tokens": 10}
-NO_SUCH_TOOL = "<tool_use_error>Error: No such tool available: context_guru_expand</tool_use_error>"
-
-
-def request_with_output(output: str, **extra) -> dict:
-    return {
-        "model": "claude-opus-4-8",
-        "max_tokens": 1024,
-        "tools": [BASH],
-        "messages": [
-            {"role": "user", "content": "run the tests"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_bash", "name": "Bash",
-                                                "input": {"command": "pytest"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_bash", "content": output}]},
-        ],
-        **extra,
-    }
-
-
-def expand_use(ref: str, id: str = "toolu_x1") -> dict:
-    return {"type": "tool_use", "id": id, "name": EXPAND_TOOL, "input": {"id": ref}}
-
-
-def tool_turn(*content, usage=USAGE, id="msg_round") -> JSONReply:
-    return JSONReply(anthropic_message(content=list(content), stop_reason="tool_use", usage=usage, id=id))
 
 
 @pytest.fixture
@@ -188,21 +161,6 @@ def test_another_tenant_cannot_expand_my_id(make_cg, fake):
     yield deferToThread(other.messages.create, **request_with_output("short", max_tokens=5))
     answer = sent(fake.received[-1])["messages"][-1]["content"][0]["content"]
     assert output not in answer and "no longer stored" in answer
-
-
-def repair_request(ref: str, extra_results=()) -> dict:
-    return {
-        "model": "claude-opus-4-8", "max_tokens": 1024, "tools": [BASH],
-        "messages": [
-            {"role": "user", "content": "what failed?"},
-            {"role": "assistant", "content": [expand_use(ref, "toolu_leak")]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_leak", "is_error": True, "content": NO_SUCH_TOOL},
-                *extra_results,
-                {"type": "text", "text": "go on"},
-            ]},
-        ],
-    }
 
 
 @inlineCallbacks

@@ -2,11 +2,11 @@
 
 import json
 
+from helpers.bodies import NO_SUCH_TOOL, bash_body, expand_use, history, ident_of
+from helpers.drive import raw_stream, until
+from helpers.replies import stream
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request
-from test_expand_proxy import NO_SUCH_TOOL, expand_use
-from test_inspect_proxy import bash_body, ident_of, raw_stream, stream, until
-from test_rewrite_proxy import command_output, history
 from twisted.logger import globalLogPublisher
 
 from cg.stream.streamcheck import check_anthropic_stream
@@ -16,6 +16,7 @@ from cg.testing import (
     anthropic_expand_block,
     anthropic_stream_events,
     anthropic_text_block,
+    command_output,
     openai_completion,
     sse_event,
 )

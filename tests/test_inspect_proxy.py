@@ -14,10 +14,13 @@ import re
 import anthropic
 import pytest
 import ujson
+from helpers.bodies import bash_body, history, ident_of, two_bash_body
+from helpers.drive import TIMEOUT, post_body, raw_stream, until
+from helpers.replies import continuation, stream
+from helpers.streams import assert_spliced, events, is_insertion, names, text_of, without_pings
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, dechunk, http_request, split_response
-from test_rewrite_proxy import claude_code_bytes, command_output, history
-from twisted.internet import reactor, task
+from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from cg.stream.streamcheck import check_anthropic_stream
@@ -31,33 +34,17 @@ from cg.testing import (
     anthropic_text_block,
     anthropic_thinking_block,
     anthropic_tool_block,
+    command_output,
     openai_stream_events,
     sse_event,
 )
-from cg.wire.markers import EXPAND_TOOL, marker_id
-from cg.wire.sse import SSEParser
+from cg.wire.markers import EXPAND_TOOL
 
-TIMEOUT = 15
 MARKER = re.compile(rb"<<cg:[0-9a-f]{16}>>")  # a marker (the tool's description shows <<cg:ID>>)
-HEADERS = [("content-type", "application/json"), ("anthropic-version", "2023-06-01")]
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
-
-
-def sleep(seconds):
-    return task.deferLater(reactor, seconds, lambda: None)
-
-
-@inlineCallbacks
-def until(predicate, timeout=TIMEOUT, step=0.005):
-    """Poll ``predicate`` on the reactor until it holds (fails the test after ``timeout``)."""
-    waited = 0.0
-    while not predicate():
-        assert waited < timeout, "timed out waiting"
-        yield sleep(step)
-        waited += step
 
 
 @inlineCallbacks
@@ -66,45 +53,6 @@ def upstream_outcome(received, timeout=2.0):
     cancelling ``finished`` runs its errback, which would turn a timeout into "lost".)"""
     yield until(lambda: received.finished.called, timeout)
     return (yield received.finished)
-
-
-def bash_body(bash=None) -> dict:
-    """A streaming Claude Code request whose Bash output cg offloads behind a marker."""
-    return history(command_output() if bash is None else bash, "x")
-
-
-def two_bash_body(first: str, second: str) -> dict:
-    body = history(first, "x")
-    body["messages"] += [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_bash2", "name": "Bash",
-                                           "input": {"command": "npm test -- --second"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_bash2", "content": second}]},
-    ]
-    return body
-
-
-def ident_of(text: str) -> str:
-    return marker_id(text.encode())
-
-
-def post(cg, body: dict):
-    """The request as Claude Code sends it, over a raw socket (Connection: close)."""
-    return connect(cg.port, http_request("POST", "/v1/messages?beta=true", claude_code_bytes(body), HEADERS))
-
-
-@inlineCallbacks
-def raw_stream(cg, body: dict):
-    """POST ``body`` raw; returns (client, de-chunked body, whether the chunked end arrived).
-
-    A broken stream is one without the chunked terminator, whatever then closed the connection (an
-    RST or a FIN: either way every HTTP client reads a truncated body)."""
-    client = yield post(cg, body)
-    raw = yield client.closed.addTimeout(TIMEOUT, reactor)
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    assert b"transfer-encoding: chunked" in head.lower()
-    data, complete = dechunk(rest)
-    return client, data, complete
 
 
 def sdk_final(cg, body: dict):
@@ -121,72 +69,16 @@ def sdk_final(cg, body: dict):
     return deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
 
 
-def events(data: bytes) -> list[tuple[str | None, dict | None]]:
-    parser = SSEParser()
-    out = []
-    for event in parser.feed(data) + parser.flush():
-        try:
-            doc = event.json()
-        except ValueError:
-            doc = None
-        out.append((event.name, doc))
-    return out
-
-
-def without_pings(data: bytes) -> bytes:
-    parser = SSEParser()
-    return b"".join(e.raw for e in parser.feed(data) + parser.flush() if e.name != "ping")
-
-
-def names(data: bytes) -> list[str | None]:
-    return [name for name, _ in events(data)]
-
-
-def text_of(data: bytes) -> str:
-    return "".join(
-        doc["delta"]["text"]
-        for name, doc in events(data)
-        if name == "content_block_delta" and doc["delta"]["type"] == "text_delta"
-    )
-
-
 def client_body(client) -> bytes:
     """What the raw client has received so far, de-chunked (complete chunks only)."""
     _, _, rest = client.data.partition(b"\r\n\r\n")
     return dechunk(rest)[0]
 
 
-def assert_spliced(data: bytes, text: str):
-    """One clean client stream: the checker passes, no expand tool, one start/delta/stop."""
-    assert check_anthropic_stream(data) == []
-    assert EXPAND_TOOL.encode() not in data
-    seen = names(data)
-    assert seen.count("message_start") == 1 and seen[0] == "message_start"
-    assert seen.count("message_delta") == 1 and seen.count("message_stop") == 1
-    assert seen[-2:] == ["message_delta", "message_stop"]
-    assert text_of(data) == text
-
-
 def assert_sdk_spliced(message, texts: list[str], stop_reason="end_turn"):
     assert [block.type for block in message.content] == ["text"] * len(texts)
     assert [block.text for block in message.content] == texts
     assert message.stop_reason == stop_reason
-
-
-def stream(blocks, stop_reason="tool_use", **kw) -> list[bytes]:
-    return anthropic_stream_events(blocks=blocks, stop_reason=stop_reason, **kw)
-
-
-def continuation(texts, **kw) -> list[bytes]:
-    return anthropic_stream_events(blocks=[anthropic_text_block(0, texts)], id="msg_cont", **kw)
-
-
-def is_insertion(before: bytes, after: bytes) -> bool:
-    """``after`` is ``before`` with bytes inserted at one place (every byte of ``before`` kept)."""
-    common = 0
-    while common < len(before) and before[common] == after[common]:
-        common += 1
-    return len(after) > len(before) and after.endswith(before[common:])
 
 
 def expand_turn(received) -> tuple[dict, dict]:
@@ -213,7 +105,7 @@ def test_marker_free_stream_streams_through(make_cg, fake):
     body = history("short output\n", "x")
     upstream = anthropic_stream_events(texts=["a"] * 8)
     fake.enqueue(SSEReply(upstream, delay=0.05))
-    client = yield post(cg, body)
+    client = yield post_body(cg, body)
     yield until(lambda: "content_block_delta" in names(client_body(client)))
     assert not fake.received[0].finished.called, "the client waited for the whole stream"
     yield client.closed.addTimeout(TIMEOUT, reactor)
@@ -230,7 +122,7 @@ def test_marker_bearing_stream_without_expand_streams_through(make_cg, fake):
     upstream = stream([anthropic_text_block(0, ["the ", "test ", "fails ", "at ", "line ", "450"])],
                       stop_reason="end_turn")
     fake.enqueue(SSEReply(upstream, delay=0.05))
-    client = yield post(cg, bash_body())
+    client = yield post_body(cg, bash_body())
     yield until(lambda: "message_start" in names(client_body(client)))
     assert not fake.received[0].finished.called, "the client waited for the whole stream"
     yield until(lambda: "content_block_delta" in names(client_body(client)))
@@ -257,7 +149,7 @@ def test_expand_after_a_text_block_is_spliced(make_cg, fake):
 
     # raw: every byte the client got, and what the continuation carried
     fake.enqueue(SSEReply(round1, delay=0.03), SSEReply(round2))
-    client = yield post(cg, bash_body(bash))
+    client = yield post_body(cg, bash_body(bash))
     yield until(lambda: "Let me look." == text_of(client_body(client)))
     assert len(fake.received) == 1, "round 1's text waited for the continuation"
     yield client.closed.addTimeout(TIMEOUT, reactor)
@@ -298,7 +190,7 @@ def test_expand_with_a_client_tool_is_verbatim(make_cg, fake, order):
     blocks = [anthropic_text_block(0, ["Checking."]), *calls]
     round1 = stream(blocks)
     fake.enqueue(SSEReply(round1, delay=0.03))
-    client = yield post(cg, bash_body())
+    client = yield post_body(cg, bash_body())
 
     def bash_events():
         return [(n, d) for n, d in events(client_body(client)) if d and d.get("index") == 2 - (order != "expand_first")]
@@ -598,7 +490,7 @@ def test_client_disconnect_during_a_streaming_continuation_cancels_it(make_cg, f
     ident = ident_of(command_output())
     round1 = stream([anthropic_text_block(0, ["Let me look."]), anthropic_expand_block(1, ref=ident)])
     fake.enqueue(SSEReply(round1), SSEReply(continuation(["slow "] * 50), delay=0.1))
-    client = yield post(cg, bash_body())
+    client = yield post_body(cg, bash_body())
     yield until(lambda: "slow " in text_of(client_body(client)))
     assert not fake.received[1].finished.called
     client.transport.abortConnection()

@@ -12,6 +12,7 @@ import attrs
 import httpx2
 import pytest
 import ujson
+from helpers.streams import cutting, events_of, feed_round
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +31,6 @@ from cg.testing import (
     sse_event,
 )
 from cg.wire.markers import EXPAND_TOOL
-from cg.wire.sse import Event, SSEParser
 
 # ---------------------------------------------------------------------------------------------
 # Builders
@@ -97,52 +97,12 @@ def text(index, *texts) -> list[bytes]:
 # Driving an inspector the way the proxy does
 
 
-def events_of(data: bytes) -> list[Event]:
-    parser = SSEParser()
-    return parser.feed(data) + parser.flush()
-
-
 @attrs.define
 class Run:
     client: bytes
     action: str
     inspector: Inspector
     decisions: list = attrs.Factory(list)  # (calls, content) at each EXPAND
-
-
-def feed_round(insp: Inspector, chunks, complete=True) -> tuple[bytes, str]:
-    parser = SSEParser()
-    out = []
-    for chunk in chunks:
-        for event in parser.feed(chunk):
-            step = insp.feed(event)
-            out.append(step.send)
-            if step.action != CONTINUE:
-                return b"".join(out), step.action
-    for event in parser.flush():
-        step = insp.feed(event)
-        out.append(step.send)
-        if step.action != CONTINUE:
-            return b"".join(out), step.action
-    step = insp.end(complete, parser.close())
-    out.append(step.send)
-    return b"".join(out), step.action
-
-
-def run_rounds(insp, rounds, chunker=None, complete=True) -> tuple[bytes, str]:
-    """Round 1, then each continuation while ``insp`` asks for one (the last round ended with
-    ``complete``); past the given rounds the caller's failure path: release()."""
-    out = []
-    for n, events in enumerate(rounds):
-        if n:
-            insp.begin_continuation()
-        data = b"".join(events)
-        sent, action = feed_round(insp, chunker(data) if chunker else [data], complete or n < len(rounds) - 1)
-        out.append(sent)
-        if action != EXPAND:
-            return b"".join(out), action
-    out.append(insp.release())
-    return b"".join(out), DONE
 
 
 def splice(rounds, chunker=None, complete=True, **kw) -> Run:
@@ -610,17 +570,6 @@ SCENARIOS = {
 
 def _crlf(events):
     return [e.replace(b"\n", b"\r\n") for e in events]
-
-
-def cutting(data: st.DataObject):
-    """A chunker that cuts a blob wherever hypothesis draws: how the network may split a stream."""
-
-    def chunker(blob: bytes) -> list[bytes]:
-        cuts = sorted(data.draw(st.lists(st.integers(0, len(blob)), max_size=40)))
-        bounds = [0, *cuts, len(blob)]
-        return [blob[a:b] for a, b in zip(bounds, bounds[1:])]
-
-    return chunker
 
 
 @settings(max_examples=60, deadline=None)

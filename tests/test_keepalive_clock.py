@@ -5,8 +5,8 @@ provider), then through cg's resource and site as a client's request arms it. Ti
 import json
 
 import pytest
+from helpers.clients import PEER, Client
 from rawhttp import http_request
-from test_proxy_clock import PEER, Client
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock

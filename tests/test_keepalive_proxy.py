@@ -6,10 +6,10 @@ everything else is the real reactor on 127.0.0.1."""
 import json
 
 import pytest
+from helpers.bodies import bash_body
+from helpers.drive import HEADERS, scrape, until, value
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
-from test_inspect_proxy import HEADERS, bash_body, until
-from test_metrics import scrape, value
 from twisted.internet.task import Clock
 from twisted.python import usage
 

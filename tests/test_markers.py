@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+from helpers.bodies import go_style, js_style, python_style, slash_style
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,30 +16,6 @@ EXPAND_TOOL = {
     "description": "Markers like <<cg:ID>> or <<cg:0123456789abcdef>> stand for content cg elided.",
     "input_schema": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
 }
-
-
-def js_style(body) -> bytes:
-    """JSON.stringify: compact, non-ASCII raw, nothing else escaped."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def python_style(body) -> bytes:
-    """json.dumps defaults, as the Python SDKs send: spaces, non-ASCII escaped."""
-    return json.dumps(body).encode()
-
-
-def go_style(body, upper_hex=False) -> bytes:
-    """encoding/json: compact, and <, > and & escaped (outside strings JSON has none of them)."""
-    escapes = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"}
-    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    for char, escape in escapes.items():
-        text = text.replace(char, escape.upper().replace("\\U", "\\u") if upper_hex else escape)
-    return text.encode()
-
-
-def slash_style(body) -> bytes:
-    """PHP's json_encode: "/" escaped (and non-ASCII too)."""
-    return json.dumps(body, separators=(",", ":")).replace("/", "\\/").encode()
 
 
 def pretty_style(body) -> bytes:

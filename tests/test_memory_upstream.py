@@ -5,7 +5,7 @@ while it is paused, waits; a stopped body ends as failed on a later turn, never 
 """
 
 import pytest
-from test_upstream import Body
+from helpers.clients import Body
 from twisted.internet.defer import CancelledError
 from twisted.internet.testing import MemoryReactorClock
 from twisted.web.client import ResponseDone, ResponseFailed

@@ -12,14 +12,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers.bodies import coloured_output, history
+from helpers.drive import get_stats, post, samples, scrape, value
 from prometheus_client.parser import text_string_to_metric_families
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
-from test_rewrite_proxy import claude_code_bytes, history, post
-from test_stats_proxy import coloured_output, get_stats
 
 from cg import __version__
 from cg.record.metrics import path_label
+from cg.testing import claude_code_bytes
 from cg.web.tap import Options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,26 +30,6 @@ PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is missing (Debian package prometheus; .ci/run installs it)"
 )
-
-
-def scrape(port, accept=None):
-    headers = [("accept", accept)] if accept else []
-    client = yield connect(port, http_request("GET", "/metrics", headers=headers))
-    status, head, body = split_response((yield client.closed))
-    assert status == 200
-    return head, body.decode()
-
-
-def samples(text: str) -> dict[tuple, float]:
-    """(sample name, sorted labels) -> value."""
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text) for s in family.samples
-    }
-
-
-def value(text: str, name: str, **labels) -> float:
-    return samples(text).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def exposed_names(text: str) -> set[str]:

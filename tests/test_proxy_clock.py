@@ -8,24 +8,15 @@ Assertions are on the bytes the client got, on what the upstream saw, and on /st
 import json
 
 import pytest
-from rawhttp import dechunk, http_request, split_response
-from test_chat_inspector import DONE_EVENT, LATER, chunk, docs, sdk_completion, turn
-from test_chat_inspector import expanding as expanding_call
-from test_chat_proxy import TOOLS, messages
-from test_inspect_proxy import (
-    HEADERS,
-    assert_spliced,
-    bash_body,
-    continuation,
-    ident_of,
-    names,
-    stream,
-    without_pings,
-)
-from test_rewrite_proxy import claude_code_bytes, command_output
-from twisted.internet.address import IPv4Address
+from helpers.bodies import TOOLS, bash_body, ident_of, messages
+from helpers.clients import PEER, Client
+from helpers.drive import HEADERS
+from helpers.replies import DONE_EVENT, LATER, chunk, continuation, stream, turn
+from helpers.replies import expanding as expanding_call
+from helpers.streams import assert_spliced, docs, names, sdk_completion, without_pings
+from rawhttp import http_request, split_response
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 
 from cg.compaction.rewrite import Rewriter
@@ -34,7 +25,14 @@ from cg.exchange.machine import PING_INTERVAL
 from cg.record.stats import Stats
 from cg.store.memory import MemoryStore
 from cg.stream.streamcheck import check_anthropic_stream
-from cg.testing import MemoryUpstream, anthropic_expand_block, anthropic_stream_events, anthropic_text_block
+from cg.testing import (
+    MemoryUpstream,
+    anthropic_expand_block,
+    anthropic_stream_events,
+    anthropic_text_block,
+    claude_code_bytes,
+    command_output,
+)
 from cg.web.config import Config
 from cg.web.driver import FLUSH_TIMEOUT
 from cg.web.forwarder import Forwarder
@@ -45,7 +43,6 @@ from cg.web.tenant import parse_tenant
 from cg.web.upstream import HeaderTimeout, split_base
 from cg.wire.markers import EXPAND_TOOL
 
-PEER = IPv4Address("TCP", "127.0.0.1", 40000)
 CONTINUATION_TIMEOUT = 60.0
 SSE = [("content-type", "text/event-stream")]
 
@@ -85,26 +82,6 @@ class Proxy:
         status, _, body = split_response(self.send(http_request("GET", "/stats")).transport.value())
         assert status == 200
         return json.loads(body)
-
-
-class Client:
-    """A client connection as the channel sees it: bytes in through `channel`, out on `transport`."""
-
-    def __init__(self, channel):
-        self.channel = channel
-        self.transport = StringTransport(peerAddress=PEER)
-        channel.makeConnection(self.transport)
-
-    def body(self) -> tuple[bytes, bool]:
-        """The de-chunked response body so far, and whether its last chunk came."""
-        head, _, rest = self.transport.value().partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200"), head
-        return dechunk(rest)
-
-    def pings(self) -> int:
-        """Pings cg wrote since round one's text block (round one's own ping is before it)."""
-        seen = names(self.body()[0])
-        return seen[seen.index("content_block_stop") :].count("ping")
 
 
 @pytest.fixture

@@ -14,14 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.bodies import history, repair_request, two_bash_body
+from helpers.drive import markers, read_original, send
+from helpers.stores import debug_sleep
 from pytest_twisted import ensureDeferred, inlineCallbacks
 from rawhttp import connect, http_request
 from redisserver import RedisServer
-from test_broken_store import markers, read_original, send
-from test_expand_proxy import repair_request
-from test_inspect_proxy import two_bash_body
-from test_redis_store import debug_sleep
-from test_rewrite_proxy import history
 from twisted.internet import threads
 
 import cg.store.redis

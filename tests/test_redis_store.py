@@ -2,13 +2,12 @@
 and a Redis that is down, killed, slow or answering errors (the shared contract is in test_store.py)."""
 
 import threading
-import time
 import urllib.parse
 
 import pytest
 import pytest_twisted
+from helpers.stores import FakeClock, debug_sleep, every_call, sync, wait_for
 from redisserver import RedisServer
-from test_store import FakeClock, closing, every_call, sync, wait_for  # noqa: F401 -- closing is a fixture
 from twisted.internet import threads
 from twisted.logger import LogLevel
 from twisted.python import usage
@@ -301,37 +300,6 @@ async def test_all_redis_io_runs_on_one_worker_thread(redis_store, monkeypatch):
 B = b"B" * 1000
 
 
-def debug_sleep(server, seconds: float):
-    """Redis busy for ``seconds`` (``DEBUG SLEEP``): fires once it is, with [a Deferred that
-    fires when it answers again]."""
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=seconds + 30)
-    sleeping = threads.deferToThread(client.execute_command, "DEBUG", "SLEEP", str(seconds)).addBoth(
-        lambda result: (client.close(), result)[1]
-    )
-    return threads.deferToThread(_wait_busy, server.port).addCallback(lambda _: [sleeping])
-
-
-def _wait_busy(port: int) -> None:
-    """Returns once Redis does not answer a PING at once (it is in the DEBUG SLEEP)."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    for _ in range(500):
-        probe = redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.05, socket_connect_timeout=0.05,
-                            retry=Retry(NoBackoff(), 0))  # the client's default retries until it wakes
-        try:
-            probe.ping()
-        except redis.TimeoutError:
-            return
-        finally:
-            probe.close()
-        time.sleep(0.01)
-    raise AssertionError("Redis never went to sleep")
-
-
 @pytest_twisted.ensureDeferred
 async def test_redis_down_at_start_fails_open_and_recovers(tmp_path, redis_store, store_log):
     server = RedisServer(tmp_path)  # not started
@@ -391,8 +359,6 @@ async def test_a_slow_redis_costs_one_timeout_then_fails_at_once(redis_server, r
     assert await store.get("", "b") == B
 
 
-
-
 @pytest_twisted.ensureDeferred
 async def test_a_full_redis_fails_writes_but_stays_healthy(redis_server, redis_store):
     store = redis_store()
@@ -425,4 +391,6 @@ async def test_reads_answering_errors_make_the_store_unhealthy_until_a_put(redis
     admin.execute_command("ACL", "SETUSER", "cg", "+get")
     assert await store.put("", {"a": b"A"}) == set()
     assert store.stats.healthy and store.known("", ["a"]) == {"a"}
+
+
     assert len([text for text in store_log.texts(LogLevel.error) if "is unhealthy" in text]) == 1

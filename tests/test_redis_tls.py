@@ -12,7 +12,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from redisserver import _free_port, start_redis
-from test_store import closing  # noqa: F401 -- a fixture
 
 from cg.store import RedisStore, StoreError
 

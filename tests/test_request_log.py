@@ -4,9 +4,10 @@ what compaction and the expand loop did. Lines are captured as twisted.logger ev
 import json
 import re
 
+from helpers.bodies import expand_use, request_with_output
+from helpers.replies import tool_turn
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request
-from test_expand_proxy import expand_use, request_with_output, tool_turn
 
 from cg.testing import JSONReply, anthropic_message, command_output
 from cg.wire.markers import marker_id

@@ -13,9 +13,9 @@ import httpx2
 import openai
 import pytest
 import ujson
+from helpers.streams import cutting, events_of, feed_round, run_rounds
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_inspector import cutting, events_of, feed_round, run_rounds
 
 from cg.stream.continuation import ExpandCall
 from cg.stream.inspector import ABORT, CONTINUE, DONE, EXPAND, State, Step

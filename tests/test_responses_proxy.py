@@ -6,8 +6,8 @@ import json
 
 import openai
 import pytest
+from helpers.drive import get_stats
 from pytest_twisted import inlineCallbacks
-from test_stats_proxy import get_stats
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 

@@ -8,9 +8,10 @@ import json
 import openai
 import pytest
 from fixturedata import codex_body
+from helpers.bodies import coloured_output
+from helpers.drive import get_stats
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request
-from test_stats_proxy import coloured_output, get_stats
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 

@@ -4,9 +4,9 @@ import copy
 import json
 
 from fixturedata import claude_code_body
+from helpers.bodies import js_style
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_markers import js_style
 
 from cg.compaction import cold
 from cg.compaction.pipeline import Memo

@@ -1,11 +1,12 @@
 """Compaction and tool injection through the running proxy, on Claude Code-shaped requests."""
 
-import copy
 import json
 
 import pytest
 import ujson
 from fixturedata import claude_code_body
+from helpers.bodies import history
+from helpers.drive import post
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from twisted.web.http_headers import Headers
@@ -16,24 +17,6 @@ from cg.web.tenant import parse_tenant
 from cg.wire.markers import EXPAND_TOOL, marker_id
 
 MARKER = "<<cg:"
-
-
-def history(bash_output: str, read_output: str) -> dict:
-    """The fixture's Bash turn with a big output, then a Read turn of the same size."""
-    body = copy.deepcopy(claude_code_body("p_second_request_tool_result"))
-    body["messages"][3]["content"][0]["content"] = bash_output
-    body["messages"] += [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_read1", "name": "Read",
-                                            "input": {"file_path": "/repo/big.ts"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_read1",
-                                      "content": read_output}]},
-    ]
-    return body
-
-
-def post(port, raw: bytes, headers=()):
-    headers = [("content-type", "application/json"), ("anthropic-version", "2023-06-01"), *headers]
-    return connect(port, http_request("POST", "/v1/messages?beta=true", raw, headers))
 
 
 @inlineCallbacks

@@ -3,26 +3,15 @@
 import json
 import time
 
-import ujson
 from fixturedata import claude_code_body
+from helpers.bodies import coloured_output, history
+from helpers.drive import get_stats, post
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
-from test_rewrite_proxy import claude_code_bytes, command_output, history, post
 
 from cg.compaction.tokens import estimate_tokens
 from cg.record import report
-
-
-def coloured_output() -> str:
-    """A long coloured test log: textclean strips its colours, then offload shortens what is left."""
-    return "\n".join(f"\x1b[32m{line}\x1b[0m" for line in command_output().split("\n"))
-
-
-def get_stats(port):
-    client = yield connect(port, http_request("GET", "/stats"))
-    status, _, body = split_response((yield client.closed))
-    assert status == 200
-    return ujson.loads(body)
+from cg.testing import claude_code_bytes
 
 
 @inlineCallbacks

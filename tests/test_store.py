@@ -8,8 +8,8 @@ import time
 
 import pytest
 import pytest_twisted
+from helpers.stores import GARBAGE, FakeClock, damage, every_call, sync, wait_for
 from twisted.internet import reactor
-from twisted.internet.task import deferLater
 from twisted.logger import LogLevel
 from zope.interface.verify import verifyObject
 
@@ -28,26 +28,6 @@ from cg.store.base import CACHE_RECORD_DAYS
 from cg.store.threaded import TOUCH_EVERY, RecentlyTouched
 
 DAY = 86400.0
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_700_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-@pytest.fixture
-def closing():
-    """Close every threaded store a test opened (their threads hold the files, the connections)."""
-    stores = []
-    yield stores.append
-    for store in stores:
-        pytest_twisted.blockon(store.close())
 
 
 @pytest.fixture
@@ -83,46 +63,12 @@ def make_store(request, sqlite_store, closing):
     return make
 
 
-async def sync(store):
-    """Wait until the worker has done everything submitted before."""
-    await store.info()
-
-
-async def wait_for(predicate, timeout=5.0):
-    for _ in range(int(timeout / 0.02)):
-        if predicate():
-            return
-        await deferLater(reactor, 0.02, lambda: None)
-    raise AssertionError("condition not reached")
-
-
 def rows(path, sql):
     conn = sqlite3.connect(path)
     try:
         return conn.execute(sql).fetchall()
     finally:
         conn.close()
-
-
-GARBAGE = b"this is not a database\x00" * 50_000  # 1.1 MB: more than SQLite maps of the -shm
-
-
-def damage(path: str, how: str) -> None:
-    """Break the store file under a running store, as another process might."""
-    names = (path, path + "-wal", path + "-shm")
-    if how == "garbage":
-        for name in names:
-            with open(name, "wb") as f:  # in place: the same files, every byte gone
-                f.write(GARBAGE)
-    elif how == "drop":
-        conn = sqlite3.connect(path)
-        conn.execute("DROP TABLE originals")
-        conn.commit()
-        conn.close()
-    else:
-        assert how == "removed"
-        for name in names:
-            os.unlink(name)
 
 
 def test_every_store_implements_the_interface(db_path, closing):
@@ -503,20 +449,6 @@ async def test_all_sqlite_work_runs_on_one_worker_thread(db_path, monkeypatch, s
     await every_call(sqlite_store(flush_interval=0.01))
     assert len(threads) == 1
     assert threading.get_ident() not in threads
-
-
-async def every_call(store):
-    """Each of the store's methods once, a timer's flush, and close."""
-    await store.put("", {"a": b"."})
-    store.known("", ["a"])
-    store.touch("", ["a"])
-    await store.get("", "a")
-    await store.freeze("", "k", b".")
-    await store.frozen("", "k")
-    await store.info()
-    await store.purge(1)
-    await deferLater(reactor, 0.05, lambda: None)  # a timer flush
-    await store.close()
 
 
 @pytest.mark.parametrize("broken", ["garbage", "under_a_file"])

@@ -20,6 +20,16 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers.processes import (
+    TWISTD,
+    WAIT,
+    announced_port,
+    assert_clean_stop,
+    env_without_systemd,
+    linux_only,
+    output_of,
+    wait_exit,
+)
 
 from cg.web import systemd
 from cg.web.config import Config
@@ -29,71 +39,10 @@ DEPLOY = ROOT / "deploy"
 SERVICE = DEPLOY / "cg.service"
 SOCKET = DEPLOY / "cg.socket"
 DROPIN = DEPLOY / "cg.service.d" / "socket-activation.conf"
-TWISTD = Path(sys.executable).with_name("twistd")
 INSTALLED_TWISTD = "/opt/cg/bin/twistd"
-
-WAIT = 10.0  # seconds: the bound on every wait in this file
-
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 
 # --- helpers -------------------------------------------------------------------------------
-
-
-def _env(**extra) -> dict:
-    """The test's environment minus any systemd hand-offs it may itself have inherited."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LISTEN_", "NOTIFY_SOCKET"))}
-    env.update(extra)
-    return env
-
-
-@pytest.fixture
-def spawn(tmp_path):
-    """Start a process in tmp_path, output to a log file; every one is killed after the test."""
-    procs = []
-
-    def start(argv, env, name="proc"):
-        assert TWISTD.exists(), f"no twistd next to {sys.executable}: is cg installed here?"
-        log = tmp_path / f"{name}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [str(a) for a in argv],
-                cwd=tmp_path,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        proc.log = log
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=WAIT)
-
-
-def _output(proc) -> str:
-    return proc.log.read_text(errors="replace")
-
-
-def _wait_exit(proc) -> int:
-    try:
-        return proc.wait(timeout=WAIT)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"process did not exit within {WAIT}s:\n{_output(proc)}")
-
-
-def assert_clean_stop(proc):
-    """After SIGTERM: twistd shuts down (stopService, drain) and then re-raises the signal, so
-    the status is "killed by SIGTERM", which systemd counts as a clean exit (as it does 0)."""
-    status = _wait_exit(proc)
-    output = _output(proc)
-    assert status in (0, -signal.SIGTERM), output
-    assert "Received SIGTERM" in output and "Server Shut Down." in output, output
-    assert "Traceback" not in output, output
 
 
 def _free_port() -> int:
@@ -110,14 +59,6 @@ def _get(port: int, path: str = "/healthz") -> tuple[int, bytes]:
         return response.status, response.read()
     finally:
         conn.close()
-
-
-def _announced_port(proc) -> int:
-    """The port cg logged ("cg 0.1 listening on http://127.0.0.1:N → ..."), without waiting."""
-    match = re.search(r"listening on http://127\.0\.0\.1:(\d+) ", _output(proc))
-    if match is None:
-        pytest.fail(f"cg has not logged its port:\n{_output(proc)}")
-    return int(match.group(1))
 
 
 class NotifyListener:
@@ -154,7 +95,7 @@ class NotifyListener:
                     return pid
             left = deadline - time.monotonic()
             if left <= 0:
-                pytest.fail(f"no {line!r} within {WAIT}s (got {self.messages}):\n{_output(proc)}")
+                pytest.fail(f"no {line!r} within {WAIT}s (got {self.messages}):\n{output_of(proc)}")
             self.receive(min(left, 0.2))
 
     def drain(self):
@@ -224,7 +165,7 @@ def test_twistd_sends_ready_once_bound_and_stopping_on_sigterm(spawn, notify_soc
             "tcp:0:interface=127.0.0.1",
             "--drain-timeout=5",
         ],
-        _env(NOTIFY_SOCKET=path),
+        env_without_systemd(NOTIFY_SOCKET=path),
         name="twistd",
     )
     sender = listener.wait_for(b"READY=1", proc)
@@ -232,7 +173,7 @@ def test_twistd_sends_ready_once_bound_and_stopping_on_sigterm(spawn, notify_soc
     assert sender == proc.pid
     # READY=1 means the port is bound (and announced, the log is written synchronously):
     # no waiting, the very first request must be served.
-    port = _announced_port(proc)
+    port = announced_port(proc)
     assert _get(port) == (200, b"ok\n")
     assert b"STOPPING=1" not in listener.lines()
 
@@ -256,11 +197,11 @@ def test_twistd_that_cannot_bind_fails_without_ready(spawn, notify_socket):
         port = taken.getsockname()[1]
         proc = spawn(
             [TWISTD, "-n", "--pidfile=", "cg", "--store", "memory:", "--listen", f"tcp:{port}:interface=127.0.0.1"],
-            _env(NOTIFY_SOCKET=path),
+            env_without_systemd(NOTIFY_SOCKET=path),
             name="twistd",
         )
-        assert _wait_exit(proc) == 1, _output(proc)
-    assert _output(proc) == f"cg: cannot listen on tcp:{port}:interface=127.0.0.1: address already in use\n"
+        assert wait_exit(proc) == 1, output_of(proc)
+    assert output_of(proc) == f"cg: cannot listen on tcp:{port}:interface=127.0.0.1: address already in use\n"
     listener.drain()
     assert b"READY=1" not in listener.lines()
 
@@ -274,10 +215,10 @@ def test_daemonizing_twistd_that_cannot_bind_says_so_and_exits(spawn, tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         proc = spawn(
-            [TWISTD, "cg", "--store", "memory:", "--listen", f"tcp:{port}:interface=127.0.0.1"], _env(), name="daemon"
+            [TWISTD, "cg", "--store", "memory:", "--listen", f"tcp:{port}:interface=127.0.0.1"], env_without_systemd(), name="daemon"
         )
-        assert _wait_exit(proc) == 1, _output(proc)
-    assert _output(proc) == f"cg: cannot listen on tcp:{port}:interface=127.0.0.1: address already in use\n"
+        assert wait_exit(proc) == 1, output_of(proc)
+    assert output_of(proc) == f"cg: cannot listen on tcp:{port}:interface=127.0.0.1: address already in use\n"
     assert not (tmp_path / "twistd.pid").exists()
 
 
@@ -335,14 +276,14 @@ def fake_upstream(spawn, tmp_path):
     """FAKE_UPSTREAM in its own process; its URL."""
     script = tmp_path / "fake_upstream.py"
     script.write_text(FAKE_UPSTREAM)
-    proc = spawn([sys.executable, script], _env(), name="fake")
+    proc = spawn([sys.executable, script], env_without_systemd(), name="fake")
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline and proc.poll() is None:
-        match = re.search(r"listening (\d+)", _output(proc))
+        match = re.search(r"listening (\d+)", output_of(proc))
         if match:
             return f"http://127.0.0.1:{match.group(1)}"
         time.sleep(0.05)
-    pytest.fail(f"the fake upstream did not start:\n{_output(proc)}")
+    pytest.fail(f"the fake upstream did not start:\n{output_of(proc)}")
 
 
 def _start_cg(spawn, notify_socket, upstream: str, drain: float):
@@ -358,11 +299,11 @@ def _start_cg(spawn, notify_socket, upstream: str, drain: float):
             f"--anthropic-upstream={upstream}",
             f"--drain-timeout={drain}",
         ],
-        _env(NOTIFY_SOCKET=path),
+        env_without_systemd(NOTIFY_SOCKET=path),
         name="twistd",
     )
     listener.wait_for(b"READY=1", proc)
-    return proc, _announced_port(proc)
+    return proc, announced_port(proc)
 
 
 def _open_stream(port: int, events: int, delay_ms: int):
@@ -446,7 +387,7 @@ SOCKET_ACTIVATE = shutil.which("systemd-socket-activate")
 def test_socket_activation(spawn, workers):
     """systemd-socket-activate holds the socket and execs twistd on the first connection; with
     --workers the parent takes the socket and its workers accept on it."""
-    env = _env()
+    env = env_without_systemd()
     passed = [f"--setenv={name}" for name in ("PATH", "PYTHONPATH", "HOME", "LANG", "XDG_STATE_HOME") if name in env]
     for _attempt in range(3):  # the free port may be taken before the tool binds it
         port = _free_port()
@@ -469,18 +410,18 @@ def test_socket_activation(spawn, workers):
         )
         deadline = time.monotonic() + WAIT
         while time.monotonic() < deadline and proc.poll() is None:
-            if f"Listening on 127.0.0.1:{port}" in _output(proc):
+            if f"Listening on 127.0.0.1:{port}" in output_of(proc):
                 break
             time.sleep(0.05)
         if proc.poll() is None:
             break
     else:
-        pytest.fail(f"systemd-socket-activate never listened:\n{_output(proc)}")
+        pytest.fail(f"systemd-socket-activate never listened:\n{output_of(proc)}")
 
     # The first connection starts twistd; it must answer on the inherited socket, twice.
-    assert _get(port) == (200, b"ok\n"), _output(proc)
-    assert _get(port) == (200, b"ok\n"), _output(proc)
-    output = _output(proc)
+    assert _get(port) == (200, b"ok\n"), output_of(proc)
+    assert _get(port) == (200, b"ok\n"), output_of(proc)
+    output = output_of(proc)
     assert "Execing" in output and f"listening on http://127.0.0.1:{port} " in output, output
 
     proc.send_signal(signal.SIGTERM)  # the tool exec'd twistd in place: same pid

@@ -7,6 +7,7 @@ timers (the idle sweep, the header timeout) are tested on a Clock, in test_upstr
 
 import pytest
 import pytest_twisted
+from helpers.clients import Body
 from rawhttp import connect, dechunk, http_request
 from twisted.internet import defer, error, protocol, reactor, task
 from twisted.internet.defer import CancelledError
@@ -87,19 +88,6 @@ def upstream():
     client.retries = retries
     yield client
     pytest_twisted.blockon(client.close())
-
-
-class Body(protocol.Protocol):
-    def __init__(self):
-        self.chunks: list[bytes] = []
-        self.done = defer.Deferred()
-
-    def dataReceived(self, data):
-        self.chunks.append(data)
-
-    def connectionLost(self, reason):
-        self.reason = reason
-        self.done.callback(None)
 
 
 async def ended(reader: Body):

@@ -4,7 +4,7 @@ A MemoryReactorClock records the connection attempt (an IP literal needs no reso
 connects the attempt's protocol to a StringTransport and writes the provider's bytes into it.
 """
 
-from test_upstream import Body
+from helpers.clients import Body
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.web.client import ResponseDone
 from twisted.web.http_headers import Headers

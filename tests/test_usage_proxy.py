@@ -6,14 +6,22 @@ import signal
 
 import anthropic
 import openai
+from helpers.bodies import history
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request
-from test_rewrite_proxy import claude_code_bytes, command_output, history
 from twisted.internet import reactor, task
 from twisted.internet.threads import deferToThread
 
 from cg.record import report
-from cg.testing import JSONReply, SSEReply, anthropic_message, openai_stream_events, sse_event
+from cg.testing import (
+    JSONReply,
+    SSEReply,
+    anthropic_message,
+    claude_code_bytes,
+    command_output,
+    openai_stream_events,
+    sse_event,
+)
 
 REQUEST = {"model": "claude-opus-4-8", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 USAGE = {"input_tokens": 12, "cache_read_input_tokens": 3000, "cache_creation_input_tokens": 40, "output_tokens": 7}

@@ -16,7 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-from test_systemd import TWISTD, WAIT, _announced_port, _env, _output, assert_clean_stop, linux_only, spawn  # noqa: F401
+from helpers.processes import (
+    TWISTD,
+    WAIT,
+    announced_port,
+    assert_clean_stop,
+    env_without_systemd,
+    linux_only,
+    output_of,
+)
 from twisted.python import usage
 
 from cg.testing import command_output
@@ -53,11 +61,11 @@ def _worker_pid(port: int) -> int:
 def _wait_for(proc, pattern: str, count: int = 1) -> list[str]:
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline and proc.poll() is None:
-        found = re.findall(pattern, _output(proc))
+        found = re.findall(pattern, output_of(proc))
         if len(found) >= count:
             return found
         time.sleep(0.05)
-    pytest.fail(f"never logged {pattern!r} ×{count}:\n{_output(proc)}")
+    pytest.fail(f"never logged {pattern!r} ×{count}:\n{output_of(proc)}")
 
 
 class Only:
@@ -78,7 +86,7 @@ class Only:
 @pytest.fixture
 def fake_provider(spawn):  # noqa: F811
     """cg.testing's fake provider in its own process; its URL."""
-    proc = spawn([sys.executable, "-m", "cg.testing", "--port", "0"], _env(), name="fake")
+    proc = spawn([sys.executable, "-m", "cg.testing", "--port", "0"], env_without_systemd(), name="fake")
     (port,) = _wait_for(proc, r"listening (\d+)")
     return f"http://127.0.0.1:{port}"
 
@@ -86,13 +94,13 @@ def fake_provider(spawn):  # noqa: F811
 def _start(spawn, upstream: str, tmp_path):  # noqa: F811
     proc = spawn([TWISTD, "--nodaemon", "--pidfile=", "cg", "--workers", "2",
                   "--listen", "tcp:0:interface=127.0.0.1", f"--anthropic-upstream={upstream}",
-                  f"--store=sqlite:{tmp_path / 'store.sqlite3'}", "--drain-timeout=5"], _env(), name="twistd")
+                  f"--store=sqlite:{tmp_path / 'store.sqlite3'}", "--drain-timeout=5"], env_without_systemd(), name="twistd")
     (pids,) = _wait_for(proc, r"with 2 workers \(pids (\d+), (\d+)\)")
     _wait_for(proc, r"worker \d/2 listening on", count=2)
     # Both stores open (its first line, or a later one, counts the originals): a worker stopped
     # while it creates the SQLite file would hold its write lock through the test.
     _wait_for(proc, r"\d+ originals", count=2)
-    return proc, _announced_port(proc), [int(pid) for pid in pids]
+    return proc, announced_port(proc), [int(pid) for pid in pids]
 
 
 @linux_only
@@ -117,7 +125,7 @@ def test_workers_share_the_socket_and_a_dead_one_is_replaced(spawn, fake_provide
     finally:
         os.kill(second, signal.SIGCONT)
     assert replacement not in pids
-    assert "cg worker 0 (" in _output(proc) or "cg worker 1 (" in _output(proc)
+    assert "cg worker 0 (" in output_of(proc) or "cg worker 1 (" in output_of(proc)
 
     proc.send_signal(signal.SIGTERM)
     assert_clean_stop(proc)
