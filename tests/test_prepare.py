@@ -233,11 +233,18 @@ def test_epochs_the_store_cannot_read_leave_the_request_as_known():
     assert machine._report.cold.unknown == 1 and machine._report.cold.cold == 0
 
 
-def test_an_answer_to_nothing_asked_or_after_ready_raises():
-    machine = preparation(body(tool_turns(1)), index=Index({REF}))
-    machine.start()
+def test_an_answer_to_nothing_asked_or_after_ready_raises_and_changes_nothing():
+    index = Index()
+    machine = preparation(body(tool_turns(1)), index=index)
+    (put,) = machine.start()
     with pytest.raises(Unexpected):
         machine.feed(Answered(ReadFrozen("tenant-a", "x"), None))
+    with pytest.raises(Unexpected):  # an answer of the wrong kind for the state: the put stays out
+        machine.feed(Failed(ReadOriginal("tenant-a", REF), "x"))
+    index.held.add(REF)
+    ready(machine.feed(Answered(put, {REF})))
+    with pytest.raises(Unexpected):
+        machine.feed(Answered(put, {REF}))
 
 
 def test_the_docstring_table_names_the_transitions_the_code_runs():
@@ -253,3 +260,28 @@ def test_the_docstring_table_names_the_transitions_the_code_runs():
         (command,) = command
         documented |= {(State[state], getattr(prepare, e), getattr(prepare, command)) for e in said}
     assert documented == set(prepare.TRANSITIONS)
+
+
+def test_a_conversation_at_its_epoch_bound_reads_no_more_and_is_still_compacted():
+    """MAX_EPOCHS read already: no epoch read goes out, and the request is decided as usual (before
+    this machine, such a request raised inside the Deferred chain and went as received)."""
+    known = cold.Known()
+    key = cold.conversation_key("s1", "claude-opus-4-8")
+    known.set_epochs("tenant-a", key, [None] * cold.MAX_EPOCHS)
+    machine = preparation(body(tool_turns(4)), conversation=b"s1", known=known)
+    (record,) = machine.start()
+    assert isinstance(record, RecordCache)
+    (put,) = machine.feed(Answered(record, NOW - 3600))  # cold, but no room for another epoch
+    assert isinstance(put, PutOriginals) and REF in put.originals
+    assert machine._report.cold.cold == 0
+
+
+def test_without_a_store_nothing_is_offloaded_and_no_store_command_goes_out():
+    raw = repair_body(REF)
+    machine = Preparation(Request(body(tool_turns(1)), b"/v1/messages", 7, "", b"", {}.get),
+                          rewriter=Rewriter(rewrite_config()), known=cold.Known(), index=None, now=NOW)
+    done = ready(machine.start())
+    assert sent_messages(done.forward)[2]["content"][0]["content"] == OUTPUT
+    repaired = ready(Preparation(Request(raw, b"/v1/messages", 8, "", b"", {}.get), rewriter=Rewriter(rewrite_config()),
+                                 known=cold.Known(), index=None, now=NOW).start())
+    assert sent_messages(repaired.forward)[2]["content"][0]["content"] == NO_SUCH_TOOL

@@ -89,9 +89,6 @@ __all__ = [
     "Preparation",
 ]
 
-KeepAliveKey = tuple[str, bytes, "str | None"]  # (tenant, session id, model)
-
-
 @attrs.frozen
 class Forward:
     """What the request side decided: the body to send upstream, and what the response side needs.
@@ -257,8 +254,9 @@ class Preparation:
     """One request's preparation. See the module docstring.
 
     `rewriter` is None when cg rewrites nothing (then only the session is read). `index` is None
-    when cg has no store (nothing is offloaded, repaired or re-decided). `now` is the wall-clock
-    time (the cache-aware policy's expiries are Unix times).
+    when cg has no store: then nothing is offloaded (reformat only), repaired or re-decided, and no
+    store command goes out. `now` is the wall-clock time (the cache-aware policy's expiries are
+    Unix times).
     """
 
     def __init__(
@@ -336,11 +334,11 @@ class Preparation:
 
     def feed(self, event: Event) -> list[Command]:
         """A store's answer in; the commands to carry out next, out."""
-        out = self._out = []
-        handlers = self._pending.pop(event.command, None)
-        if handlers is None or (self.state, type(event), type(event.command)) not in TRANSITIONS:
+        if (event.command not in self._pending
+                or (self.state, type(event), type(event.command)) not in TRANSITIONS):
             raise Unexpected(f"{type(event).__name__} of {type(event.command).__name__} in {self.state.name}")
-        answered, failed = handlers
+        out = self._out = []
+        answered, failed = self._pending.pop(event.command)
         if isinstance(event, Answered):
             answered(event.value)
         elif failed is None:
@@ -530,7 +528,8 @@ class Preparation:
             return
         incoming, rewriter = self._incoming, self._rewriter
         assert incoming is not None and rewriter is not None
-        rewrite = self._rewrite = rewriter.finish(incoming, self._texts, older=self._older)
+        lossy = self._index is not None  # no store: no original could be kept, so no marker goes
+        rewrite = self._rewrite = rewriter.finish(incoming, self._texts, lossy=lossy, older=self._older)
         if self._observe or not rewrite.originals:
             self._chosen(rewrite, {})
             return

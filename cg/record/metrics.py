@@ -36,7 +36,7 @@ _UPSTREAM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.
 _STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 STORE_OPERATIONS = ("put", "get", "freeze", "frozen", "cache_until", "info")
-COLD_EVENTS = ("checked", "cold", "epochs", "applied", "unknown", "known_warm")  # cg.record.stats.ColdStats
+COLD_EVENTS = ("checked", "cold", "epochs", "applied", "unknown", "known_warm")  # cg.compaction.cold.ColdStats
 USAGE_KINDS = ("input", "cache_read", "cache_write", "output")
 EXPAND_OUTCOMES = ("resolved", "unknown", "evicted", "malformed")
 MEMO_TABLES = ("decisions", "bodies")

@@ -88,6 +88,8 @@ log = Logger(namespace="cg.web.driver")
 FLUSH_TIMEOUT = 10.0  # seconds a cut client connection may take to take its last bytes
 _BODYLESS = (b"GET", b"HEAD", b"DELETE", b"OPTIONS")
 _FIRED = {timer: TimerFired(timer) for timer in Timer}
+
+
 class _Start:
     """The driver's own event: start the preparation (it must come through the queue like any)."""
 
@@ -250,8 +252,13 @@ class ExchangeDriver:
         except Exception:
             self._unprepared()
             return
-        for command in commands:
-            _DO[type(command)](self, command)
+        try:
+            for command in commands:
+                _DO[type(command)](self, command)
+        except Exception:
+            if self.preparation is None:
+                raise  # Ready was carried out: what failed is the exchange's
+            self._unprepared()
 
     def _unprepared(self) -> None:
         """A bug on the request side costs its saving, never the request: forward what came."""
@@ -259,10 +266,14 @@ class ExchangeDriver:
         self._ready(Ready(Forward(self._body or b"", self.seq), prepare.Report(0)), count=False)
 
     def _ready(self, command: Ready, count: bool = True) -> None:
+        if count:
+            try:
+                self.host.prepared(command)
+            except Exception:
+                self._unprepared()
+                return
         self.preparation = None
         self._body = None  # the exchange keeps what it forwards
-        if count:
-            self.host.prepared(command)
         forward = command.forward
         self.tenant, self.originals, self.model = forward.tenant, forward.originals, forward.model
         self.warm = forward.keepalive
@@ -376,6 +387,9 @@ class ExchangeDriver:
             self.relay = None
             assert self.flow is not None  # a relay feeds the client through it
             self.flow.detach()
+        # What it delivered at once, still queued (a body read whole when its head came), is its too.
+        if self._queue:
+            self._queue = deque(e for e in self._queue if type(e) not in (Chunk, BodyEnd))
 
     def _stop_upstream(self, command: StopUpstream) -> None:
         if self.pending is not None:

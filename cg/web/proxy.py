@@ -36,9 +36,18 @@ class ProxyResource(resource.Resource):
     def __init__(self, forwarder: Forwarder):
         super().__init__()  # type: ignore[no-untyped-call]  # twisted.web's Resource
         self.forwarder = forwarder
-        self.stats: Stats = forwarder.stats
-        self.store: IStore | None = forwarder.store
-        self.tenant_of: Callable[[Headers], str] = forwarder.tenant_of
+
+    @property
+    def stats(self) -> Stats:
+        return self.forwarder.stats
+
+    @property
+    def store(self) -> IStore | None:
+        return self.forwarder.store
+
+    @property
+    def tenant_of(self) -> Callable[[Headers], str]:
+        return self.forwarder.tenant_of
 
     def render(self, request: Request) -> bytes | int:
         request.responseHeaders.removeHeader(b"server")  # cg adds no headers of its own
@@ -96,6 +105,7 @@ class ProxyResource(resource.Resource):
             lambda failure: log.failure("reading an original failed", failure)
         )
         return server.NOT_DONE_YET
+
 
 def _url_of_cg(request: Request) -> str:
     """The base URL this client reached cg at, as its Host header says."""
