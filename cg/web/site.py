@@ -7,11 +7,17 @@ so the proxy answers 413 instead of forwarding a truncated body.
 """
 
 import io
+from typing import Any, cast
 
 from twisted.internet import defer
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.interfaces import IAddress, IDelayedCall
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
-from twisted.protocols.policies import WrappingFactory
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python.failure import Failure
 from twisted.web import http, server
+from twisted.web.resource import IResource
 
 log = Logger(namespace="cg.web.site")
 
@@ -24,13 +30,17 @@ class CappedRequest(server.Request):
     too_large = False
     proxied = False  # set by the proxy, which then logs the request's line itself
     _received = 0
+    # What Twisted's Request leaves untyped (`content = None`, a plain HTTPChannel): a ProxySite's
+    # requests are made by its HeadTimedChannel, and keep their body in memory.
+    channel: "HeadTimedChannel"
+    content: io.BytesIO  # type: ignore[assignment]  # Twisted's Request says `content = None`
 
-    def gotLength(self, length):
+    def gotLength(self, length: int | None) -> None:
         self.content = io.BytesIO()
         if length is not None and length > self.channel.site.max_body:
             self.too_large = True
 
-    def handleContentChunk(self, data):
+    def handleContentChunk(self, data: bytes) -> None:
         self._received += len(data)
         if self._received > self.channel.site.max_body and not self.too_large:
             self.too_large = True
@@ -53,42 +63,44 @@ class HeadTimedChannel(http.HTTPChannel):
     60 s of silence, after which the client simply reconnects).
     """
 
-    _head_deadline = None
+    site: "ProxySite"  # set by the site that built the channel
+    _head_deadline: IDelayedCall | None = None
     _between_requests = False
 
-    def connectionMade(self):
-        super().connectionMade()
+    def connectionMade(self) -> None:
+        super().connectionMade()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self._await_head()
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         if self._between_requests and data:
             self._between_requests = False
             self._await_head()
-        super().dataReceived(data)
+        super().dataReceived(data)  # type: ignore[no-untyped-call]  # untyped in Twisted
 
-    def allHeadersReceived(self):
+    def allHeadersReceived(self) -> None:
         self._stop_head_deadline()
-        super().allHeadersReceived()
+        super().allHeadersReceived()  # type: ignore[no-untyped-call]  # untyped in Twisted
 
-    def requestDone(self, request):
+    def requestDone(self, request: server.Request) -> None:
         self._between_requests = True  # before super(): it feeds pipelined bytes back in
-        super().requestDone(request)
+        super().requestDone(request)  # type: ignore[no-untyped-call]  # untyped in Twisted
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_head_deadline()
-        super().connectionLost(reason)
+        super().connectionLost(reason)  # type: ignore[no-untyped-call]  # untyped in Twisted
 
-    def _await_head(self):
+    def _await_head(self) -> None:
         self._head_deadline = self.callLater(self.site.request_head_timeout, self._head_timed_out)
 
-    def _stop_head_deadline(self):
+    def _stop_head_deadline(self) -> None:
         if self._head_deadline is not None:
             if self._head_deadline.active():
                 self._head_deadline.cancel()
             self._head_deadline = None
 
-    def _head_timed_out(self):
+    def _head_timed_out(self) -> None:
         self._head_deadline = None
+        assert self.transport is not None  # connected: connectionLost stops the deadline
         log.info(
             "cg closed a connection from {peer}: no complete request head within {timeout:g} s",
             peer=_address(self.transport.getPeer()),
@@ -98,9 +110,9 @@ class HeadTimedChannel(http.HTTPChannel):
         self.timeoutConnection()  # closes, and aborts if the client does not take the 408
 
 
-def _address(address) -> str:
+def _address(address: IAddress) -> str:
     host = getattr(address, "host", None)
-    return str(address) if host is None else f"{host}:{address.port}"
+    return str(address) if host is None else f"{host}:{cast('IPv4Address | IPv6Address', address).port}"
 
 
 class ProxySite(server.Site):
@@ -109,14 +121,15 @@ class ProxySite(server.Site):
     requestFactory = CappedRequest
     protocol = HeadTimedChannel  # type: ignore[assignment]  # HTTP/1.1 only: cg's client leg never negotiates HTTP/2
 
-    def __init__(self, resource, max_body: int, request_head_timeout: float = 30.0, **kwargs):
+    def __init__(self, resource: IResource, max_body: int, request_head_timeout: float = 30.0, **kwargs: Any) -> None:
         # A proxy forwards bodies; parsing form submissions (Content-Type through the
         # email module on every POST) is pure cost.
-        super().__init__(resource, parsePOSTFormSubmission=False, **kwargs)
+        super().__init__(  # type: ignore[no-untyped-call]  # untyped in Twisted
+            resource, parsePOSTFormSubmission=False, **kwargs)
         self.max_body = max_body
         self.request_head_timeout = request_head_timeout
 
-    def log(self, request):
+    def log(self, request: CappedRequest) -> None:  # type: ignore[override]  # its requestFactory makes them
         """One line for a request cg answered itself (/healthz, /stats, a 404, a 413).
 
         The proxy logs the requests it forwards (cg.web.driver, at the exchange's end); no bodies,
@@ -143,18 +156,18 @@ class Connections(WrappingFactory):
     the reactor straight after the drain would drop those bytes.
     """
 
-    def __init__(self, site):
-        super().__init__(site)
-        self._emptied: list[defer.Deferred] = []
+    def __init__(self, site: ProxySite) -> None:
+        super().__init__(site)  # type: ignore[no-untyped-call]  # untyped in Twisted
+        self._emptied: list[defer.Deferred[None]] = []
 
-    def unregisterProtocol(self, protocol):
-        super().unregisterProtocol(protocol)
+    def unregisterProtocol(self, protocol: ProtocolWrapper) -> None:
+        super().unregisterProtocol(protocol)  # type: ignore[no-untyped-call]  # untyped in Twisted
         if not self.protocols:
             waiters, self._emptied = self._emptied, []
             for d in waiters:
                 d.callback(None)
 
-    def close_all(self) -> defer.Deferred:
+    def close_all(self) -> defer.Deferred[None]:
         """Close every connection once its pending bytes are written; fires when all are gone."""
         if not self.protocols:
             return defer.succeed(None)
@@ -164,6 +177,6 @@ class Connections(WrappingFactory):
             protocol.transport.loseConnection()
         return d
 
-    def abort_all(self):
+    def abort_all(self) -> None:
         for protocol in list(self.protocols):
             protocol.transport.abortConnection()
