@@ -18,9 +18,11 @@ import os
 import sys
 import unicodedata
 from pathlib import Path
+from typing import cast
 
 from twisted.internet import task
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
 from twisted.logger import Logger
 
 from cg import __version__
@@ -99,15 +101,18 @@ class MemoFile:
     own, in order (the last is the stop's); the reactor thread only copies the table's entries.
     """
 
-    def __init__(self, memo: Memo, directory: str, name: str, code: str, reactor=None,
-                 interval: float = CHECKPOINT_INTERVAL, clock=None):
+    def __init__(self, memo: Memo, directory: str, name: str, code: str, reactor: IReactorFromThreads | None = None,
+                 interval: float = CHECKPOINT_INTERVAL, clock: IReactorTime | None = None) -> None:
         if reactor is None:
-            from twisted.internet import reactor
+            from twisted.internet import reactor as installed
+
+            reactor = cast(IReactorFromThreads, installed)
         self.memo, self.directory, self.name, self.code = memo, directory, name, code
         self.reactor = reactor  # the writes' thread answers through it
         self._worker: Worker | None = None  # started at the first write, once the reactor runs
         self._checkpoints = task.LoopingCall(self.checkpoint)
-        self._checkpoints.clock = clock if clock is not None else reactor
+        # Without a clock of its own, the reactor keeps the time too.
+        self._checkpoints.clock = clock if clock is not None else cast(IReactorTime, reactor)
         self._interval = interval
         self._written = memo.decisions.misses  # a new decision is a miss first
 

@@ -3,15 +3,19 @@
 import os
 import time
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
 from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from cg.record.stats import Stats
-from cg.store.base import IStore, StoreInfo
+from cg.store.base import IStore, StoreInfo, StoreStats
+
+_T = TypeVar("_T")
 
 
 def render(stats: Stats, accept: str) -> tuple[bytes, str]:
@@ -25,7 +29,7 @@ def render(stats: Stats, accept: str) -> tuple[bytes, str]:
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
         registry = CollectorRegistry()
-        MultiProcessCollector(registry, directory)
+        MultiProcessCollector(registry, directory)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
     encoder, content_type = choose_encoder(accept)
     return encoder(registry), content_type
 
@@ -46,20 +50,21 @@ class MeteredStore:
         self._clock = clock
 
     @property
-    def stats(self):
-        return self._store.stats
+    def stats(self) -> StoreStats:
+        stats: StoreStats = self._store.stats  # an Attribute of IStore: untyped
+        return stats
 
-    def _timed(self, operation: str, call: Callable[[], Deferred]) -> Deferred:
+    def _timed(self, operation: str, call: Callable[[], Deferred[_T]]) -> Deferred[_T]:
         start = self._clock()
         answer = call()
 
-        def observed(result):
+        def observed(result: _T | Failure) -> _T | Failure:
             self._observe(operation, self._clock() - start)
             return result
 
         return answer.addBoth(observed)
 
-    def put(self, tenant: str, originals: dict[str, bytes]) -> Deferred:
+    def put(self, tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
         return self._timed("put", lambda: self._store.put(tenant, originals))
 
     def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
@@ -68,23 +73,23 @@ class MeteredStore:
     def touch(self, tenant: str, ids: Iterable[str]) -> None:
         self._store.touch(tenant, ids)
 
-    def get(self, tenant: str, id: str) -> Deferred:
+    def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
         return self._timed("get", lambda: self._store.get(tenant, id))
 
-    def freeze(self, tenant: str, key: str, text: bytes) -> Deferred:
+    def freeze(self, tenant: str, key: str, text: bytes) -> Deferred[bytes]:
         return self._timed("freeze", lambda: self._store.freeze(tenant, key, text))
 
-    def frozen(self, tenant: str, key: str) -> Deferred:
+    def frozen(self, tenant: str, key: str) -> Deferred[bytes | None]:
         return self._timed("frozen", lambda: self._store.frozen(tenant, key))
 
-    def cache_until(self, tenant: str, key: str, until: float) -> Deferred:
+    def cache_until(self, tenant: str, key: str, until: float) -> Deferred[float | None]:
         return self._timed("cache_until", lambda: self._store.cache_until(tenant, key, until))
 
     def info(self) -> "Deferred[StoreInfo]":
         return self._timed("info", self._store.info)
 
-    def purge(self, older_than_days: float | None) -> Deferred:
+    def purge(self, older_than_days: float | None) -> Deferred[int]:
         return self._store.purge(older_than_days)
 
-    def close(self) -> Deferred:
+    def close(self) -> Deferred[None]:
         return self._store.close()
