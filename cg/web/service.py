@@ -5,12 +5,17 @@ from __future__ import annotations
 import gc
 import os
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from twisted.application import service
-from twisted.internet import defer, task
+from twisted.internet import defer, task, tcp
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IAddress, IListeningPort
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from cg import __version__
 from cg.compaction import options
@@ -21,6 +26,7 @@ from cg.record.changelog import open_changelog
 from cg.record.metrics import Metrics
 from cg.record.stats import Stats
 from cg.store import default_store_url, store_from_url, store_label
+from cg.store.base import StoreInfo
 from cg.web import memofile, systemd
 from cg.web.config import Config
 from cg.web.forwarder import Forwarder
@@ -43,6 +49,11 @@ log = Logger(namespace="cg.web.service")
 # memo holds, every ~2 s in a tight loop.
 _GC_YOUNG = 10_000
 
+_T = TypeVar("_T")
+
+# What signal.signal takes and returns (typeshed's own alias is private).
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
 
 def settle_gc() -> None:
     """Tune the garbage collector for a long-running proxy, once the service is built.
@@ -58,7 +69,7 @@ def settle_gc() -> None:
     gc.set_threshold(_GC_YOUNG, 10, 10)
 
 
-def _install_sighup(reopen):
+def _install_sighup(reopen: Callable[[], object]) -> SignalHandler:
     """SIGHUP calls `reopen` (the change log's, for logrotate); returns the previous handler.
 
     Only the main thread may set signal handlers: elsewhere nothing changes.
@@ -69,7 +80,7 @@ def _install_sighup(reopen):
         return None
 
 
-def _restore_sighup(previous):
+def _restore_sighup(previous: SignalHandler) -> None:
     if previous is not None:
         try:
             signal.signal(signal.SIGHUP, previous)
@@ -82,26 +93,30 @@ def rewrite_config(config: Config) -> RewriteConfig:
                                   config.disabled_components, config.cold_policy)
 
 
-def _why_not_listening(description: str, failure) -> str:
+def _why_not_listening(description: str, failure: Failure) -> str:
     """"address already in use", not the CannotListenError's repr."""
     error = getattr(failure.value, "socketError", None)
     if isinstance(error, OSError) and error.strerror:
         return error.strerror[0].lower() + error.strerror[1:]
     if description.startswith("systemd:") and failure.check(IndexError, KeyError):
         return "systemd passed no such socket (is cg started by cg.socket?)"
-    return failure.getErrorMessage()
+    message: str = failure.getErrorMessage()  # untyped in Twisted
+    return message
 
 
-def listening_url(description: str, address) -> str:
+def listening_url(description: str, address: IAddress) -> str:
     """A listening address as a client is pointed at it: http://127.0.0.1:8080."""
     host = getattr(address, "host", None)
     if host is None:
-        return f"unix:{os.fsdecode(address.name)}"
+        name = cast(UNIXAddress, address).name
+        assert name is not None  # a listening socket's path
+        return f"unix:{os.fsdecode(name)}"
+    port = cast("IPv4Address | IPv6Address", address).port
     scheme = "https" if description.startswith("ssl:") else "http"
-    return f"{scheme}://[{host}]:{address.port}" if ":" in host else f"{scheme}://{host}:{address.port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-def take_turns(port):
+def take_turns(port: tcp.Port) -> tcp.Port:
     """A listening port that accepts one connection each time its socket is ready, not a burst.
 
     Workers share one listening socket; Twisted's port accepts up to 100 connections at a time
@@ -109,27 +124,27 @@ def take_turns(port):
     new connection and kept it, and a busy one took as many as an idle one. One at a time, an
     idle worker takes the next: it is back at the socket first.
     """
-    accept_ready = port.doRead
+    accept_ready: Callable[[], None] = port.doRead
 
-    def accept_one():
+    def accept_one() -> None:
         port.numberAccepts = 1
         return accept_ready()
 
-    port.doRead = accept_one
+    port.doRead = accept_one  # type: ignore[method-assign]
     return port
 
 
-def bind_now(listening: defer.Deferred, descriptions: tuple[str, ...]) -> None:
+def bind_now(listening: defer.Deferred[_T], descriptions: tuple[str, ...]) -> None:
     """Exit with one line if `listening` (every endpoint's, gathered) has failed already.
 
     `twistd cg` binds from makeService, before twistd starts its log or daemonizes: the
     line goes to the terminal (or the journal), with no traceback, no pid file left
     behind, and no daemonizing parent left waiting for a child that died.
     """
-    failures: list = []
+    failures: list[Failure] = []
     listening.addErrback(failures.append)
     if failures:
-        first = failures[0].value  # a FirstError: which endpoint, and why
+        first = cast(defer.FirstError, failures[0].value)  # which endpoint, and why
         description = descriptions[first.index]
         raise SystemExit(f"cg: cannot listen on {description}: {_why_not_listening(description, first.subFailure)}")
 
@@ -141,7 +156,9 @@ class CGService(service.Service):
     # (IService documents a str or None).
     name = "cg"  # type: ignore[assignment]
 
-    def __init__(self, config: Config, reactor=None, worker: WorkerInfo | None = None):
+    # reactor: the installed one's parts cg uses (IReactorTime, IReactorFromThreads, IReactorSocket, and
+    # IReactorTCP through the endpoints), which no one type says.
+    def __init__(self, config: Config, reactor: Any = None, worker: WorkerInfo | None = None) -> None:
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
@@ -151,7 +168,7 @@ class CGService(service.Service):
         if worker is not None:
             self.stats.worker = {"index": worker.index, "of": worker.of, "pid": os.getpid()}
 
-        def count_retry():
+        def count_retry() -> None:
             self.stats.upstream_retries += 1
 
         trust_root = load_trust_root(config.upstream_ca) if config.upstream_ca else None
@@ -178,18 +195,18 @@ class CGService(service.Service):
         self._store_info = task.LoopingCall(self._refresh_store_info)
         self._store_info.clock = reactor
         self._store_untold = False  # the start-up line said "opening": say the count once known
-        self._previous_hup = None
+        self._previous_hup: SignalHandler = None
         rewriter = Rewriter(rewrite_config(config), Memo.sized(config.memo_mb << 20))
         self.stats.memo = self.memo = rewriter.memo
         # Decided before this start: read now, before cg listens; written again as cg goes (cg.web.memofile).
         directory = memofile.memo_dir(config.memo_dir, store_url) if config.memo_mb else None
-        self.memo_file = None
+        self.memo_file: memofile.MemoFile | None = None
         if directory is not None:
             code = memofile.code_fingerprint()
             memofile.load(self.memo, directory, code)
             name = memofile.file_name(None if worker is None else worker.index)
             self.memo_file = memofile.MemoFile(self.memo, directory, name, code, reactor)
-        self.keepalive = None
+        self.keepalive: KeepAlive | None = None
         if config.keepalive:
             policy = Policy(config.keepalive_max_idle, config.keepalive_budget, config.keepalive_max_conversations)
             self.keepalive = KeepAlive(self.upstream, reactor, split_base(config.anthropic_upstream), policy,
@@ -216,29 +233,30 @@ class CGService(service.Service):
         self.site.noisy = False
         self.connections = Connections(self.site)
         self.connections.noisy = False
-        self.ports: list = []
-        self._listening: defer.Deferred | None = None  # binding the --listen endpoints, until stopService
+        self.ports: list[IListeningPort] = []
+        # binding the --listen endpoints, until stopService
+        self._listening: defer.Deferred[list[IListeningPort]] | None = None
 
-    def bind(self):
+    def bind(self) -> None:
         """Bind every --listen endpoint now (a worker: adopt its sockets); see `bind_now`."""
         bind_now(self._listen(), self.config.listen)
 
-    def privilegedStartService(self):
-        super().privilegedStartService()
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.bind()
 
-    def startService(self):
-        super().startService()
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self._store_info.start(10.0, now=True)  # first: a store that answers at once is in the line
         if self.memo_file is not None:
             self.memo_file.start()
         self._listen().addCallback(self._ready)
         self._previous_hup = _install_sighup(lambda: self.reactor.callFromThread(self._reopen_changelog))
 
-    def _ready(self, _):
+    def _ready(self, _: list[IListeningPort]) -> None:
         """Say where cg listens and what it does, then tell systemd it is ready."""
         config = self.config
-        info = self.stats.store_info
+        info = cast("StoreInfo | None", self.stats.store_info)  # as _refresh_store_info keeps it
         self._store_untold = info is None
         log.info(
             "cg {version}{worker} listening on {where} \N{RIGHTWARDS ARROW} Anthropic {anthropic}, OpenAI {openai}; "
@@ -257,8 +275,8 @@ class CGService(service.Service):
         )
         systemd.notify(b"READY=1")
 
-    def _refresh_store_info(self):
-        def keep(info):
+    def _refresh_store_info(self) -> defer.Deferred[None]:
+        def keep(info: StoreInfo) -> None:
             self.stats.store_info, self.stats.store_info_as_of = info, self.reactor.seconds()
             if self._store_untold:
                 self._store_untold = False
@@ -267,16 +285,17 @@ class CGService(service.Service):
         refreshed = self.metered_store.info().addCallbacks(keep, lambda failure: None)  # the store logs its errors
         return refreshed.addCallback(lambda _: self.stats.sync())
 
-    def _reopen_changelog(self):
+    def _reopen_changelog(self) -> None:
         if self.changelog.path is None:
             log.info("cg got SIGHUP: no --changelog to reopen")
             return
         reopened = self.changelog.reopen()
         reopened.addCallback(lambda _: log.info("cg reopened the change log {path} (SIGHUP)", path=self.changelog.path))
 
-    def _listen(self) -> defer.Deferred:
+    def _listen(self) -> defer.Deferred[list[IListeningPort]]:
         if self._listening is None:
             # maybeDeferred: a description that does not parse raises before any Deferred exists.
+            listens: list[defer.Deferred[IListeningPort]]
             if self.worker is not None:
                 listens = [defer.maybeDeferred(self._adopt, fd, family) for fd, family in self.worker.sockets]
             else:
@@ -285,18 +304,20 @@ class CGService(service.Service):
             self._listening.addCallback(self.ports.extend)
         return self._listening
 
-    def _listen_on(self, description: str) -> defer.Deferred:
-        return serverFromString(self.reactor, description).listen(self.connections)
+    def _listen_on(self, description: str) -> defer.Deferred[IListeningPort]:
+        listening: defer.Deferred[IListeningPort] = serverFromString(self.reactor, description).listen(self.connections)
+        return listening
 
-    def _adopt(self, fd: int, family: int):
+    def _adopt(self, fd: int, family: int) -> IListeningPort:
         """A socket the parent of --workers bound: the reactor keeps its own copy of it."""
-        port = take_turns(self.reactor.adoptStreamPort(fd, family, self.connections))
+        # adoptStreamPort makes a tcp.Port (or a unix.Port, one of them): take_turns reaches into it.
+        port = take_turns(cast(tcp.Port, self.reactor.adoptStreamPort(fd, family, self.connections)))
         os.close(fd)
         return port
 
-    def stopService(self):
+    def stopService(self) -> defer.Deferred[list[Any]]:  # no one reads the list
         """Stop accepting, let in-flight responses finish (up to drain_timeout), then cut them."""
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         systemd.notify(b"STOPPING=1")
         if self._store_info.running:
             self._store_info.stop()
@@ -311,10 +332,12 @@ class CGService(service.Service):
             log.info("cg draining {n} in-flight requests", n=in_flight)
         timer = self.reactor.callLater(self.config.drain_timeout, self._cut)
 
-        def closed(_):
+        def closed(_: object) -> defer.Deferred[list[Any]]:
             if timer.active():
                 timer.cancel()
-            closing = [self.upstream.close(), self.store.close(), self.changelog.close()]
+            closing: list[defer.Deferred[Any]] = [
+                self.upstream.close(), self.store.close(), self.changelog.close()
+            ]
             if self.memo_file is not None:
                 closing.append(self.memo_file.stop())
             return defer.gatherResults(closing)
@@ -324,7 +347,7 @@ class CGService(service.Service):
         drain.addCallback(closed)
         return defer.gatherResults([*stopped, drain])
 
-    def _cut(self):
+    def _cut(self) -> None:
         """The drain timeout ran out: cut what is still open."""
         self.forwarder.abort_all()
         self.connections.abort_all()

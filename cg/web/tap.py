@@ -1,6 +1,8 @@
 """`twistd cg`: the command line, documented by `twistd cg --help`."""
 
 import os
+from collections.abc import Callable
+from typing import NoReturn
 
 from twisted.copyright import version as twisted_version
 from twisted.python import usage
@@ -19,7 +21,7 @@ _DEFAULTS = Config()
 DEFAULT_LISTEN = _DEFAULTS.listen[0]
 
 
-def _option(spec: tuple, *coerce) -> list:
+def _option(spec: tuple[str, object, str], *coerce: Callable[[str], object]) -> list[object]:
     """A shared option (cg.compaction.options: name, default, help) as optParameters lists it."""
     name, default, text = spec
     return [name, None, default, text, *coerce]
@@ -186,13 +188,13 @@ class Options(usage.Options):
          "cache_control breakpoint and a session id only (docs/how-to/keep-the-cache-warm.md)."],
     ]
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self["listen"] = []
         self["disable"] = []
         self.store_password: str | None = None  # postOptions: from --store-password-file or the environment
 
-    def opt_listen(self, description):
+    def opt_listen(self, description: str) -> None:
         self["listen"].append(description)
 
     opt_listen.__doc__ = (
@@ -201,12 +203,12 @@ class Options(usage.Options):
         "net.core.somaxconn). Under systemd socket activation: systemd:domain=INET:index=0"
     )
 
-    def opt_version(self):
+    def opt_version(self) -> NoReturn:
         """Print cg's version and exit."""
         print(f"cg {__version__} (Twisted {twisted_version})")
         raise SystemExit(0)
 
-    def opt_disable(self, component):
+    def opt_disable(self, component: str) -> None:
         try:
             self["disable"].append(options.check_disable(component))
         except ValueError as error:
@@ -214,7 +216,7 @@ class Options(usage.Options):
 
     opt_disable.__doc__ = options.DISABLE_HELP
 
-    def postOptions(self):
+    def postOptions(self) -> None:
         if not self["listen"]:
             self["listen"] = [DEFAULT_LISTEN]
         for option, allowed in (("expand", ("on", "off")), ("cold-policy", ("on", "off")),
@@ -225,8 +227,10 @@ class Options(usage.Options):
             parse_tenant(self["tenant"])  # its message names --tenant
         except ValueError as error:
             raise usage.UsageError(str(error)) from error
-        checks = [("max-body", parse_size), ("max-held", parse_size),
-                  ("anthropic-upstream", split_base), ("openai-upstream", split_base)]
+        checks: list[tuple[str, Callable[[str], object]]] = [
+            ("max-body", parse_size), ("max-held", parse_size),
+            ("anthropic-upstream", split_base), ("openai-upstream", split_base),
+        ]
         if self["store"] is not None:
             checks.append(("store", parse_store_url))
         for option, check in checks:

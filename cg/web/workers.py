@@ -30,22 +30,24 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 from prometheus_client import multiprocess
 from twisted.application import service
-from twisted.internet import abstract, defer, fdesc, protocol
+from twisted.internet import abstract, defer, fdesc, protocol, tcp
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.error import ProcessExitedAlready
-from twisted.internet.interfaces import IProcessTransport
+from twisted.internet.error import ConnectionDone, ConnectionLost, ProcessExitedAlready
+from twisted.internet.interfaces import IAddress, IDelayedCall, IProcessTransport, IReactorFDSet
 from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
+from twisted.python.failure import Failure
 
 from cg import __version__
 from cg.web import systemd
 from cg.web.config import Config
-from cg.web.service import CGService, bind_now, listening_url, settle_gc
+from cg.web.service import CGService, SignalHandler, bind_now, listening_url, settle_gc
 
 log = Logger(namespace="cg.web.workers")
 
@@ -79,7 +81,7 @@ class _NeverAccepts(protocol.Factory):
 
     noisy = False
 
-    def buildProtocol(self, addr):
+    def buildProtocol(self, addr: IAddress | None) -> protocol.Protocol | None:
         return None  # refuses the connection, should one ever be accepted here
 
 
@@ -99,7 +101,7 @@ class _Worker(protocol.ProcessProtocol):
             except ProcessExitedAlready:
                 pass
 
-    def processEnded(self, reason):
+    def processEnded(self, reason: Failure) -> None:
         self.ended.callback(None)
         self.pool._ended(self, reason.value)
 
@@ -109,36 +111,39 @@ class WorkerPool(service.Service):
 
     name = "cg"  # type: ignore[assignment]  # Twisted's Service says `name = None`
 
-    def __init__(self, config: Config, reactor=None, executable: str = sys.executable):
+    # reactor: the installed one's parts the pool uses (IReactorTime, IReactorProcess, IReactorFromThreads,
+    # and IReactorTCP through the endpoints), which no one type says.
+    def __init__(self, config: Config, reactor: Any = None, executable: str = sys.executable) -> None:
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
         self.reactor = reactor
         self.executable = executable
-        self.ports: list = []
+        self.ports: list[tcp.Port] = []  # tcp:, unix: and systemd: endpoints' (a unix.Port is one)
         self.workers: dict[int, _Worker] = {}
         self._delay = _RESTART_DELAY
-        self._pending: dict[int, object] = {}  # index -> the delayed restart
-        self._previous_hup = None
+        self._pending: dict[int, IDelayedCall] = {}  # index -> the delayed restart
+        self._previous_hup: SignalHandler = None
         self._metrics_dir: Path | None = None
         self._own_metrics_dir = False  # made by this pool: removed at stop
 
-    def bind(self):
+    def bind(self) -> None:
         """Bind every --listen endpoint now (a port in use: one line, as `CGService.bind`)."""
-        listens = [defer.maybeDeferred(serverFromString(self.reactor, d).listen, _NeverAccepts())
-                   for d in self.config.listen]
+        listens: list[defer.Deferred[tcp.Port]] = [
+            defer.maybeDeferred(serverFromString(self.reactor, d).listen, _NeverAccepts()) for d in self.config.listen
+        ]
         bind_now(defer.gatherResults(listens, consumeErrors=True).addCallback(self.ports.extend),
                  self.config.listen)
         for port in self.ports:
             port.stopReading()  # the workers accept, never the parent
 
-    def privilegedStartService(self):
-        super().privilegedStartService()
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         if not self.ports:
             self.bind()
 
-    def startService(self):
-        super().startService()
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self._open_metrics_dir()
         for index in range(self.config.workers):
             self._spawn(index)
@@ -184,7 +189,8 @@ class WorkerPool(service.Service):
         if self.workers.get(worker.index) is worker:
             del self.workers[worker.index]
         if self._metrics_dir is not None and worker.pid is not None:
-            multiprocess.mark_process_dead(worker.pid, str(self._metrics_dir))
+            multiprocess.mark_process_dead(  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+                worker.pid, str(self._metrics_dir))
         if not self.running:
             return
         lived = self.reactor.seconds() - worker.started
@@ -197,14 +203,14 @@ class WorkerPool(service.Service):
         for worker in list(self.workers.values()):
             worker.signal("HUP")
 
-    def stopService(self):
+    def stopService(self) -> defer.Deferred[Any]:  # no one reads its result
         """Stop every worker (SIGTERM: each drains), kill what is left after the drain timeout."""
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         systemd.notify(b"STOPPING=1")
         if self._previous_hup is not None:
             signal.signal(signal.SIGHUP, self._previous_hup)
         for delayed in self._pending.values():
-            delayed.cancel()  # type: ignore[attr-defined]
+            delayed.cancel()
         self._pending.clear()
         workers = list(self.workers.values())
         for worker in workers:
@@ -212,7 +218,7 @@ class WorkerPool(service.Service):
         kill = self.reactor.callLater(self.config.drain_timeout + _KILL_MARGIN, self._kill, workers)
         stopped = defer.DeferredList([worker.ended for worker in workers])
 
-        def done(_):
+        def done(_: object) -> defer.Deferred[list[tuple[bool, Any]]]:
             if kill.active():
                 kill.cancel()
             if self._own_metrics_dir and self._metrics_dir is not None:
@@ -232,7 +238,7 @@ class _ParentWatch(abstract.FileDescriptor):
     """The read end of the parent's pipe: its end (the parent died) stops the worker. Only this
     pipe is made non-blocking: stdout is the parent's too (the journal's socket, a terminal)."""
 
-    def __init__(self, fd: int, stop, reactor) -> None:
+    def __init__(self, fd: int, stop: Callable[[str], object], reactor: IReactorFDSet) -> None:
         super().__init__(reactor)
         self.fd = fd
         self.stop = stop
@@ -241,11 +247,12 @@ class _ParentWatch(abstract.FileDescriptor):
     def fileno(self) -> int:
         return self.fd
 
-    def doRead(self):
-        return fdesc.readFromFD(self.fd, lambda data: None)
+    def doRead(self) -> ConnectionLost | ConnectionDone | None:
+        lost: ConnectionLost | ConnectionDone | None = fdesc.readFromFD(self.fd, lambda data: None)
+        return lost
 
-    def connectionLost(self, reason=None):
-        super().connectionLost(reason)
+    def connectionLost(self, reason: Failure | None = None) -> None:
+        super().connectionLost(reason)  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.stop("its parent is gone")
 
 
@@ -292,7 +299,9 @@ def main() -> None:
         signal.signal(signum, lambda number, frame: reactor.callFromThread(stop, signal.Signals(number).name))
     cg.privilegedStartService()
     reactor.callWhenRunning(cg.startService)
-    reactor.callWhenRunning(lambda: _ParentWatch(_PARENT_FD, stop, reactor).startReading())
+    reactor.callWhenRunning(
+        lambda: _ParentWatch(_PARENT_FD, stop, reactor).startReading()  # type: ignore[no-untyped-call]  # Twisted's
+    )
     reactor.addSystemEventTrigger("before", "shutdown", cg.stopService)
     reactor.run(installSignalHandlers=False)
 
