@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from twisted.internet.interfaces import IReactorFromThreads
+
 from cg.store.base import DEFAULT_MAX_BYTES, IStore, StoreError, StoreInfo, StoreStats
 from cg.store.memory import MemoryStore
 from cg.store.redis import PASSWORD_ENV, RedisAddress, RedisDB, RedisStore, store_password
@@ -52,7 +54,7 @@ def store_label(url: str) -> str:
 
 
 def store_from_url(
-    url: str, reactor=None, max_bytes: int = DEFAULT_MAX_BYTES, password: str | None = None
+    url: str, reactor: IReactorFromThreads | None = None, max_bytes: int = DEFAULT_MAX_BYTES, password: str | None = None
 ) -> IStore:
     """The store for ``--store URL``. Raises ValueError on a malformed URL (a usage error),
     never on a store that fails to open (that fails open, at run time). ``password`` (see

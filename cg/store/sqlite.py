@@ -8,7 +8,7 @@ import os
 import sqlite3
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Set
 from typing import cast
 
 import attrs
@@ -109,13 +109,15 @@ class SQLiteDB:
             raise
 
     def _sum(self) -> int:
-        return self.conn.execute(
+        total: int = self.conn.execute(
             "SELECT (SELECT coalesce(sum(size), 0) FROM originals)"
             " + (SELECT coalesce(sum(size), 0) FROM frozen)"
         ).fetchone()[0]
+        return total
 
     def _version(self) -> int:
-        return self.conn.execute("PRAGMA data_version").fetchone()[0]
+        version: int = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        return version
 
     def changed_elsewhere(self) -> bool:
         """Whether another connection committed since the last check (our own commits
@@ -127,7 +129,7 @@ class SQLiteDB:
         self.total = self._sum()
         return True
 
-    def put(self, tenant: str, originals: dict[str, bytes]) -> tuple[set[str], list, int]:
+    def put(self, tenant: str, originals: dict[str, bytes]) -> tuple[set[str], list[tuple[str, str]], int]:
         """Write the new originals and refresh the others' last use.
 
         Returns (ids written, (tenant, id) of originals evicted, number of entries evicted).
@@ -149,7 +151,7 @@ class SQLiteDB:
             evicted, count = self._evict(protect_originals={(tenant, i) for i in originals})
         return written, evicted, count
 
-    def freeze(self, tenant: str, key: str, text: bytes) -> tuple[bytes, list, int]:
+    def freeze(self, tenant: str, key: str, text: bytes) -> tuple[bytes, list[tuple[str, str]], int]:
         """Returns (the stored text, evicted originals, number of entries evicted)."""
         now = self.clock()
         with self._transaction():
@@ -194,7 +196,11 @@ class SQLiteDB:
             self.conn.execute("PRAGMA synchronous = FULL")
         return before
 
-    def _evict(self, protect_originals=frozenset(), protect_frozen=frozenset()) -> tuple[list, int]:
+    def _evict(
+        self,
+        protect_originals: Set[tuple[str, str]] = frozenset(),
+        protect_frozen: Set[tuple[str, str]] = frozenset(),
+    ) -> tuple[list[tuple[str, str]], int]:
         """Least recently used originals first; frozen texts only once no original is left,
         because dropping one changes bytes a provider has cached."""
         if self.total <= self.max_bytes:
@@ -203,7 +209,7 @@ class SQLiteDB:
         frozen = self._drop("frozen", "key", protect_frozen)
         return originals, len(originals) + len(frozen)
 
-    def _drop(self, table: str, key: str, protect) -> list[tuple[str, str]]:
+    def _drop(self, table: str, key: str, protect: Set[tuple[str, str]]) -> list[tuple[str, str]]:
         target = self.max_bytes * EVICT_TO
         victims = []
         rows = self.conn.execute(
@@ -222,7 +228,7 @@ class SQLiteDB:
     def touch(self, keys: Iterable[tuple[str, str, str]]) -> None:
         """Set last use to now for ("originals" | "frozen", tenant, id-or-key) triples."""
         now = self.clock()
-        by_table: dict[str, list] = {"originals": [], "frozen": []}
+        by_table: dict[str, list[tuple[float, str, str]]] = {"originals": [], "frozen": []}
         for table, tenant, name in keys:
             by_table[table].append((now, tenant, name))
         with self._transaction():

@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
@@ -25,6 +25,9 @@ from cg.store.base import DEFAULT_MAX_BYTES, StoreError, StoreInfo, StoreStats, 
 from cg.worker import Worker
 
 log = Logger(namespace="cg.store")
+
+_T = TypeVar("_T")
+
 # Seconds between flushes of batched last-use times (and checks for changes made by
 # another connection, e.g. ``cg-store purge`` or another cg).
 FLUSH_INTERVAL = 2.0
@@ -323,7 +326,7 @@ class ThreadedStore:
         )
         self._worker.submit_background(self._connection.open)
 
-    def _submit(self, fn: Callable[..., object], *args: object) -> Deferred:
+    def _submit(self, fn: Callable[..., _T], *args: object) -> Deferred[_T]:
         if self._closed:
             return fail(StoreError("store is closed"))
         return self._worker.submit(fn, *args).addErrback(
