@@ -53,7 +53,7 @@ def compaction_record(
     content_hash: str,
     part: int | None,
     step: int,
-) -> dict:
+) -> dict[str, object]:
     """One component's rewrite of one tool result in one forwarded request.
 
     A decision replayed on a later turn is logged again: summing ``tokens_deleted`` over the
@@ -102,7 +102,7 @@ def usage_record(
     expand_rounds: int = 0,
     model: str | None = None,
     cache_write_1h_tokens: int = 0,
-) -> dict:
+) -> dict[str, object]:
     """The usage the provider billed for one request (one line per request).
 
     ``input_tokens`` is uncached input only (Anthropic's ``input_tokens``; for OpenAI,
@@ -129,7 +129,7 @@ def usage_record(
     }
 
 
-def _encode(record: dict) -> bytes:
+def _encode(record: dict[str, object]) -> bytes:
     # Compact, ASCII-only (any session id or tool name survives), "/" unescaped (paths read).
     return ujson.dumps(record, ensure_ascii=True, escape_forward_slashes=False).encode("ascii") + b"\n"
 
@@ -249,7 +249,7 @@ class ChangeLog:
         )
         self._worker.submit_background(self._file.open)
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict[str, object]) -> None:
         """Queue one record (a dict from a builder above). Never raises, never blocks."""
         if self._closed:
             self._failed(1, "the change log is closed")
@@ -317,7 +317,7 @@ class NullChangeLog:
     path = None
     errors = 0
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict[str, object]) -> None:
         pass
 
     def flush(self) -> Deferred[None]:
@@ -330,6 +330,6 @@ class NullChangeLog:
         return succeed(None)
 
 
-def open_changelog(path: str | None, reactor=None) -> ChangeLog | NullChangeLog:
+def open_changelog(path: str | None, reactor: IReactorFromThreads | None = None) -> ChangeLog | NullChangeLog:
     """A ChangeLog for ``--changelog PATH``, or a NullChangeLog without one."""
     return NullChangeLog() if not path else ChangeLog(path, reactor)
