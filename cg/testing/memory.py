@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from twisted.internet import defer, error
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IProtocol, IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
@@ -32,17 +32,18 @@ class MemoryUpstream:
     `stopProducing`, as with a real connection (on a MemoryReactorClock, `advance(0)`).
     """
 
-    def __init__(self, reactor: IReactorTime):
+    def __init__(self, reactor: IReactorTime) -> None:
         self.reactor = reactor
         self.requests: list[MemoryRequest] = []
         self.closed = False
 
-    def request(self, method: bytes, origin: bytes, path: bytes, headers: Headers, body: bytes | None):
+    def request(self, method: bytes, origin: bytes, path: bytes, headers: Headers,
+                body: bytes | None) -> defer.Deferred[MemoryResponse]:
         request = MemoryRequest(self, method, origin, path, headers, body)
         self.requests.append(request)
         return request.result
 
-    def close(self) -> defer.Deferred:
+    def close(self) -> defer.Deferred[None]:
         self.closed = True
         return defer.succeed(None)
 
@@ -51,7 +52,7 @@ class MemoryRequest:
     """One request cg sent: what it sent, and the means to answer it (once)."""
 
     def __init__(self, upstream: MemoryUpstream, method: bytes, origin: bytes, path: bytes, headers: Headers,
-                 body: bytes | None):
+                 body: bytes | None) -> None:
         self._upstream = upstream
         self.method = method
         self.origin = origin
@@ -61,7 +62,7 @@ class MemoryRequest:
         self.cancelled = False  # cg gave up waiting for the head (its client left, say)
         self.result: defer.Deferred[MemoryResponse] = defer.Deferred(self._cancel)
 
-    def _cancel(self, _d):
+    def _cancel(self, _d: defer.Deferred[MemoryResponse]) -> None:
         self.cancelled = True
 
     def respond(self, code: int = 200, headers: Iterable[tuple[str | bytes, str | bytes]] = (),
@@ -90,7 +91,7 @@ class MemoryResponse:
     """
 
     def __init__(self, reactor: IReactorTime, code: int, phrase: bytes,
-                 headers: Iterable[tuple[str | bytes, str | bytes]]):
+                 headers: Iterable[tuple[str | bytes, str | bytes]]) -> None:
         self._reactor = reactor
         self.code = code
         self.phrase = phrase
@@ -100,14 +101,15 @@ class MemoryResponse:
         self.producer_calls: list[str] = []  # "pause", "resume", "stop", in the order cg made them
         self.paused = False
         self.stopped = False
-        self._protocol = None
+        self._protocol: IProtocol | None = None
         self._waiting: list[bytes | Failure] = []  # body bytes, then maybe its end, not yet delivered
         self._ended = False  # the test ended the body
         self._lost = False  # the protocol got connectionLost
 
-    def deliverBody(self, protocol) -> None:
+    def deliverBody(self, protocol: IProtocol) -> None:
         self._protocol = protocol
-        protocol.makeConnection(self)
+        # The body's transport is this producer, as Agent's is a producer proxy: no ITransport.
+        protocol.makeConnection(self)  # type: ignore[arg-type]
         self._deliver()
 
     def write(self, data: bytes) -> None:
