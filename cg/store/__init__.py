@@ -54,7 +54,10 @@ def store_label(url: str) -> str:
 
 
 def store_from_url(
-    url: str, reactor: IReactorFromThreads | None = None, max_bytes: int = DEFAULT_MAX_BYTES, password: str | None = None
+    url: str,
+    reactor: IReactorFromThreads | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    password: str | None = None,
 ) -> IStore:
     """The store for ``--store URL``. Raises ValueError on a malformed URL (a usage error),
     never on a store that fails to open (that fails open, at run time). ``password`` (see

@@ -101,8 +101,9 @@ class MemoFile:
     own, in order (the last is the stop's); the reactor thread only copies the table's entries.
     """
 
-    def __init__(self, memo: Memo, directory: str, name: str, code: str, reactor: IReactorFromThreads | None = None,
-                 interval: float = CHECKPOINT_INTERVAL, clock: IReactorTime | None = None) -> None:
+    def __init__(self, memo: Memo, directory: str, name: str, code: str,
+                 reactor: IReactorFromThreads | None = None, interval: float = CHECKPOINT_INTERVAL,
+                 clock: IReactorTime | None = None) -> None:
         if reactor is None:
             from twisted.internet import reactor as installed
 
