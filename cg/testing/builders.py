@@ -24,14 +24,14 @@ def _dumps(obj: object) -> bytes:
     return ujson.dumps(obj, ensure_ascii=False, escape_forward_slashes=False).encode()
 
 
-def sse_event(name: str | None, data: dict | list | str) -> bytes:
+def sse_event(name: str | None, data: dict[str, Any] | list[Any] | str) -> bytes:
     """One framed SSE event; ``name=None`` omits the event line, as OpenAI does."""
     payload = data.encode() if isinstance(data, str) else _dumps(data)
     head = b"" if name is None else b"event: " + name.encode() + b"\n"
     return head + b"data: " + payload + b"\n\n"
 
 
-def claude_code_bytes(body) -> bytes:
+def claude_code_bytes(body: object) -> bytes:
     """A request body serialized as Claude Code does (JSON.stringify: no spaces, non-ASCII and '/' raw)."""
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -48,9 +48,9 @@ def anthropic_message(
     id: str = "msg_fake",
     model: str = "claude-opus-4-8",
     stop_reason: str = "end_turn",
-    usage: dict | None = None,
-    content: list | None = None,
-) -> dict:
+    usage: dict[str, Any] | None = None,
+    content: list[Any] | None = None,
+) -> dict[str, Any]:
     """A non-streaming Messages API response; ``content`` defaults to one text block."""
     return {
         "id": id,
@@ -97,11 +97,11 @@ def anthropic_text_block(index: int, texts: Sequence[str]) -> list[bytes]:
     ]
 
 
-def anthropic_block_start(index: int, block: dict) -> bytes:
+def anthropic_block_start(index: int, block: dict[str, Any]) -> bytes:
     return sse_event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
 
 
-def anthropic_block_delta(index: int, delta: dict) -> bytes:
+def anthropic_block_delta(index: int, delta: dict[str, Any]) -> bytes:
     return sse_event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
 
 
@@ -189,9 +189,9 @@ def openai_completion(
     id: str = "chatcmpl-fake",
     model: str = "gpt-4.1-mini",
     finish_reason: str = "stop",
-    usage: dict | None = None,
+    usage: dict[str, Any] | None = None,
     calls: Sequence[tuple[str, str, str]] = (),
-) -> dict:
+) -> dict[str, Any]:
     """A non-streaming chat.completion; ``calls`` are (id, name, arguments) tool calls after the text
     (the finish_reason is then ``tool_calls``)."""
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
@@ -237,14 +237,14 @@ def openai_stream_events(
     finish_reason is then ``tool_calls``).
     """
 
-    def chunk(choices: list, usage: dict | None = None) -> bytes:
+    def chunk(choices: list[Any], usage: dict[str, Any] | None = None) -> bytes:
         body = {"id": id, "object": "chat.completion.chunk", "created": _CREATED, "model": model}
         body["choices"] = choices
         if include_usage:  # real OpenAI adds "usage": null to every chunk only when asked
             body["usage"] = usage
         return sse_event(None, body)
 
-    def choice(delta: dict, finish: str | None = None) -> list:
+    def choice(delta: dict[str, Any], finish: str | None = None) -> list[Any]:
         return [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
 
     events = [chunk(choice({"role": "assistant", "content": ""}))]
@@ -265,7 +265,7 @@ def openai_stream_events(
     return events
 
 
-def responses_message(text: str = HELLO, id: str = "msg_fake") -> dict:
+def responses_message(text: str = HELLO, id: str = "msg_fake") -> dict[str, Any]:
     """A finished Responses ``message`` output item holding one ``output_text`` part."""
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"id": id, "type": "message", "status": "completed", "role": "assistant", "content": [part]}
@@ -273,7 +273,7 @@ def responses_message(text: str = HELLO, id: str = "msg_fake") -> dict:
 
 def responses_function_call(
     name: str, arguments: str, call_id: str = "call_fake", id: str = "fc_fake"
-) -> dict:
+) -> dict[str, Any]:
     """A finished Responses ``function_call`` output item; ``arguments`` is the JSON text, as sent."""
     return {
         "id": id,
@@ -285,19 +285,19 @@ def responses_function_call(
     }
 
 
-def responses_reasoning(encrypted_content: str = "gAAAAfake==", id: str = "rs_fake") -> dict:
+def responses_reasoning(encrypted_content: str = "gAAAAfake==", id: str = "rs_fake") -> dict[str, Any]:
     """A Responses ``reasoning`` output item with no summary, as sent when encrypted content is included."""
     return {"id": id, "type": "reasoning", "summary": [], "encrypted_content": encrypted_content}
 
 
 def responses_response(
-    output: Sequence[dict] | None = None,
+    output: Sequence[dict[str, Any]] | None = None,
     id: str = "resp_fake",
     model: str = "gpt-5.5",
     status: str = "completed",
     input_tokens: int = 10,
     output_tokens: int = 5,
-) -> dict:
+) -> dict[str, Any]:
     """A Responses API ``response`` object; ``output`` (finished items) defaults to one message."""
     return {
         "id": id,
@@ -327,7 +327,7 @@ def _cut(text: str, n: int) -> list[str]:
     return [p for p in (text[len(text) * i // n : len(text) * (i + 1) // n] for i in range(n)) if p]
 
 
-def _item_events(index: int, item: dict, deltas: int) -> list[dict]:
+def _item_events(index: int, item: dict[str, Any], deltas: int) -> list[dict[str, Any]]:
     """The events of one output item at ``index``, without ``sequence_number``: added, the
     message's parts or the call's argument deltas, done."""
     at = {"item_id": item["id"], "output_index": index}
@@ -359,7 +359,7 @@ def _item_events(index: int, item: dict, deltas: int) -> list[dict]:
 
 
 def responses_stream_events(
-    output: Sequence[dict] | None = None,
+    output: Sequence[dict[str, Any]] | None = None,
     deltas: int = 2,
     id: str = "resp_fake",
     model: str = "gpt-5.5",

@@ -12,14 +12,14 @@ import argparse
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Any, cast
 
 import ujson
 from attrs import define, field
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IListeningPort, IReactorSSL, IReactorTCP
+from twisted.internet.interfaces import IListeningPort, IOpenSSLContextFactory, IReactorSSL, IReactorTCP
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
@@ -37,7 +37,7 @@ from cg.testing.validators import (
 # Requests as received
 
 
-def _client_left(failure):
+def _client_left(failure: Failure) -> str:
     """The client went away: "lost". Anything else (a test's timeout cancelling the wait) stays a failure."""
     failure.trap(ConnectionDone, ConnectionLost)
     return "lost"
@@ -53,7 +53,7 @@ class Received:
     body: bytes
     connection: int  # serial number of the TCP connection, from 1
     nth_on_connection: int  # 1 for the first request on its connection
-    finished: Deferred = field(eq=False, repr=False)  # fires "done" or "lost"
+    finished: Deferred[str] = field(eq=False, repr=False)  # fires "done" or "lost"
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of header ``name`` (case-insensitive), or None."""
@@ -100,8 +100,8 @@ def _port_number(port: IListeningPort) -> int:
 class _Request(Request):
     """Keeps the header lines as they arrived (twisted.web's Headers merge and reorder them)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.raw_headers: list[tuple[bytes, bytes]] = []
 
 
@@ -112,7 +112,7 @@ class _Channel(HTTPChannel):
     """
 
     def connectionMade(self) -> None:
-        super().connectionMade()
+        super().connectionMade()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.upstream: FakeUpstream = self.factory.upstream
         self.serial = self.upstream._connected(self)
         self.requests_seen = 0
@@ -120,11 +120,11 @@ class _Channel(HTTPChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.upstream._channels.discard(self)
-        super().connectionLost(reason)
+        super().connectionLost(reason)  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.closed.callback(None)
 
     def headerReceived(self, line: bytes) -> bool:
-        ok = super().headerReceived(line)
+        ok: bool = super().headerReceived(line)  # type: ignore[no-untyped-call]  # untyped in Twisted
         if ok:
             name, value = line.split(b":", 1)
             self.requests[-1].raw_headers.append((name.lower(), value.strip(b" \t")))
@@ -135,10 +135,10 @@ class _Root(Resource):
     isLeaf = True
 
     def __init__(self, upstream: FakeUpstream) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self._upstream = upstream
 
-    def render(self, request: _Request):
+    def render(self, request: _Request) -> int:
         self._upstream._handle(request)
         return NOT_DONE_YET
 
@@ -148,8 +148,9 @@ class _Site(Site):
     # annotation of Site.protocol, the wrapper's factory, does not foresee).
     protocol = _Channel  # type: ignore[assignment]
 
-    def __init__(self, upstream: FakeUpstream, reactor) -> None:
-        super().__init__(_Root(upstream), requestFactory=_Request, reactor=reactor)
+    def __init__(self, upstream: FakeUpstream, reactor: IReactorTCP) -> None:
+        super().__init__(  # type: ignore[no-untyped-call]  # untyped in Twisted
+            _Root(upstream), requestFactory=_Request, reactor=reactor)
         self.upstream = upstream
 
 
@@ -185,10 +186,11 @@ class FakeUpstream:
     _queue: deque[Reply] = field(factory=deque, init=False)
     _port: IListeningPort | None = field(default=None, init=False)
     _channels: set[_Channel] = field(factory=set, init=False)
-    _serials: itertools.count = field(factory=lambda: itertools.count(1), init=False)
+    _serials: itertools.count[int] = field(factory=lambda: itertools.count(1), init=False)
 
     def listen(
-        self, reactor: IReactorTCP, port: int = 0, interface: str = "127.0.0.1", tls=None
+        self, reactor: IReactorTCP, port: int = 0, interface: str = "127.0.0.1",
+        tls: IOpenSSLContextFactory | None = None,
     ) -> IListeningPort:
         """Start serving; returns the IListeningPort and sets ``url``.
 
@@ -293,7 +295,7 @@ class FakeUpstream:
 
     def _sent_events(self, events: Sequence[bytes]) -> None:
         """Remember the thinking blocks of an Anthropic stream: start, thinking and signature deltas."""
-        open_blocks: dict[object, dict] = {}
+        open_blocks: dict[object, dict[str, Any]] = {}
         for event in events:
             if b"thinking" not in event and b"signature" not in event:
                 continue

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import ujson
 from attrs import field, frozen
 from attrs.validators import gt, in_
-from twisted.internet.interfaces import IPushProducer, ITCPTransport
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime, ITCPTransport
+from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.server import Request
 from zope.interface import implementer
@@ -70,7 +71,7 @@ def _start_response(
 class JSONReply:
     """A complete JSON response (dict/list serialized compactly, bytes sent as is)."""
 
-    body: dict | list | bytes
+    body: dict[str, Any] | list[Any] | bytes
     status: int = 200
     headers: HeaderPairs = field(default=(), converter=tuple)
     gzip: bool = False
@@ -114,18 +115,19 @@ class SSEReply:
         _start_response(request, self.status, defaults, self.headers)
         upstream._sent_events(self.events)
         request.write(b"")  # headers go out now, as a provider's do, before the first event
-        _SSEPlayback(self, request, upstream.reactor).start()
+        # The reactor the fake listens on (`FakeUpstream.listen`): its clock too.
+        _SSEPlayback(self, request, cast(IReactorTime, upstream.reactor)).start()
 
 
 class _SSEPlayback:
     """Writes one SSEReply's events on reactor timers; stops if the client goes away."""
 
-    def __init__(self, reply: SSEReply, request: Request, reactor) -> None:
+    def __init__(self, reply: SSEReply, request: Request, reactor: IReactorTime) -> None:
         self._reply = reply
         self._request = request
         self._reactor = reactor
         self._next = 0
-        self._call = None
+        self._call: IDelayedCall | None = None
         # wbits=31: gzip framing, as Content-Encoding: gzip requires.
         self._zip = zlib.compressobj(wbits=31) if reply.gzip else None
 
@@ -133,7 +135,7 @@ class _SSEPlayback:
         self._request.notifyFinish().addErrback(self._lost)
         self._call = self._reactor.callLater(self._reply.first_delay, self._step)
 
-    def _lost(self, _reason) -> None:
+    def _lost(self, _reason: Failure) -> None:
         if self._call is not None and self._call.active():
             self._call.cancel()
 
@@ -262,7 +264,7 @@ def _fake_texts(n: int) -> list[str]:
 FAKE_EXPAND_ID = "toolu_fake_expand"  # the tool_use id of the expand call ``x-fake-expand`` plays
 
 
-def _answers_fake_expand(body: dict) -> bool:
+def _answers_fake_expand(body: dict[str, Any]) -> bool:
     """Whether the last user message of ``body`` holds a tool_result for the ``x-fake-expand`` call."""
     messages = body.get("messages")
     users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"] if isinstance(messages, list) else []
@@ -276,7 +278,7 @@ def _answers_fake_expand(body: dict) -> bool:
 FAKE_EXPAND_CALL_ID = "call_fake_expand"  # the call_id (Responses) or tool call id (chat) of ``x-fake-expand``'s call
 
 
-def _answers_fake_expand_call(body: dict) -> bool:
+def _answers_fake_expand_call(body: dict[str, Any]) -> bool:
     """Whether the Responses ``input`` of ``body`` holds a function_call_output for the ``x-fake-expand`` call."""
     items = body.get("input")
     return isinstance(items, list) and any(
@@ -285,7 +287,7 @@ def _answers_fake_expand_call(body: dict) -> bool:
     )
 
 
-def _answers_fake_expand_tool_call(body: dict) -> bool:
+def _answers_fake_expand_tool_call(body: dict[str, Any]) -> bool:
     """Whether the chat ``messages`` of ``body`` hold a ``tool`` message for the ``x-fake-expand`` call."""
     messages = body.get("messages")
     return isinstance(messages, list) and any(
@@ -294,7 +296,7 @@ def _answers_fake_expand_tool_call(body: dict) -> bool:
     )
 
 
-def _responses_reply(received: Received, body: dict, model_kw: dict[str, Any]) -> Reply:
+def _responses_reply(received: Received, body: dict[str, Any], model_kw: dict[str, Any]) -> Reply:
     """The default /v1/responses reply: a message, then (for ``x-fake-expand: REF``, until the input
     answers it) a ``context_guru_expand`` function_call asking for REF; streamed if the body asks."""
     n = int(received.header(b"x-fake-events") or 3)

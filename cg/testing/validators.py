@@ -9,10 +9,12 @@ order, signed thinking blocks unaltered, at most 4 cache_control blocks),
 
 from __future__ import annotations
 
+from typing import Any
 
-def _cache_marks(body: dict) -> int:
+
+def _cache_marks(body: dict[str, Any]) -> int:
     """How many blocks carry ``cache_control``: tools, system blocks, message blocks and their parts."""
-    def marked(items: object) -> list[dict]:
+    def marked(items: object) -> list[dict[str, Any]]:
         return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
     blocks = marked(body.get("tools")) + marked(body.get("system"))
@@ -23,7 +25,7 @@ def _cache_marks(body: dict) -> int:
 
 
 def anthropic_request_problems(
-    body: object, thinking: dict[str, object] | None = None, redacted: set[str] | frozenset = frozenset()
+    body: object, thinking: dict[str, object] | None = None, redacted: set[str] | frozenset[str] = frozenset()
 ) -> list[str]:
     """Why the Messages API would reject ``body`` (empty if it would not), for what cg can break.
 
@@ -37,7 +39,7 @@ def anthropic_request_problems(
         return ["messages: Field required"]
     thinking = thinking or {}
     problems = []
-    expected: list = []  # the tool_use ids the next message must answer
+    expected: list[object] = []  # the tool_use ids the next message must answer
     previous = None
     for i, message in enumerate(body["messages"]):
         if not isinstance(message, dict) or message.get("role") == "system":
@@ -81,7 +83,7 @@ def openai_request_problems(body: object) -> list[str]:
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
         return ["messages: Field required"]
     problems = []
-    pending: list = []
+    pending: list[object] = []
     previous = None
     for i, message in enumerate(body["messages"]):
         if not isinstance(message, dict):
