@@ -1,11 +1,22 @@
-"""cg.web.http1: the upstream leg's HTTP/1.1 wire format, without a reactor."""
+"""cg.wire.http1: the upstream leg's HTTP/1.1 wire format, without a reactor."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from twisted.web.http_headers import Headers
 
-from cg.web.http1 import ChunkedDecoder, ProtocolError, parse_response_head, request_head, target_problem
+from cg.wire.http1 import (
+    NEED_DATA,
+    BodyEnd,
+    ChunkedDecoder,
+    Framing,
+    ParserState,
+    ProtocolError,
+    ResponseHead,
+    ResponseParser,
+    parse_response_head,
+    request_head,
+    target_problem,
+)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +83,7 @@ def test_other_targets_are_refused(target):
 
 
 def test_request_head_carries_host_headers_and_length():
-    headers = Headers({b"x-api-key": [b"k"], b"anthropic-beta": [b"a", b"b"]})
+    headers = [(b"X-Api-Key", [b"k"]), (b"Anthropic-Beta", [b"a", b"b"])]  # as Headers.getAllRawHeaders gives them
     head = request_head(b"POST", b"/v1/messages?beta=true", b"api.example:8443", headers, b"{}")
     lines = head.split(b"\r\n")
     assert lines[0] == b"POST /v1/messages?beta=true HTTP/1.1"
@@ -82,14 +93,14 @@ def test_request_head_carries_host_headers_and_length():
 
 
 def test_request_without_body_has_no_length():
-    assert b"Content-Length" not in request_head(b"GET", b"/v1/models", b"h", Headers(), None)
-    assert b"Content-Length: 0\r\n" in request_head(b"POST", b"/", b"h", Headers(), b"")
+    assert b"Content-Length" not in request_head(b"GET", b"/v1/models", b"h", [], None)
+    assert b"Content-Length: 0\r\n" in request_head(b"POST", b"/", b"h", [], b"")
 
 
 def test_response_head_framing():
     head = parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nrequest-id: r1")
     assert (head.code, head.phrase, head.length, head.chunked, head.keep_alive) == (200, b"OK", 12, False, True)
-    assert head.headers.getRawHeaders(b"request-id") == [b"r1"]
+    assert head.headers == [(b"Content-Length", b"12"), (b"request-id", b"r1")]  # as received, in order
 
     chunked = parse_response_head(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5")
     assert (chunked.length, chunked.chunked, chunked.keep_alive) == (None, True, False)  # TE wins; smuggling-shaped
@@ -179,3 +190,169 @@ def test_chunked_decoder_waits_for_more():
     assert not decoder.done
     assert decoder.feed(b"\n") == b""
     assert decoder.done and decoder.extra == b""
+
+
+# ---------------------------------------------------------------------------------------------
+# ResponseParser: a connection's bytes in, events out
+
+
+def events(parser: ResponseParser, reads: list[bytes]) -> list:
+    """Every event of `reads`, read by read, with body data of consecutive events joined."""
+    out: list = []
+    for data in reads:
+        parser.receive(data)
+        while (event := parser.next_event()) is not NEED_DATA:
+            if isinstance(event, bytes) and out and isinstance(out[-1], bytes):
+                out[-1] += event
+            else:
+                assert event != b""  # body data is never empty
+                out.append(event)
+    return out
+
+
+def parsed(wire: bytes, head_request: bool = False, cuts=()) -> list:
+    parser = ResponseParser()
+    parser.start(head_request)
+    bounds = [0, *sorted(cuts), len(wire)]
+    return events(parser, [wire[a:b] for a, b in zip(bounds, bounds[1:])])
+
+
+def _head(code: int = 200, *lines: bytes) -> bytes:
+    return b"HTTP/1.1 %d X\r\n" % code + b"".join(line + b"\r\n" for line in lines) + b"\r\n"
+
+
+@st.composite
+def responses(draw):
+    """A response's bytes (maybe after 1xx heads), whether it answers HEAD, and the events it must give."""
+    interim = b"".join(_head(code) for code in draw(st.lists(st.sampled_from([100, 103]), max_size=2)))
+    framing = draw(st.sampled_from(["length", "chunked", "close", "none", "head"]))
+    body = draw(st.binary(max_size=200))
+    if framing == "length":
+        wire, payload, end = _head(200, b"Content-Length: %d" % len(body)) + body, body, [BodyEnd(True)]
+    elif framing == "chunked":
+        chunks = draw(st.lists(st.binary(min_size=1, max_size=60), max_size=5))
+        trailers = draw(st.lists(st.sampled_from([b"x-trailer: 1", b"checksum: abc"]), max_size=2))
+        extensions = [draw(st.booleans()) for _ in chunks]
+        wire = _head(200, b"Transfer-Encoding: chunked") + _encode(chunks, extensions, trailers)
+        payload, end = b"".join(chunks), [BodyEnd(True)]
+    elif framing == "close":  # ends only when the connection does
+        wire, payload, end = _head(200, b"Connection: close") + body, body, []
+    elif framing == "none":
+        wire, payload, end = _head(204), b"", [BodyEnd(True)]
+    else:  # to HEAD: the head says the length of a body that is not sent
+        wire, payload, end = _head(200, b"Content-Length: 12"), b"", [BodyEnd(True)]
+    code = 204 if framing == "none" else 200
+    return interim + wire, framing == "head", code, [*([payload] if payload else []), *end]
+
+
+@given(response=responses(), data=st.data())
+def test_the_parser_gives_the_same_events_however_the_reads_split(response, data):
+    wire, head_request, code, body_events = response
+    cuts = data.draw(st.lists(st.integers(0, len(wire)), max_size=12))
+    got = parsed(wire, head_request, cuts)
+    assert isinstance(got[0], ResponseHead) and got[0].code == code  # the 1xx heads are skipped
+    assert got[1:] == body_events
+
+
+def test_the_parser_reads_one_response_after_another_on_a_connection():
+    parser = ResponseParser()
+    parser.start(head_request=False)
+    first = events(parser, [_head(200, b"Content-Length: 2") + b"ok"])
+    assert first[1:] == [b"ok", BodyEnd(True)] and parser.state is ParserState.IDLE
+    parser.start(head_request=False)
+    second = events(parser, [_head(200, b"Transfer-Encoding: chunked"), b"1\r\na\r\n0\r\n\r\n"])
+    assert second[1:] == [b"a", BodyEnd(True)]
+
+
+def test_an_empty_body_of_known_length_ends_with_its_head():
+    parser = ResponseParser()
+    parser.start(head_request=False)
+    parser.receive(_head(200, b"Content-Length: 0"))
+    assert isinstance(parser.next_event(), ResponseHead)
+    assert parser.next_event() == BodyEnd(True)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        _head(200, b"Content-Length: 2") + b"okX",
+        _head(200, b"Transfer-Encoding: chunked") + b"0\r\n\r\nHTTP/1.1 200 OK\r\n",
+        _head(204) + b"X",
+    ],
+)
+def test_bytes_after_the_body_in_its_read_make_the_connection_not_reusable(wire):
+    assert parsed(wire)[-1] == BodyEnd(False)
+
+
+@pytest.mark.parametrize(
+    "wire, reusable",
+    [
+        (_head(200, b"Content-Length: 0"), True),
+        (_head(200, b"Connection: close", b"Content-Length: 0"), False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", False),
+        (_head(200, b"Transfer-Encoding: chunked", b"Content-Length: 9") + b"0\r\n\r\n", False),  # smuggling-shaped
+    ],
+)
+def test_the_head_says_whether_the_connection_is_reusable(wire, reusable):
+    assert parsed(wire)[-1] == BodyEnd(reusable)
+
+
+def test_a_close_delimited_body_ends_only_at_the_close():
+    parser = ResponseParser()
+    parser.start(head_request=False)
+    assert not parser.ends_at_close
+    assert events(parser, [_head(200) + b"all", b" of it"])[1:] == [b"all of it"]
+    assert parser.ends_at_close and parser.framing is Framing.CLOSE
+
+
+def test_an_http_1_0_response_without_a_length_ends_at_the_close():
+    parser = ResponseParser()
+    parser.start(head_request=False)
+    head = events(parser, [b"HTTP/1.0 200 OK\r\n\r\n"])[0]
+    assert not head.keep_alive and parser.ends_at_close
+
+
+def test_what_comes_after_the_parser_is_no_longer_asked_is_never_parsed():
+    """The connection stops pulling events once nobody wants the response: the rest is not refused either."""
+    parser = ResponseParser()
+    parser.start(head_request=False)
+    parser.receive(_head(200, b"Transfer-Encoding: chunked") + b"2\r\nab\r\nnot a chunk")
+    assert isinstance(parser.next_event(), ResponseHead)  # and the caller stops here
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [b"SSH-2.0-OpenSSH\r\n\r\n"],
+        [b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 300_000],
+        [b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 200_000, b"a" * 100_000],  # too large, over two reads
+        [b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok"],  # bare LF: refused at once, not after a timeout
+        [b"HTTP/1.1 200 OK\r\nContent-Length: 2\n", b"\nok"],  # the bare LFs straddle two reads
+        [_head(200, b"Transfer-Encoding: chunked") + b"5\r\nhelloXX"],
+    ],
+)
+def test_what_is_not_http_is_refused_and_the_parser_stays_broken(reads):
+    parser = ResponseParser()
+    parser.start(head_request=False)
+    with pytest.raises(ProtocolError):
+        events(parser, reads)
+    assert parser.state is ParserState.BROKEN
+    with pytest.raises(ProtocolError):
+        parser.next_event()
+
+
+def test_a_bad_chunk_gives_none_of_its_read():
+    """The read that holds a framing error gives no payload: what came before it in that read is not relayed."""
+    parser = ResponseParser()
+    parser.start(head_request=False)
+    assert events(parser, [_head(200, b"Transfer-Encoding: chunked")])[1:] == []
+    parser.receive(b"2\r\nab\r\nzz\r\n")
+    with pytest.raises(ProtocolError):
+        parser.next_event()
+
+
+def test_a_request_cannot_start_before_the_previous_response_ended():
+    parser = ResponseParser()
+    parser.start(head_request=False)
+    with pytest.raises(RuntimeError):
+        parser.start(head_request=False)
