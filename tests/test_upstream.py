@@ -1,8 +1,13 @@
-"""cg.web.upstream against a scripted raw HTTP/1.1 server over real sockets.
+"""cg.web.upstream, the real client, against a scripted raw HTTP/1.1 server: in memory, then over real sockets.
 
-The fake provider (cg.testing) speaks well-formed HTTP through twisted.web; these
-replies are written byte by byte, for the framings and failures it never produces. The pool's
-timers (the idle sweep, the header timeout) are tested on a Clock, in test_upstream_clock.py.
+The fake provider (cg.testing) speaks well-formed HTTP through twisted.web; these replies
+are written byte by byte, for the framings and failures it never produces. Most tests run
+the real client (its endpoint, pool and connections) on a MemoryReactorClock, connected to
+the server through `cg.testing.loopback`: each step is explicit (`net.pump()`), nothing
+sleeps, and a paused reader really stops reading. A few smoke tests at the end run the same
+client over real sockets, for the wiring and what the kernel reports (a clean close, a
+reset, backpressure). The pool's timers (the idle sweep, the header timeout) are in
+test_upstream_clock.py.
 """
 
 import pytest
@@ -11,13 +16,17 @@ from helpers.clients import Body
 from rawhttp import connect, dechunk, http_request
 from twisted.internet import defer, error, protocol, reactor, task
 from twisted.internet.defer import CancelledError
+from twisted.internet.testing import MemoryReactorClock
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
+from cg.testing import FakeUpstream, JSONReply, SSEReply
+from cg.testing.loopback import Loopback, result_of
 from cg.web.upstream import ConnectionDied, Upstream, split_base
 
 TIMEOUT = 10
+PORT = 8001  # where the scripted server listens on the MemoryReactorClock
 
 
 class Script:
@@ -33,8 +42,8 @@ class Script:
 class ScriptedServer(protocol.Protocol):
     """Reads requests (head + Content-Length body); answers each with the script's next reply.
 
-    A reply is bytes to write, or a callable given the transport (to split writes,
-    close, or reset).
+    A reply is bytes to write, a list of bytes to write one by one (in memory, each
+    arrives as its own read), or a callable given the transport (to hold it, close, or reset).
     """
 
     def __init__(self, script: Script):
@@ -63,6 +72,9 @@ class ScriptedServer(protocol.Protocol):
             reply = self.script.replies.pop(0)
             if callable(reply):
                 reply(self.transport)
+            elif isinstance(reply, list):
+                for piece in reply:
+                    self.transport.write(piece)
             else:
                 self.transport.write(reply)
 
@@ -70,156 +82,177 @@ class ScriptedServer(protocol.Protocol):
         self.closed.callback(None)
 
 
+def _serving(script: Script):
+    return protocol.Factory.forProtocol(lambda: ScriptedServer(script))
+
+
 @pytest.fixture
-def server():
+def clock():
+    return MemoryReactorClock()
+
+
+@pytest.fixture
+def net(clock):
+    return Loopback(clock)
+
+
+@pytest.fixture
+def server(clock):
+    """The scripted server, listening on the MemoryReactorClock."""
     script = Script()
-    port = reactor.listenTCP(0, protocol.Factory.forProtocol(lambda: ScriptedServer(script)), interface="127.0.0.1")
-    script.url = f"http://127.0.0.1:{port.getHost().port}".encode()
-    yield script
-    for connection in script.connections:
-        connection.transport.abortConnection()
-    pytest_twisted.blockon(port.stopListening())
+    clock.listenTCP(PORT, _serving(script), interface="127.0.0.1")
+    script.url = b"http://127.0.0.1:%d" % PORT
+    return script
 
 
-@pytest.fixture
-def upstream():
+def _upstream(reactor):
     retries = []
     client = Upstream(reactor, header_timeout=5, idle_timeout=30, on_retry=lambda: retries.append(1))
     client.retries = retries
-    yield client
-    pytest_twisted.blockon(client.close())
+    return client
 
 
-async def ended(reader: Body):
-    await reader.done.addTimeout(TIMEOUT, reactor)
-    return reader.reason
+@pytest.fixture
+def upstream(clock):
+    return _upstream(clock)
 
 
-async def fetch(upstream, url: bytes, method=b"POST", body=b"{}", path=b"/v1/messages"):
-    """One request: (response, body bytes, how the body ended)."""
+def request(net, upstream, url: bytes, method=b"POST", body=b"{}", path=b"/v1/messages"):
+    """Send a request and pump: its response (what the Deferred failed with is raised)."""
     d = upstream.request(method, url, path, Headers({b"x-api-key": [b"k"]}), body)
-    response = await d.addTimeout(TIMEOUT, reactor)
+    net.pump()
+    return result_of(d)
+
+
+def read(net, response) -> Body:
+    """Take the response's body and pump."""
     reader = Body()
     response.deliverBody(reader)
-    reason = await ended(reader)
-    return response, b"".join(reader.chunks), reason
+    net.pump()
+    return reader
 
 
-def later(seconds: float = 0.05):
-    return task.deferLater(reactor, seconds, lambda: None)
-
-
-def written_in_pieces(*pieces, then=None):
-    """A reply written in separate reads (a reactor turn apart), then closed or reset if asked."""
-
-    def reply(transport):
-        async def go():
-            for piece in pieces:
-                transport.write(piece)
-                await later(0.02)
-            if then == "close":
-                transport.loseConnection()
-            elif then == "reset":
-                transport.abortConnection()
-
-        defer.ensureDeferred(go())
-
-    return reply
+def fetch(net, upstream, url: bytes, **kwargs):
+    """One request: (response, body bytes, how the body ended)."""
+    response = request(net, upstream, url, **kwargs)
+    reader = read(net, response)
+    return response, b"".join(reader.chunks), reader.reason
 
 
 OK_12 = b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nrequest-id: r1\r\n\r\nhello world!"
 
 
-@pytest_twisted.ensureDeferred
-async def test_request_bytes_and_keep_alive_reuse(server, upstream):
+def test_request_bytes_and_keep_alive_reuse(net, server, upstream):
     server.replies += [OK_12, OK_12]
-    response, body, reason = await fetch(upstream, server.url)
+    response, body, reason = fetch(net, upstream, server.url)
     assert (response.code, response.phrase, body) == (200, b"OK", b"hello world!")
     assert response.headers.getRawHeaders(b"request-id") == [b"r1"]
     assert reason.check(ResponseDone)
-    await fetch(upstream, server.url)
+    fetch(net, upstream, server.url)
     (first_conn, head), (second_conn, _) = server.requests
     assert first_conn == second_conn == 0  # one connection, kept alive
     lines = head.split(b"\r\n")
     assert lines[0] == b"POST /v1/messages HTTP/1.1"
-    assert sorted(lines[1:]) == sorted([b"Host: " + server.url[len(b"http://"):], b"X-Api-Key: k", b"Content-Length: 2"])
+    assert sorted(lines[1:]) == sorted([b"Host: 127.0.0.1:%d" % PORT, b"X-Api-Key: k", b"Content-Length: 2"])
 
 
-@pytest_twisted.ensureDeferred
-async def test_chunked_body_split_anywhere_with_trailers(server, upstream):
+def test_chunked_body_split_anywhere_with_trailers(net, server, upstream):
     server.replies += [
-        written_in_pieces(
+        [
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhel",
             b"lo\r\n6\r",
             b"\n world\r\n0\r\nx-trailer: 1\r\n",
             b"\r\n",
-        ),
+        ],
         OK_12,
     ]
-    _, body, reason = await fetch(upstream, server.url)
+    _, body, reason = fetch(net, upstream, server.url)
     assert body == b"hello world" and reason.check(ResponseDone)
-    await fetch(upstream, server.url)
+    fetch(net, upstream, server.url)
     assert [c for c, _ in server.requests] == [0, 0]
 
 
-@pytest_twisted.ensureDeferred
-async def test_body_ended_by_a_clean_close_is_potential_data_loss_and_not_reused(server, upstream):
-    server.replies += [written_in_pieces(b"HTTP/1.1 200 OK\r\n\r\npart one, ", b"part two", then="close"), OK_12]
-    _, body, reason = await fetch(upstream, server.url)
+def test_body_ended_by_a_clean_close_is_potential_data_loss_and_not_reused(net, server, upstream):
+    def two_pieces_then_close(transport):
+        transport.write(b"HTTP/1.1 200 OK\r\n\r\npart one, ")
+        transport.write(b"part two")
+        transport.loseConnection()
+
+    server.replies += [two_pieces_then_close, OK_12]
+    _, body, reason = fetch(net, upstream, server.url)
     assert body == b"part one, part two"
     assert reason.check(PotentialDataLoss)
-    await fetch(upstream, server.url)
+    fetch(net, upstream, server.url)
     assert [c for c, _ in server.requests] == [0, 1]
 
 
 @pytest.mark.parametrize(
-    "reply",
+    "reply, then",
     [
-        written_in_pieces(b"HTTP/1.1 200 OK\r\n\r\npart one", then="reset"),
-        written_in_pieces(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", then="close"),
-        written_in_pieces(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", then="close"),
-        written_in_pieces(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX"),
+        (b"HTTP/1.1 200 OK\r\n\r\npart one", "abortConnection"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", "loseConnection"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", "loseConnection"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX", None),
     ],
     ids=["reset-close-delimited", "short-content-length", "chunked-without-last-chunk", "bad-chunk"],
 )
-@pytest_twisted.ensureDeferred
-async def test_a_cut_body_never_looks_complete(server, upstream, reply):
+def test_a_cut_body_never_looks_complete(net, server, upstream, reply, then):
     server.replies.append(reply)
-    _, _, reason = await fetch(upstream, server.url)
-    assert reason.check(ResponseFailed)
+    reader = read(net, request(net, upstream, server.url))
+    if then is not None:  # after what came was read
+        assert reader.reason is None
+        getattr(server.connections[0].transport, then)()
+        net.pump()
+    assert reader.reason.check(ResponseFailed)
 
 
-@pytest_twisted.ensureDeferred
-async def test_connection_close_response_is_not_reused(server, upstream):
+def test_connection_close_response_is_not_reused(net, server, upstream):
     server.replies += [b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", OK_12]
-    _, body, reason = await fetch(upstream, server.url)
+    _, body, reason = fetch(net, upstream, server.url)
     assert body == b"ok" and reason.check(ResponseDone)
-    await server.closed[0].addTimeout(TIMEOUT, reactor)  # cg closed it
-    await fetch(upstream, server.url)
+    assert server.closed[0].called  # cg closed it
+    fetch(net, upstream, server.url)
     assert [c for c, _ in server.requests] == [0, 1]
 
 
-@pytest_twisted.ensureDeferred
-async def test_interim_responses_are_skipped(server, upstream):
+def test_interim_responses_are_skipped(net, server, upstream):
     server.replies.append(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + OK_12)
-    response, body, _ = await fetch(upstream, server.url)
+    response, body, _ = fetch(net, upstream, server.url)
     assert (response.code, body) == (200, b"hello world!")
 
 
-@pytest_twisted.ensureDeferred
-async def test_responses_without_a_body(server, upstream):
+def test_responses_without_a_body(net, server, upstream):
     server.replies += [
         b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n",  # to HEAD
         b"HTTP/1.1 204 No Content\r\n\r\n",
         OK_12,
     ]
-    response, body, reason = await fetch(upstream, server.url, method=b"HEAD", body=None)
+    response, body, reason = fetch(net, upstream, server.url, method=b"HEAD", body=None)
     assert (response.code, body) == (200, b"") and reason.check(ResponseDone)
-    response, body, reason = await fetch(upstream, server.url)
+    response, body, reason = fetch(net, upstream, server.url)
     assert (response.code, body) == (204, b"") and reason.check(ResponseDone)
-    await fetch(upstream, server.url)
+    fetch(net, upstream, server.url)
     assert [c for c, _ in server.requests] == [0, 0, 0]
     assert b"Content-Length" not in server.requests[0][1]
+
+
+def test_bytes_after_a_body_in_its_read_close_the_connection(net, server, upstream):
+    server.replies += [OK_12 + b"HTTP/1.1 200 OK\r\n", OK_12]
+    _, body, reason = fetch(net, upstream, server.url)
+    assert body == b"hello world!" and reason.check(ResponseDone)
+    assert server.closed[0].called
+    fetch(net, upstream, server.url)
+    assert [c for c, _ in server.requests] == [0, 1]
+
+
+def test_a_response_nobody_asked_for_drops_the_idle_connection(net, server, upstream):
+    server.replies += [OK_12, OK_12]
+    fetch(net, upstream, server.url)
+    server.connections[0].transport.write(OK_12)
+    net.pump()
+    assert server.closed[0].called
+    fetch(net, upstream, server.url)
+    assert [c for c, _ in server.requests] == [0, 1]
 
 
 @pytest.mark.parametrize(
@@ -230,72 +263,84 @@ async def test_responses_without_a_body(server, upstream):
         b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok",  # bare LF: refused now, not after the header timeout
     ],
 )
-@pytest_twisted.ensureDeferred
-async def test_what_is_not_http_fails_the_request_without_retry(server, upstream, reply):
+def test_what_is_not_http_fails_the_request_without_retry(net, server, upstream, reply):
     server.replies += [OK_12, reply]
-    await fetch(upstream, server.url)  # so the next request is on a reused connection
+    fetch(net, upstream, server.url)  # so the next request is on a reused connection
     with pytest.raises(ResponseFailed):
-        await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+        request(net, upstream, server.url)
     assert upstream.retries == []
+    assert server.closed[0].called
 
 
-@pytest_twisted.ensureDeferred
-async def test_reused_connection_dead_before_any_byte_is_retried_once(server, upstream):
+def test_reused_connection_dead_before_any_byte_is_retried_once(net, server, upstream):
     server.replies += [OK_12, lambda transport: transport.abortConnection(), OK_12]
-    await fetch(upstream, server.url)
-    _, body, _ = await fetch(upstream, server.url)
+    fetch(net, upstream, server.url)
+    _, body, _ = fetch(net, upstream, server.url)
     assert body == b"hello world!"
     assert upstream.retries == [1]
     assert [c for c, _ in server.requests] == [0, 0, 1]
 
 
-@pytest_twisted.ensureDeferred
-async def test_fresh_connection_dead_before_any_byte_is_not_retried(server, upstream):
+def test_fresh_connection_dead_before_any_byte_is_not_retried(net, server, upstream):
     server.replies += [lambda transport: transport.abortConnection(), OK_12]
     with pytest.raises(ConnectionDied):
-        await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+        request(net, upstream, server.url)
     assert upstream.retries == [] and len(server.requests) == 1
 
 
-@pytest_twisted.ensureDeferred
-async def test_cancel_before_the_head_drops_the_connection(server, upstream):
+def test_a_refused_connection_fails_the_request(clock, net, server, upstream):
+    d = upstream.request(b"POST", b"http://127.0.0.1:%d" % (PORT + 1), b"/", Headers(), b"{}")
+    net.pump()
+    clock.advance(0.3)  # HostnameEndpoint tries its next address (there is none) after 0.3 s
+    with pytest.raises(error.ConnectionRefusedError):
+        result_of(d)
+
+
+def test_cancel_before_the_head_drops_the_connection(net, server, upstream):
     server.replies.append(b"")  # never answers
     d = upstream.request(b"POST", server.url, b"/", Headers(), b"{}")
-    while not server.requests:
-        await later(0.01)
+    net.pump()
+    assert server.requests
     d.cancel()
     with pytest.raises(CancelledError):
-        await d
-    await server.closed[0].addTimeout(TIMEOUT, reactor)
+        result_of(d)
+    net.pump()
+    assert server.closed[0].called
 
 
-@pytest_twisted.ensureDeferred
-async def test_stopping_the_body_drops_the_connection_and_a_stale_producer_is_inert(server, upstream):
-    server.replies += [OK_12, written_in_pieces(b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\nsome"), OK_12]
-    first, _, _ = await fetch(upstream, server.url)
-    response = await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+def test_stopping_the_body_drops_the_connection_and_a_stale_producer_is_inert(net, server, upstream):
+    server.replies += [OK_12, b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\nsome", OK_12]
+    first, _, _ = fetch(net, upstream, server.url)
+    response = request(net, upstream, server.url)
     assert server.requests[-1][0] == 0  # the first response's connection, reused
     first.stopProducing()  # a stale reference: must not touch the reused connection
     first.pauseProducing()
     reader = Body()
     response.deliverBody(reader)
+    assert reader.chunks == [b"some"]
     response.stopProducing()
-    reason = await ended(reader)
-    assert reason.check(ResponseFailed)
-    await server.closed[0].addTimeout(TIMEOUT, reactor)
-    _, body, _ = await fetch(upstream, server.url)
+    assert reader.reason is None  # the body ends later, never inside stopProducing
+    net.pump()
+    assert reader.reason.check(ResponseFailed)
+    assert server.closed[0].called
+    _, body, _ = fetch(net, upstream, server.url)
     assert body == b"hello world!" and server.requests[-1][0] == 1
 
 
-@pytest_twisted.ensureDeferred
-async def test_body_taken_later_loses_nothing(server, upstream):
-    server.replies.append(written_in_pieces(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234", b"56789"))
-    response = await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
-    await later(0.2)
-    reader = Body()
-    response.deliverBody(reader)
-    reason = await ended(reader)
-    assert b"".join(reader.chunks) == b"0123456789" and reason.check(ResponseDone)
+def test_body_taken_later_loses_nothing_and_waits_unread(net, server, upstream):
+    held = []
+    server.replies.append(lambda transport: held.append(transport))
+    d = upstream.request(b"POST", server.url, b"/", Headers(), b"{}")
+    net.pump()
+    held[0].write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n01234")
+    net.pump()
+    response = result_of(d)
+    held[0].write(b"56789")
+    net.pump()
+    assert net.links[0].client_transport.paused  # nobody took the body: the connection is not read
+    reader = read(net, response)
+    assert b"".join(reader.chunks) == b"0123456789" and reader.reason.check(ResponseDone)
+    assert reader.chunks == [b"01234", b"56789"]  # the second read came only once the body was taken
 
 
 class StopsAtFirstData(Body):
@@ -304,35 +349,91 @@ class StopsAtFirstData(Body):
         self.transport.stopProducing()
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_body_stopped_mid_read_ends_failed_even_if_the_read_held_its_end(server, upstream):
-    server.replies.append(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n2\r\ncd\r\n0\r\n\r\n")
-    response = await upstream.request(b"POST", server.url, b"/", Headers(), b"{}").addTimeout(TIMEOUT, reactor)
+def test_a_body_stopped_mid_read_ends_failed_even_if_the_read_held_its_end(net, server, upstream):
+    server.replies.append(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    response = request(net, upstream, server.url)
     reader = StopsAtFirstData()
     response.deliverBody(reader)
-    reason = await ended(reader)
-    assert reason.check(ResponseFailed)
-    await server.closed[0].addTimeout(TIMEOUT, reactor)
+    server.connections[0].transport.write(b"2\r\nab\r\n2\r\ncd\r\n0\r\n\r\n")  # one read, with the body's end
+    net.pump()
+    assert reader.chunks == [b"abcd"]
+    assert reader.reason.check(ResponseFailed)
+    assert server.closed[0].called
 
 
-@pytest_twisted.ensureDeferred
-async def test_pool_close_twice_fires_both_and_a_late_connection_is_not_pooled(server):
+def test_pool_close_twice_fires_both_and_a_late_connection_is_not_pooled(net, server, upstream):
     held = []
     server.replies += [lambda transport: held.append(transport), OK_12]
-    client = Upstream(reactor)
-    late = client.request(b"POST", server.url, b"/", Headers(), b"{}")  # connection 0, answered later
-    while not held:
-        await later(0.01)
-    await fetch(client, server.url)  # connection 1, idle in the pool after this
-    first, second = client.close(), client.close()
-    await defer.gatherResults([first, second]).addTimeout(TIMEOUT, reactor)
-    await server.closed[1].addTimeout(TIMEOUT, reactor)
+    late = upstream.request(b"POST", server.url, b"/", Headers(), b"{}")  # connection 0, answered later
+    net.pump()
+    fetch(net, upstream, server.url)  # connection 1, idle in the pool after this
+    first, second = upstream.close(), upstream.close()
+    net.pump()
+    assert first.called and second.called
+    assert server.closed[1].called
     held[0].write(OK_12)
-    response = await late.addTimeout(TIMEOUT, reactor)
+    net.pump()
+    reader = read(net, result_of(late))
+    assert reader.reason.check(ResponseDone)
+    assert server.closed[0].called  # closed after its response, not pooled
+
+
+class PausesAtOnce(Body):
+    def connectionMade(self):
+        self.transport.pauseProducing()  # as a client that is not reading pauses a new body
+
+
+def test_a_body_paused_as_it_is_taken_stays_paused(net, server, upstream):
+    server.replies.append(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
+    response = request(net, upstream, server.url)
+    reader = PausesAtOnce()
+    response.deliverBody(reader)
+    server.connections[0].transport.write(b"0123456789")
+    net.pump()
+    assert reader.chunks == [] and net.links[0].client_transport.paused  # paused: the connection is not read
+    response.resumeProducing()
+    net.pump()
+    assert reader.reason.check(ResponseDone)
+    assert b"".join(reader.chunks) == b"0123456789"
+
+
+def test_a_paused_body_is_resumed_once_it_ends_so_its_connection_serves_again(net, server, upstream):
+    server.replies += [b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n", OK_12]
+    response = request(net, upstream, server.url)
     reader = Body()
     response.deliverBody(reader)
-    assert (await ended(reader)).check(ResponseDone)
-    await server.closed[0].addTimeout(TIMEOUT, reactor)  # closed after its response, not pooled
+    response.pauseProducing()
+    response.resumeProducing()
+    response.pauseProducing()
+    server.connections[0].transport.write(b"ab")
+    net.pump()
+    assert reader.chunks == []
+    response.resumeProducing()
+    server.connections[0].transport.write(b"cd")
+    net.pump()
+    assert reader.reason.check(ResponseDone)
+    response.pauseProducing()  # a stale reference again: the pooled connection reads on
+    _, body, _ = fetch(net, upstream, server.url)
+    assert body == b"hello world!" and [c for c, _ in server.requests] == [0, 0]
+
+
+def test_the_real_client_against_the_fake_provider_in_memory(clock, net, upstream):
+    """The fake's twisted.web Site, pumped in memory: its stream's events arrive on the clock, as they are sent."""
+    fake = FakeUpstream()
+    fake.listen(clock, PORT + 2)
+    fake.enqueue(SSEReply([b"event: a\ndata: 1\n\n", b"event: b\ndata: 2\n\n"], delay=1.0), JSONReply({"ok": 1}))
+    response = request(net, upstream, fake.url.encode())
+    assert response.headers.getRawHeaders(b"content-type") == [b"text/event-stream"]
+    reader = read(net, response)
+    assert reader.chunks == [b"event: a\ndata: 1\n\n"] and reader.reason is None
+    clock.advance(1)
+    net.pump()
+    assert reader.chunks[1:] == [b"event: b\ndata: 2\n\n"] and reader.reason.check(ResponseDone)
+    _, body, _ = fetch(net, upstream, fake.url.encode())
+    assert body == b'{"ok":1}'
+    first, second = fake.received
+    assert (first.body, (b"x-api-key", b"k") in first.headers) == (b"{}", True)
+    assert (second.connection, second.nth_on_connection) == (first.connection, 2)  # kept alive
 
 
 def test_a_base_url_splits_into_origin_and_path():
@@ -363,23 +464,97 @@ def test_what_is_not_a_base_url_is_refused(url):
         split_base(url)
 
 
-@pytest_twisted.ensureDeferred
-async def test_host_header_drops_only_the_default_port():
-    client = Upstream(reactor)
+def test_host_header_drops_only_the_default_port(clock):
+    client = Upstream(clock)
     assert client._target(b"https://api.example:443").host == b"api.example"
     assert client._target(b"https://api.example:8443").host == b"api.example:8443"
     assert client._target(b"http://[::1]:80").host == b"[::1]"
     assert client._target(b"http://[::1]:8080").key == (b"http", b"[::1]", 8080)
 
 
+# ---------------------------------------------------------------------------------------------
+# Over real sockets: the wiring (endpoint, TCP, the global reactor) and what the kernel reports
+
+
+@pytest.fixture
+def socket_server():
+    script = Script()
+    port = reactor.listenTCP(0, _serving(script), interface="127.0.0.1")
+    script.url = f"http://127.0.0.1:{port.getHost().port}".encode()
+    yield script
+    for connection in script.connections:
+        connection.transport.abortConnection()
+    pytest_twisted.blockon(port.stopListening())
+
+
+@pytest.fixture
+def socket_upstream():
+    client = _upstream(reactor)
+    yield client
+    pytest_twisted.blockon(client.close())
+
+
+async def ended(reader: Body):
+    await reader.done.addTimeout(TIMEOUT, reactor)
+    return reader.reason
+
+
+async def fetch_over_sockets(upstream, url: bytes):
+    """One request: (response, body bytes, how the body ended)."""
+    d = upstream.request(b"POST", url, b"/v1/messages", Headers({b"x-api-key": [b"k"]}), b"{}")
+    response = await d.addTimeout(TIMEOUT, reactor)
+    reader = Body()
+    response.deliverBody(reader)
+    reason = await ended(reader)
+    return response, b"".join(reader.chunks), reason
+
+
+def later(seconds: float = 0.05):
+    return task.deferLater(reactor, seconds, lambda: None)
+
+
 @pytest_twisted.ensureDeferred
-async def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(server, make_cg):
+async def test_over_sockets_a_request_and_a_reused_connection(socket_server, socket_upstream):
+    socket_server.replies += [OK_12, OK_12]
+    response, body, reason = await fetch_over_sockets(socket_upstream, socket_server.url)
+    assert (response.code, body) == (200, b"hello world!") and reason.check(ResponseDone)
+    await fetch_over_sockets(socket_upstream, socket_server.url)
+    (first_conn, head), (second_conn, _) = socket_server.requests
+    assert first_conn == second_conn == 0  # one connection, kept alive
+    assert head.startswith(b"POST /v1/messages HTTP/1.1\r\n")
+
+
+@pytest.mark.parametrize("end, complete", [("loseConnection", True), ("abortConnection", False)], ids=["close", "reset"])
+@pytest_twisted.ensureDeferred
+async def test_over_sockets_a_close_delimited_body_ends_as_the_kernel_says(socket_server, socket_upstream, end, complete):
+    """A clean close (FIN) completes it (PotentialDataLoss); a reset (RST) cuts it (ResponseFailed)."""
+    held = []
+    socket_server.replies += [lambda transport: held.append(transport), OK_12]
+    d = socket_upstream.request(b"POST", socket_server.url, b"/", Headers(), b"{}")
+    while not held:
+        await later(0.01)
+    held[0].write(b"HTTP/1.1 200 OK\r\n\r\npart one")
+    response = await d.addTimeout(TIMEOUT, reactor)
+    reader = Body()
+    response.deliverBody(reader)
+    while not reader.chunks:
+        await later(0.01)
+    getattr(held[0], end)()
+    reason = await ended(reader)
+    assert b"".join(reader.chunks) == b"part one"
+    assert reason.check(PotentialDataLoss if complete else ResponseFailed)
+    await fetch_over_sockets(socket_upstream, socket_server.url)
+    assert [c for c, _ in socket_server.requests] == [0, 1]  # never reused
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(socket_server, make_cg):
     """Even when the read that broke the decoder also held the body's clean end."""
-    server.replies.append(
+    socket_server.replies.append(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n9\r\nnot gzip!\r\n0\r\n\r\n"
     )
-    cg = make_cg(anthropic_upstream=server.url.decode())
+    cg = make_cg(anthropic_upstream=socket_server.url.decode())
     request = http_request("POST", "/v1/messages", b"{}", headers=[("anthropic-version", "2023-06-01")])
     client = await connect(cg.port, request)
     data = await client.closed.addTimeout(TIMEOUT, reactor)
@@ -387,32 +562,9 @@ async def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(serv
     assert cg.stats.upstream_errors == 1
 
 
-class PausesAtOnce(Body):
-    def connectionMade(self):
-        self.transport.pauseProducing()  # as a client that is not reading pauses a new body
-
 
 @pytest_twisted.ensureDeferred
-async def test_a_body_paused_as_it_is_taken_stays_paused(server, upstream):
-    held = []
-    server.replies.append(lambda transport: held.append(transport))
-    response_d = upstream.request(b"POST", server.url, b"/", Headers(), b"{}")
-    while not held:
-        await later(0.01)
-    held[0].write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
-    response = await response_d.addTimeout(TIMEOUT, reactor)
-    reader = PausesAtOnce()
-    response.deliverBody(reader)
-    held[0].write(b"0123456789")
-    await later(0.2)
-    assert reader.chunks == []  # paused: the socket is not read
-    response.resumeProducing()
-    assert (await ended(reader)).check(ResponseDone)
-    assert b"".join(reader.chunks) == b"0123456789"
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_cut_stream_to_a_client_that_was_not_reading_closes_once_it_drains(server, make_cg):
+async def test_a_cut_stream_to_a_client_that_was_not_reading_closes_once_it_drains(socket_server, make_cg):
     """cg closes the client's connection after its last bytes, not FLUSH_TIMEOUT later by a reset."""
     ping = b'event: ping\ndata: {"type":"ping"}\n\n' * 1000
     chunk = b"%x\r\n%s\r\n" % (len(ping), ping)
@@ -423,8 +575,8 @@ async def test_a_cut_stream_to_a_client_that_was_not_reading_closes_once_it_drai
         transport.write(chunk * 500)  # ~17 MB: more than the sockets between here and the client hold
         sent.append(transport)
 
-    server.replies.append(flood_then_reset)
-    cg = make_cg(anthropic_upstream=server.url.decode())
+    socket_server.replies.append(flood_then_reset)
+    cg = make_cg(anthropic_upstream=socket_server.url.decode())
     request = http_request("POST", "/v1/messages", b"{}", headers=[("anthropic-version", "2023-06-01")])
     client = await connect(cg.port, request, pause_after_first=True)
     await client.first_data

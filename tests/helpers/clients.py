@@ -35,6 +35,7 @@ class Body(protocol.Protocol):
     def __init__(self):
         self.chunks: list[bytes] = []
         self.done = defer.Deferred()
+        self.reason = None  # how the body ended, once it has
 
     def dataReceived(self, data):
         self.chunks.append(data)
