@@ -4,7 +4,8 @@ The fake provider (cg.testing) speaks well-formed HTTP through twisted.web; thes
 are written byte by byte, for the framings and failures it never produces. Most tests run
 the real client (its endpoint, pool and connections) on a MemoryReactorClock, connected to
 the server through `cg.testing.loopback`: each step is explicit (`net.pump()`), nothing
-sleeps, and a paused reader really stops reading. A few smoke tests at the end run the same
+sleeps, and a paused reader really stops reading; so does cg itself (`cg_in_memory`) where a
+test is about what it relays of the upstream leg. A few smoke tests at the end run the
 client over real sockets, for the wiring and what the kernel reports (a clean close, a
 reset, backpressure). The pool's timers (the idle sweep, the header timeout) are in
 test_upstream_clock.py.
@@ -13,9 +14,10 @@ test_upstream_clock.py.
 import pytest
 import pytest_twisted
 from helpers.clients import Body
-from rawhttp import connect, dechunk, http_request
+from rawhttp import RawClient, connect, dechunk, http_request
 from twisted.internet import defer, error, protocol, reactor, task
 from twisted.internet.defer import CancelledError
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.testing import MemoryReactorClock
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
@@ -23,10 +25,13 @@ from twisted.web.http_headers import Headers
 
 from cg.testing import FakeUpstream, JSONReply, SSEReply
 from cg.testing.loopback import Loopback, result_of
+from cg.web.config import Config
+from cg.web.service import CGService
 from cg.web.upstream import ConnectionDied, Upstream, split_base
 
 TIMEOUT = 10
 PORT = 8001  # where the scripted server listens on the MemoryReactorClock
+CG_PORT = 18000  # where cg does (cg_in_memory)
 
 
 class Script:
@@ -436,6 +441,46 @@ def test_the_real_client_against_the_fake_provider_in_memory(clock, net, upstrea
     assert (second.connection, second.nth_on_connection) == (first.connection, 2)  # kept alive
 
 
+@pytest.fixture
+def cg_in_memory(clock, net):
+    """``cg_in_memory(**config)``: cg itself (a CGService, as make_cg starts it) on the MemoryReactorClock.
+
+    It reaches its upstreams, and its clients reach it, through `net`: its port is CG_PORT.
+    """
+    started = []
+
+    def start(**overrides):
+        config = Config(listen=(f"tcp:{CG_PORT}:interface=127.0.0.1",), store="memory:", **overrides)
+        service = CGService(config, clock)
+        service.privilegedStartService()
+        service.startService()
+        started.append(service)
+        net.pump()
+        return service
+
+    yield start
+    for service in started:
+        stopped = service.stopService()
+        net.pump()
+        assert stopped.called
+
+
+def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(clock, net, server, cg_in_memory):
+    """Even when the read that broke the decoder also held the body's clean end (in memory, a write is a read)."""
+    server.replies.append(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n9\r\nnot gzip!\r\n0\r\n\r\n"
+    )
+    cg = cg_in_memory(anthropic_upstream=server.url.decode())
+    client = RawClient(http_request("POST", "/v1/messages", b"{}", headers=[("anthropic-version", "2023-06-01")]))
+    connectProtocol(TCP4ClientEndpoint(clock, "127.0.0.1", CG_PORT), client)
+    net.pump()
+    assert client.closed.called
+    assert client.data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert not dechunk(client.data.partition(b"\r\n\r\n")[2])[1]  # no last chunk: it cannot look complete
+    assert cg.stats.upstream_errors == 1
+
+
 def test_a_base_url_splits_into_origin_and_path():
     assert split_base("https://api.anthropic.com") == (b"https://api.anthropic.com", b"")
     assert split_base("HTTPS://api.example:8443/") == (b"https://api.example:8443", b"")
@@ -545,21 +590,6 @@ async def test_over_sockets_a_close_delimited_body_ends_as_the_kernel_says(socke
     assert reason.check(PotentialDataLoss if complete else ResponseFailed)
     await fetch_over_sockets(socket_upstream, socket_server.url)
     assert [c for c, _ in socket_server.requests] == [0, 1]  # never reused
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(socket_server, make_cg):
-    """Even when the read that broke the decoder also held the body's clean end."""
-    socket_server.replies.append(
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n9\r\nnot gzip!\r\n0\r\n\r\n"
-    )
-    cg = make_cg(anthropic_upstream=socket_server.url.decode())
-    request = http_request("POST", "/v1/messages", b"{}", headers=[("anthropic-version", "2023-06-01")])
-    client = await connect(cg.port, request)
-    data = await client.closed.addTimeout(TIMEOUT, reactor)
-    assert not dechunk(data.partition(b"\r\n\r\n")[2])[1]  # no last chunk: it cannot look complete
-    assert cg.stats.upstream_errors == 1
 
 
 
