@@ -12,7 +12,7 @@ Where iosim's own `IOPump` is lax, this one behaves as a TCP connection under Tw
 
 - each write arrives as one read (the split is the writer's; a test writes pieces to get pieces);
 - a reader that paused its transport (`pauseProducing`) gets nothing, not even the end of the
-  connection, until it resumes;
+  connection, until it resumes; one that closed or aborted its end reads nothing more;
 - `loseConnection` ends the connection once what was written is delivered: both ends see
   ConnectionDone; `abortConnection` is a reset: what was not delivered yet is lost, and both
   ends see ConnectionLost (the aborting one on the next step, never inside the call).
@@ -90,7 +90,8 @@ class Link:
         moved = False
         ends = ((self.client_transport, self.server_transport), (self.server_transport, self.client_transport))
         for source, reader in ends:
-            while source.stream and not reader.paused and not reader.lost:
+            # A reader that closed or aborted its end reads no more, as Twisted's TCP stops reading then.
+            while source.stream and not reader.paused and not reader.disconnecting:
                 reader.protocol.dataReceived(source.stream.popleft())
                 moved = True
             if source.producer is not None and not source.streamingProducer and not source.lost:
