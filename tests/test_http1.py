@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cg.testing.tables import table_rows
 from cg.wire.http1 import (
     NEED_DATA,
     BodyEnd,
@@ -356,3 +357,10 @@ def test_a_request_cannot_start_before_the_previous_response_ended():
     parser.start(head_request=False)
     with pytest.raises(RuntimeError):
         parser.start(head_request=False)
+
+
+def test_the_parsers_table_names_every_state_and_only_states():
+    states = set(ParserState.__members__)
+    rows = table_rows(ResponseParser.__doc__)
+    assert {state for state, *_ in rows} == states
+    assert all(next_state in states for *_, next_state in rows)

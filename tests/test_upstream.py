@@ -25,6 +25,8 @@ from twisted.web.http_headers import Headers
 
 from cg.testing import FakeUpstream, JSONReply, SSEReply
 from cg.testing.loopback import Loopback, result_of
+from cg.testing.tables import names_in, table_rows
+from cg.web import upstream as upstream_module
 from cg.web.config import Config
 from cg.web.service import CGService
 from cg.web.upstream import ConnectionDied, Upstream, split_base
@@ -479,6 +481,14 @@ def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(clock, net
     assert client.data.startswith(b"HTTP/1.1 200 OK\r\n")
     assert not dechunk(client.data.partition(b"\r\n\r\n")[2])[1]  # no last chunk: it cannot look complete
     assert cg.stats.upstream_errors == 1
+
+
+def test_the_connections_table_names_every_state_and_leads_only_to_states():
+    states = {state.name for state in upstream_module._State}
+    rows = table_rows(upstream_module._Connection.__doc__)
+    assert {state for state, _, _ in rows} == states
+    for _, _, action in rows:
+        assert names_in(action.partition("→")[2], states), action  # each row says where it leads
 
 
 def test_a_base_url_splits_into_origin_and_path():

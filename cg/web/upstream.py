@@ -228,33 +228,36 @@ class _Connection(Protocol):
     state          event                                       action → next state
     =============  ==========================================  ======================================
     IDLE           `send` (a request)                          write it → AWAITING_HEAD
-    IDLE           bytes (a response nobody asked for)         abort → IDLE (then lost → CLOSED)
-    AWAITING_HEAD  the head (1xx heads skipped)                fire the request's Deferred with the
+    IDLE           Bytes (a response nobody asked for)         abort → IDLE (then lost)
+    IDLE           Lost (closed by the pool, or the server)    → CLOSED
+    AWAITING_HEAD  The head (1xx heads skipped)                fire the request's Deferred with the
                                                                Response → READING_BODY
-    AWAITING_HEAD  bytes that are not HTTP/1.1                 abort; the Deferred fails with
+    AWAITING_HEAD  Bytes that are not HTTP/1.1                 abort; the Deferred fails with
                                                                ResponseFailed → CLOSED
     AWAITING_HEAD  Deferred cancelled (header timeout,         abort → ABANDONED
                    client gone)
-    AWAITING_HEAD  lost before any byte of a response          the Deferred fails with ConnectionDied
+    AWAITING_HEAD  Lost before any byte of a response          the Deferred fails with ConnectionDied
                                                                (`_Call` retries a reused one) → CLOSED
-    AWAITING_HEAD  lost after some                             ResponseFailed → CLOSED
-    READING_BODY   body bytes                                  to the Response (its protocol, or held
-                                                               until `deliverBody`)
-    READING_BODY   the body's end                              pool the connection (keep-alive and
+    AWAITING_HEAD  Lost after some                             the Deferred fails with ResponseFailed
+                                                               → CLOSED
+    READING_BODY   Body bytes                                  to the Response (its protocol, or held
+                                                               until `deliverBody`) → READING_BODY
+    READING_BODY   The body's end                              pool the connection (keep-alive and
                                                                nothing after the body) or close it;
                                                                the body ends with ResponseDone → IDLE
-    READING_BODY   bad chunked framing                         abort; the body ends with
+    READING_BODY   Bad chunked framing                         abort; the body ends with
                                                                ResponseFailed → CLOSED
     READING_BODY   `Response.stopProducing`                    abort → ABANDONED
-    READING_BODY   lost: a close-delimited body, cleanly       the body ends with PotentialDataLoss
+    READING_BODY   Lost: a close-delimited body, cleanly       the body ends with PotentialDataLoss
                                                                → CLOSED
-    READING_BODY   lost otherwise                              the body ends with ResponseFailed
+    READING_BODY   Lost otherwise                              the body ends with ResponseFailed
                                                                → CLOSED
-    ABANDONED      bytes                                       ignored: not parsed, so a body cut
-                                                               mid-read never looks complete
-    ABANDONED      lost                                        the body (if any) ends with
+    ABANDONED      Bytes                                       ignored (not parsed: a body cut
+                                                               mid-read never looks complete)
+                                                               → ABANDONED
+    ABANDONED      Lost                                        the body (if any) ends with
                                                                ResponseFailed → CLOSED
-    CLOSED         anything                                    nothing
+    CLOSED         Anything                                    nothing → CLOSED
     =============  ==========================================  ======================================
 
     Whatever the state, a lost connection leaves the pool; the Response pauses and resumes

@@ -299,25 +299,23 @@ class ResponseParser:
     then pulls events (`next_event`) until NEED_DATA. It stops pulling when it no longer
     cares, so bytes that came after that point are never parsed (nor refused).
 
-    =========  ==========================================  ====================================
-    state      on receiving bytes, `next_event` gives       next state
-    =========  ==========================================  ====================================
-    IDLE       (`start`: a request went out)                HEAD
-    IDLE       NEED_DATA (bytes are kept for no one)        IDLE
-    HEAD       NEED_DATA until a whole head; 1xx heads      HEAD
-               are skipped; then the final `ResponseHead`   BODY
-               (ProtocolError: not a head, or larger than
-               MAX_HEAD)                                    BROKEN
-    BODY       the read's payload (bytes, all of it but     BODY
-               what follows the body), then `BodyEnd` once
-               the framing says the body is complete (at
-               once for Framing.NONE and Content-Length:
-               0); bytes after that end are dropped and     IDLE
-               make the end not `reusable`
-               (ProtocolError: bad chunked framing; the
-               read's payload is not given)                 BROKEN
-    BROKEN     ProtocolError again                          BROKEN
-    =========  ==========================================  ====================================
+    =======  ========================================  ======================================  =======
+    state    event                                     `next_event` gives                      next
+    =======  ========================================  ======================================  =======
+    IDLE     `start` (a request went out)              (nothing to give)                       HEAD
+    IDLE     Bytes                                     NEED_DATA (`start` drops them)          IDLE
+    HEAD     Part of a head, or 1xx heads              NEED_DATA (1xx heads are skipped)       HEAD
+    HEAD     The final head                            its `ResponseHead`                      BODY
+    HEAD     Not a head, or one over MAX_HEAD          ProtocolError                           BROKEN
+    BODY     Body bytes                                the read's payload (bytes, never        BODY
+                                                       empty), else NEED_DATA
+    BODY     The body's end (at once for no body,      the read's last payload if any, then    IDLE
+             and for Content-Length: 0)                `BodyEnd`; reusable only if nothing
+                                                       followed in that read (it is dropped)
+    BODY     Bad chunked framing                       ProtocolError (none of that read's      BROKEN
+                                                       payload)
+    BROKEN   Anything                                  ProtocolError                           BROKEN
+    =======  ========================================  ======================================  =======
 
     A close-delimited body (Framing.CLOSE) has no `BodyEnd`: the connection's clean
     close completes it (`ends_at_close`). Cost per read in a body: the framing's work
