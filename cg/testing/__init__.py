@@ -1,8 +1,8 @@
 """cg's test kit: a scripted fake Anthropic/OpenAI API, and what tests build and check with it.
 
 Like ``treq.testing`` it ships with the package, so the proxy's tests, its benchmarks and
-downstream users all drive the same fake. Every name below but cg.testing.tables' is importable from
-``cg.testing`` itself; the modules say where each lives:
+downstream users all drive the same fake. Every name below but those of the last two modules is
+importable from ``cg.testing`` itself; the modules say where each lives:
 
 - ``cg.testing.fake``: ``FakeUpstream``, a real twisted.web server on a TCP port. Replies are
   queued in order (``enqueue``); when the queue is empty a default reply is derived from the
@@ -26,9 +26,13 @@ downstream users all drive the same fake. Every name below but cg.testing.tables
   upstream client itself: each request (``MemoryRequest``) waits for the test to answer it
   (``MemoryResponse``), on whatever clock the test runs.
 
-And, imported from its module only: ``cg.testing.tables`` (``table_rows``, ``names_in``) reads
-the state tables cg's sans-io machines keep in their docstrings, so a test can check each
-against the transitions the code runs.
+And, imported from their modules only:
+
+- ``cg.testing.loopback``: ``Loopback(clock)`` connects a ``MemoryReactorClock``'s TCP clients to
+  what listens on it (``FakeUpstream.listen(clock, port)``, a whole cg), in memory: the real
+  upstream client against the fake's ``Site``, pumped with ``pump()``, as treq's ``StubTreq`` does.
+- ``cg.testing.tables`` (``table_rows``, ``names_in``) reads the state tables cg's sans-io machines
+  keep in their docstrings, so a test can check each against the transitions the code runs.
 """
 
 from __future__ import annotations

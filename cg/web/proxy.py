@@ -19,10 +19,10 @@ from twisted.web.http_headers import Headers
 
 from cg.record.stats import Stats
 from cg.store.base import IStore
-from cg.web import http1, metrics
+from cg.web import metrics
 from cg.web.forwarder import Forwarder
 from cg.web.site import CappedRequest as Request
-from cg.wire import dialect
+from cg.wire import dialect, http1
 from cg.wire.markers import parse_marker_ref
 
 log = Logger(namespace="cg.web.proxy")

@@ -1,6 +1,6 @@
 """The upstream leg: pooled, keep-alive HTTP/1.1 connections to the provider.
 
-cg speaks HTTP/1.1 upstream itself (wire format in `cg.web.http1`), on a plain Protocol,
+cg speaks HTTP/1.1 upstream itself (wire format in `cg.wire.http1`), on a plain Protocol,
 rather than through twisted.web.client.Agent. A proxy needs a small part of Agent: one
 request at a time per connection, a body of known bytes, and a response relayed chunk by
 chunk. Agent's general machinery around that (a Deferred chain per request, a line
