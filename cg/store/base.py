@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
+
+from cg.exchange.ledger import Bucket, Change, Conversation, Totals, Turn
 
 DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
 # Evict down to this share of max_bytes, so a full store does not evict on every put.
@@ -111,3 +113,35 @@ def as_store_error(error: BaseException) -> StoreError:
     return (
         error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
     )
+
+
+class ILedger(Interface):
+    """The ledger (`cg.exchange.ledger`): every forwarded request's `Turn` and its `Change`s, their
+    per-minute and per-hour rollups (`Bucket`) and conversation summaries (`Conversation`), in the
+    store cg already has (each store's ``ledger`` attribute): SQLite tables by default, Redis keys
+    for a fleet (then every cg sharing it sees the whole fleet's traffic).
+
+    Bounded: rollups and summaries kept ``days`` (--ledger-days), turns the newest ``max_turns``.
+    Writes go off the reactor, in order, and never fail the caller: a failed write loses that row,
+    not a request. Every query's Deferred fires with what the store holds (tenant None: every
+    tenant's; a tenant: only its own).
+    """
+
+    def record(turn: Turn, changes: Sequence[Change]) -> None:
+        """Keep a `Turn` and its `Change`s (a sequence), and add it to its rollups and its
+        conversation's summary. Returns at once; the write happens on the store's thread."""
+
+    def totals(tenant: str | None, since: float | None) -> Deferred[Totals]:
+        """`Totals` of the turns since `since` (Unix time; None: all the ledger keeps)."""
+
+    def buckets(tenant: str | None, since: float, width: float) -> Deferred[list[Bucket]]:
+        """The `Bucket`s of `width` (MINUTE or HOUR) that start at or after `since`, oldest first."""
+
+    def conversations(tenant: str | None, offset: int, limit: int) -> Deferred[list[Conversation]]:
+        """`Conversation` summaries, the most recently active first, `limit` of them after `offset`."""
+
+    def conversation(tenant: str | None, id: str) -> Deferred[tuple[Conversation, list[Turn], list[Change]] | None]:
+        """(`Conversation`, its `Turn`s oldest first, their `Change`s), or None when unknown."""
+
+    def trim(now: float) -> Deferred[int]:
+        """Drop what is past its retention; fire with how many rows went."""

@@ -11,6 +11,7 @@ from twisted.internet.defer import Deferred, succeed
 from zope.interface import implementer
 
 from cg.store.base import CACHE_RECORD_DAYS, DEFAULT_MAX_BYTES, EVICT_TO, IStore, StoreInfo, StoreStats
+from cg.store.ledger import MemoryLedger
 
 # Seconds between sweeps of expired cache records: days old when they go, they need no hurry.
 _SWEEP_EVERY = 3600.0
@@ -25,6 +26,7 @@ class MemoryStore:
     max_bytes: int = DEFAULT_MAX_BYTES
     clock: Callable[[], float] = time.time
     stats: StoreStats = attrs.field(factory=StoreStats, init=False)
+    ledger: MemoryLedger = attrs.field(factory=MemoryLedger)  # the dashboard's rows (cg.exchange.ledger)
     # Both least recently used first; values are (body, last use).
     _originals: OrderedDict[tuple[str, str], tuple[bytes, float]] = attrs.field(
         factory=OrderedDict, init=False

@@ -1,0 +1,157 @@
+"""The ledger's rows: what cg keeps of every request it forwarded, for the dashboard (`GET /cg/`),
+its API (`/cg/api/…`) and `cg-report --store`, in the store it already has.
+
+Pure data, written once per request when its exchange ends (a `Turn`, and a `Change` per tool
+result compaction rewrote), and the rollups and summaries the store keeps from them. The store
+(`cg.store.base.ILedger`) persists them off the reactor; the host builds them from the
+preparation's `Report` and the exchange's `ExchangeRecord` (`cg.record.ledger`).
+
+Figures are the ones cg can back: billed tokens as the provider reported them, costs at list price
+(`cg.record.pricing`), sizes as cg's token estimator counts them. A figure cg could not measure is
+None (or 0 for counts), never a guess.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+# Who sent a request, by its user-agent (cg.record.ledger.client_of).
+CLIENTS = ("claude-code", "codex", "sdk", "other")
+
+# Why a turn wrote more to the provider's prompt cache than it read (`Turn.verdict`):
+EXPECTED = "expected"  # the conversation's first turn, or only new content was written
+EXPIRED = "expired"  # the previous request came longer ago than the cache's lifetime
+CLIENT_PREFIX = "client_prefix"  # the client's body stops extending the last one inside the cached part
+CG_PREFIX = "cg_prefix"  # cg's forwarded body does, though the client's does not (an epoch; else a bug)
+KEPT_WARM = "kept_warm"  # a keep-alive ping bridged the gap (the turn read what the ping kept)
+VERDICTS = (EXPECTED, EXPIRED, CLIENT_PREFIX, CG_PREFIX, KEPT_WARM)
+
+MINUTE = 60.0
+HOUR = 3600.0
+DEFAULT_DAYS = 30  # --ledger-days: how long rollups and conversation summaries are kept
+DEFAULT_MAX_TURNS = 100_000  # per-request rows kept, newest first
+
+
+@attrs.frozen
+class Billed:
+    """Tokens a request was billed, by kind, over every round of it (0 where none)."""
+
+    input: int = 0
+    cache_read: int = 0
+    cache_write_5m: int = 0
+    cache_write_1h: int = 0
+    output: int = 0
+
+    def __add__(self, other: Billed) -> Billed:
+        return Billed(self.input + other.input, self.cache_read + other.cache_read,
+                      self.cache_write_5m + other.cache_write_5m, self.cache_write_1h + other.cache_write_1h,
+                      self.output + other.output)
+
+    @property
+    def cache_write(self) -> int:
+        return self.cache_write_5m + self.cache_write_1h
+
+
+@attrs.frozen
+class Turn:
+    """One request cg forwarded (a row of the ledger), as it ended."""
+
+    time: float  # Unix time the request arrived
+    seq: int  # its number in the change log (unique per process start)
+    tenant: str  # "" without --tenant
+    conversation: str  # the session key (cg.stream.usage.session_key): "-" when none
+    client: str  # one of CLIENTS
+    model: str | None
+    dialect: str  # anthropic, openai, responses
+    path: str
+    status: int | None
+    outcome: str  # ExchangeRecord.outcome
+    tokens_before: int  # the whole request as the client sent it (estimated)
+    tokens_after: int  # as cg forwarded it
+    results_before: int  # the tool results compaction rewrote, as sent
+    results_after: int  # and as forwarded
+    billed: Billed | None  # None when the response's usage could not be read
+    cost_via_cg: float | None  # USD at list price, of what was billed; None when not billed
+    cost_direct: float | None  # USD the same turn would have cost as the client sent it (estimated)
+    expand_rounds: int = 0
+    repairs: int = 0
+    epoch: bool = False  # decided under a cache-aware epoch
+    verdict: str | None = None  # one of VERDICTS, for a turn that wrote more than it read
+    verdict_detail: str = ""  # "idle 7m12s", "messages[3].content[0]", "epoch 2", …
+    added_ms: float | None = None  # cg's own share of the client's time to first byte
+
+
+@attrs.frozen
+class Change:
+    """One tool result compaction rewrote in a request (the change log's compaction line)."""
+
+    seq: int
+    message: int
+    block: int | None
+    tool: str | None
+    component: str
+    lossy: bool
+    marker: str | None  # the marker ID behind which the original is stored, for a lossy one
+    tokens_before: int
+    tokens_after: int
+
+
+@attrs.frozen
+class Totals:
+    """A sum of turns: what the overview and the API's summary show."""
+
+    requests: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    results_before: int = 0
+    results_after: int = 0
+    billed: Billed = Billed()
+    cost_via_cg: float = 0.0
+    cost_direct: float = 0.0
+    expand_rounds: int = 0
+    repairs: int = 0
+
+    def __add__(self, other: Totals) -> Totals:
+        return Totals(*(getattr(self, f.name) + getattr(other, f.name) for f in attrs.fields(Totals)))
+
+    def add(self, turn: Turn) -> Totals:
+        return Totals(
+            self.requests + 1, self.tokens_before + turn.tokens_before, self.tokens_after + turn.tokens_after,
+            self.results_before + turn.results_before, self.results_after + turn.results_after,
+            self.billed + (turn.billed or Billed()), self.cost_via_cg + (turn.cost_via_cg or 0.0),
+            self.cost_direct + (turn.cost_direct or 0.0), self.expand_rounds + turn.expand_rounds,
+            self.repairs + turn.repairs,
+        )
+
+
+@attrs.frozen
+class Bucket:
+    """Totals of the turns that arrived in [start, start + width) (width MINUTE or HOUR), for one
+    (tenant, client, model): the rollups a time chart and a breakdown read."""
+
+    start: float
+    width: float
+    tenant: str
+    client: str
+    model: str | None
+    totals: Totals
+
+
+@attrs.frozen
+class Conversation:
+    """A conversation's summary row: its turns summed, and its cache's state as cg last knew it."""
+
+    id: str
+    tenant: str
+    client: str
+    model: str | None
+    first: float
+    last: float
+    totals: Totals
+    cache_until: float | None = None  # when its prompt cache expires, as cg recorded it
+    kept_warm: bool = False  # a keep-alive is pinging it
+
+
+def bucket_start(time: float, width: float) -> float:
+    """The start of the bucket of `width` seconds that `time` falls in."""
+    return time - time % width
