@@ -2,8 +2,9 @@
 
 import pytest
 
-from cg.exchange.ledger import HOUR, MINUTE, Billed, Change, Totals, Turn
+from cg.exchange.ledger import HOUR, MINUTE, Change, Totals, Turn
 from cg.store.ledger import MemoryLedger
+from cg.stream.usage import Usage
 
 T0 = 1_699_999_200.0  # a whole hour (UTC)
 
@@ -12,7 +13,7 @@ def turn(at: float, conversation="c1", tenant="", client="claude-code", model="m
     return Turn(time=at, seq=seq, tenant=tenant, conversation=conversation, client=client, model=model,
                 dialect="anthropic", path="/v1/messages", status=200, outcome="ok", tokens_before=1000,
                 tokens_after=400, results_before=800, results_after=200,
-                billed=Billed(input=10, cache_read=300, cache_write_5m=90, output=50),
+                billed=Usage(input_tokens=10, cache_read_tokens=300, cache_write_tokens=90, output_tokens=50),
                 cost_via_cg=0.01, cost_direct=0.02, **over)
 
 
@@ -29,7 +30,7 @@ def test_turns_sum_into_totals_buckets_and_their_conversation():
     ledger.record(turn(T0 + 5, seq=1), [Change(1, 2, 0, "Bash", "offload", True, "0123456789abcdef", 800, 200)])
     ledger.record(turn(T0 + 70, seq=2), [])
     totals = result(ledger.totals(None, None))
-    assert totals.requests == 2 and totals.tokens_before == 2000 and totals.billed.cache_read == 600
+    assert totals.requests == 2 and totals.tokens_before == 2000 and totals.billed.cache_read_tokens == 600
     assert totals.cost_via_cg == pytest.approx(0.02) and totals.cost_direct == pytest.approx(0.04)
     minutes = result(ledger.buckets(None, T0, MINUTE))
     assert [(b.start, b.totals.requests) for b in minutes] == [(T0, 1), (T0 + 60, 1)]

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import attrs
 
+from cg.stream.usage import Usage
+
 # Who sent a request, by its user-agent (cg.record.ledger.client_of).
 CLIENTS = ("claude-code", "codex", "sdk", "other")
 
@@ -30,26 +32,6 @@ MINUTE = 60.0
 HOUR = 3600.0
 DEFAULT_DAYS = 30  # --ledger-days: how long rollups and conversation summaries are kept
 DEFAULT_MAX_TURNS = 100_000  # per-request rows kept, newest first
-
-
-@attrs.frozen
-class Billed:
-    """Tokens a request was billed, by kind, over every round of it (0 where none)."""
-
-    input: int = 0
-    cache_read: int = 0
-    cache_write_5m: int = 0
-    cache_write_1h: int = 0
-    output: int = 0
-
-    def __add__(self, other: Billed) -> Billed:
-        return Billed(self.input + other.input, self.cache_read + other.cache_read,
-                      self.cache_write_5m + other.cache_write_5m, self.cache_write_1h + other.cache_write_1h,
-                      self.output + other.output)
-
-    @property
-    def cache_write(self) -> int:
-        return self.cache_write_5m + self.cache_write_1h
 
 
 @attrs.frozen
@@ -70,7 +52,7 @@ class Turn:
     tokens_after: int  # as cg forwarded it
     results_before: int  # the tool results compaction rewrote, as sent
     results_after: int  # and as forwarded
-    billed: Billed | None  # None when the response's usage could not be read
+    billed: Usage | None  # over every round; None when the response's usage could not be read
     cost_via_cg: float | None  # USD at list price, of what was billed; None when not billed
     cost_direct: float | None  # USD the same turn would have cost as the client sent it (estimated)
     expand_rounds: int = 0
@@ -105,7 +87,7 @@ class Totals:
     tokens_after: int = 0
     results_before: int = 0
     results_after: int = 0
-    billed: Billed = Billed()
+    billed: Usage = Usage()
     cost_via_cg: float = 0.0
     cost_direct: float = 0.0
     expand_rounds: int = 0
@@ -115,13 +97,9 @@ class Totals:
         return Totals(*(getattr(self, f.name) + getattr(other, f.name) for f in attrs.fields(Totals)))
 
     def add(self, turn: Turn) -> Totals:
-        return Totals(
-            self.requests + 1, self.tokens_before + turn.tokens_before, self.tokens_after + turn.tokens_after,
-            self.results_before + turn.results_before, self.results_after + turn.results_after,
-            self.billed + (turn.billed or Billed()), self.cost_via_cg + (turn.cost_via_cg or 0.0),
-            self.cost_direct + (turn.cost_direct or 0.0), self.expand_rounds + turn.expand_rounds,
-            self.repairs + turn.repairs,
-        )
+        return self + Totals(1, turn.tokens_before, turn.tokens_after, turn.results_before, turn.results_after,
+                             turn.billed or Usage(), turn.cost_via_cg or 0.0, turn.cost_direct or 0.0,
+                             turn.expand_rounds, turn.repairs)
 
 
 @attrs.frozen
