@@ -252,6 +252,17 @@ def test_bytes_after_a_body_in_its_read_close_the_connection(net, server, upstre
     assert [c for c, _ in server.requests] == [0, 1]
 
 
+def test_an_idle_connection_that_got_bytes_is_not_handed_out_before_its_end(net, server, upstream):
+    """Twisted's TCP ends an aborted connection on a later turn and does not mark it disconnecting:
+    the connection itself must stop counting as usable at once."""
+    server.replies += [OK_12]
+    fetch(net, upstream, server.url)
+    (link,) = net.links
+    link.client.dataReceived(OK_12)  # as the transport delivers it, before any later turn
+    connection = link.client._wrappedProtocol  # what the endpoint wraps: cg's _Connection
+    assert link.client_transport.aborted and not connection.usable
+
+
 def test_a_response_nobody_asked_for_drops_the_idle_connection(net, server, upstream):
     server.replies += [OK_12, OK_12]
     fetch(net, upstream, server.url)

@@ -59,8 +59,7 @@ class LoopbackTransport(iosim.FakeTransport):
         self.paused = False
 
     def abortConnection(self) -> None:
-        if not self.lost:
-            self.disconnecting = True
+        if not self.lost:  # as Twisted's TCP: not `disconnecting`, the end comes on a later step
             self.aborted = True
             self.stream.clear()  # a reset: what was not delivered is lost
 
@@ -91,13 +90,13 @@ class Link:
         ends = ((self.client_transport, self.server_transport), (self.server_transport, self.client_transport))
         for source, reader in ends:
             # A reader that closed or aborted its end reads no more, as Twisted's TCP stops reading then.
-            while source.stream and not reader.paused and not reader.disconnecting:
+            while source.stream and not reader.paused and not (reader.disconnecting or reader.aborted):
                 reader.protocol.dataReceived(source.stream.popleft())
                 moved = True
             if source.producer is not None and not source.streamingProducer and not source.lost:
                 source.producer.resumeProducing()  # a pull producer writes again once its writes are out
         for source, reader in ends:
-            if not source.disconnecting or source.stream:
+            if not (source.disconnecting or source.aborted) or source.stream:
                 continue
             reason = error.ConnectionLost() if source.aborted else error.ConnectionDone()
             if not source.lost:

@@ -228,7 +228,7 @@ class _Connection(Protocol):
     state          event                                       action → next state
     =============  ==========================================  ======================================
     IDLE           `send` (a request)                          write it → AWAITING_HEAD
-    IDLE           Bytes (a response nobody asked for)         abort → IDLE (then lost)
+    IDLE           Bytes (a response nobody asked for)         abort → ABANDONED
     IDLE           Lost (closed by the pool, or the server)    → CLOSED
     AWAITING_HEAD  The head (1xx heads skipped)                fire the request's Deferred with the
                                                                Response → READING_BODY
@@ -334,8 +334,8 @@ class _Connection(Protocol):
         elif state is _AWAITING_HEAD:
             self._got_bytes = True
             self._read(data)
-        elif state is _IDLE:  # a response nobody asked for
-            self.transport.abortConnection()
+        elif state is _IDLE:  # a response nobody asked for: not handed out again before its end comes
+            self.abandon()
 
     def _read(self, data: bytes) -> None:
         """Hand a read to the parser and act on its events, until it needs more or the response is not wanted."""
