@@ -85,3 +85,13 @@ def test_a_request_without_a_conversation_counts_but_has_no_row():
     ledger.record(turn(T0, conversation="-"), [])
     assert result(ledger.totals(None, None)).requests == 1
     assert result(ledger.conversations(None, 0, 10)) == []
+
+
+def test_a_turn_that_arrives_late_moves_its_conversations_first_back():
+    ledger = MemoryLedger()
+    ledger.record(turn(T0 + 100, seq=2), [])
+    ledger.record(turn(T0 + 5, seq=1), [])
+    (summary,) = result(ledger.conversations(None, 0, 10))
+    assert (summary.first, summary.last) == (T0 + 5, T0 + 100)
+    _, turns, _ = result(ledger.conversation(None, "c1"))
+    assert [t.seq for t in turns] == [1, 2]

@@ -2,9 +2,11 @@
 its API (`/cg/api/…`) and `cg-report --store`, in the store it already has.
 
 Pure data, written once per request when its exchange ends (a `Turn`, and a `Change` per tool
-result compaction rewrote), and the rollups and summaries the store keeps from them. The store
-(`cg.store.base.ILedger`) persists them off the reactor; the host builds them from the
-preparation's `Report` and the exchange's `ExchangeRecord` (`cg.record.ledger`).
+result compaction rewrote), and the rollups and summaries a store keeps from them
+(`cg.store.base.ILedger`). Issue 23 lands in steps: these rows, the interface and the in-memory
+reference (`cg.store.ledger.MemoryLedger`) are here; building each turn from the preparation's
+`Report` and the exchange's `ExchangeRecord`, the SQLite and Redis ledgers, and the page are not
+yet.
 
 Figures are the ones cg can back: billed tokens as the provider reported them, costs at list price
 (`cg.record.pricing`), sizes as cg's token estimator counts them. A figure cg could not measure is
@@ -17,7 +19,7 @@ import attrs
 
 from cg.stream.usage import Usage
 
-# Who sent a request, by its user-agent (cg.record.ledger.client_of).
+# Who sent a request, by its user-agent.
 CLIENTS = ("claude-code", "codex", "sdk", "other")
 
 # Why a turn wrote more to the provider's prompt cache than it read (`Turn.verdict`):

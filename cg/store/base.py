@@ -117,13 +117,12 @@ def as_store_error(error: BaseException) -> StoreError:
 
 class ILedger(Interface):
     """The ledger (`cg.exchange.ledger`): every forwarded request's `Turn` and its `Change`s, their
-    per-minute and per-hour rollups (`Bucket`) and conversation summaries (`Conversation`), in the
-    store cg already has (each store's ``ledger`` attribute): SQLite tables by default, Redis keys
-    for a fleet (then every cg sharing it sees the whole fleet's traffic).
+    per-minute and per-hour rollups (`Bucket`) and conversation summaries (`Conversation`), as a
+    store's ``ledger`` attribute. Only the memory store has one so far (`cg.store.ledger`); a
+    backend with blocking I/O writes on its worker thread.
 
-    Bounded: rollups and summaries kept ``days`` (--ledger-days), turns the newest ``max_turns``.
-    Writes go off the reactor, in order, and never fail the caller: a failed write loses that row,
-    not a request. Every query's Deferred fires with what the store holds (tenant None: every
+    Bounded: rollups and summaries kept ``days``, turns the newest ``max_turns``. A write never
+    fails the caller: a failed write loses that row, not a request. Every query's Deferred fires with what the store holds (tenant None: every
     tenant's; a tenant: only its own).
     """
 
@@ -132,16 +131,19 @@ class ILedger(Interface):
         conversation's summary. Returns at once; the write happens on the store's thread."""
 
     def totals(tenant: str | None, since: float | None) -> Deferred[Totals]:
-        """`Totals` of the turns since `since` (Unix time; None: all the ledger keeps)."""
+        """`Totals` of the turns in the minutes that end after `since` (Unix time; None: all the
+        ledger keeps)."""
 
     def buckets(tenant: str | None, since: float, width: float) -> Deferred[list[Bucket]]:
-        """The `Bucket`s of `width` (MINUTE or HOUR) that start at or after `since`, oldest first."""
+        """The `Bucket`s of `width` (MINUTE or HOUR) that end after `since` (one that holds `since`
+        counts whole), oldest first."""
 
     def conversations(tenant: str | None, offset: int, limit: int) -> Deferred[list[Conversation]]:
         """`Conversation` summaries, the most recently active first, `limit` of them after `offset`."""
 
     def conversation(tenant: str | None, id: str) -> Deferred[tuple[Conversation, list[Turn], list[Change]] | None]:
-        """(`Conversation`, its `Turn`s oldest first, their `Change`s), or None when unknown."""
+        """(`Conversation`, its `Turn`s oldest first, their `Change`s), or None when unknown. With
+        tenant None and the same id under several tenants: the most recently active one."""
 
     def trim(now: float) -> Deferred[int]:
         """Drop what is past its retention; fire with how many rows went."""

@@ -4,7 +4,7 @@ against, and the memory store's own. Nothing survives; every Deferred has fired.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import attrs
@@ -39,8 +39,7 @@ class MemoryLedger:
     clock: Callable[[], float] = time.time
     _turns: deque[tuple[Turn, tuple[Change, ...]]] = attrs.field(factory=deque, init=False)
     _buckets: dict[_BucketKey, Totals] = attrs.field(factory=dict, init=False)
-    # (tenant, id) -> summary, least recently active first
-    _conversations: OrderedDict[tuple[str, str], Conversation] = attrs.field(factory=OrderedDict, init=False)
+    _conversations: dict[tuple[str, str], Conversation] = attrs.field(factory=dict, init=False)  # (tenant, id) ->
 
     def record(self, turn: Turn, changes: Sequence[Change]) -> None:
         self._turns.append((turn, tuple(changes)))
@@ -52,12 +51,12 @@ class MemoryLedger:
         if turn.conversation == "-":
             return
         ckey = (turn.tenant, turn.conversation)
-        known = self._conversations.pop(ckey, None)
+        known = self._conversations.get(ckey)
         if known is None:
             known = Conversation(turn.conversation, turn.tenant, turn.client, turn.model, turn.time, turn.time,
                                  Totals())
-        self._conversations[ckey] = attrs.evolve(known, model=turn.model or known.model, last=max(known.last, turn.time),
-                                                 totals=known.totals.add(turn))
+        self._conversations[ckey] = attrs.evolve(known, model=turn.model or known.model, first=min(known.first, turn.time),
+                                                 last=max(known.last, turn.time), totals=known.totals.add(turn))
 
     def totals(self, tenant: str | None, since: float | None) -> Deferred[Totals]:
         total = Totals()
@@ -70,15 +69,15 @@ class MemoryLedger:
                                                                                   b.model or "")))
 
     def conversations(self, tenant: str | None, offset: int, limit: int) -> Deferred[list[Conversation]]:
-        rows = [c for (t, _), c in reversed(self._conversations.items()) if tenant is None or t == tenant]
-        rows.sort(key=lambda c: c.last, reverse=True)
+        rows = sorted((c for (t, _), c in self._conversations.items() if tenant is None or t == tenant),
+                      key=lambda c: c.last, reverse=True)
         return succeed(rows[offset:offset + limit])
 
     def conversation(self, tenant: str | None, id: str) -> Deferred[tuple[Conversation, list[Turn], list[Change]] | None]:
         found = [c for (t, i), c in self._conversations.items() if i == id and (tenant is None or t == tenant)]
         if not found:
             return succeed(None)
-        summary = found[0]
+        summary = max(found, key=lambda c: c.last)
         turns = [(turn, changes) for turn, changes in self._turns
                  if turn.conversation == id and turn.tenant == summary.tenant]
         turns.sort(key=lambda pair: (pair[0].time, pair[0].seq))
