@@ -28,7 +28,7 @@ ALLOWED = {
         "(explicit breakpoints or automatic prefixes) price the model; chat and Responses share OpenAI's",
     ("web/service.py", '{"anthropic": split_base(config.anthropic_upstream), "openai": split_base(config.openai_upstream)}'):
         "configuration, not a branch: the upstream the operator gave each route (--anthropic-upstream, "
-        "--openai-upstream), which cg.web.proxy looks up by the route's name",
+        "--openai-upstream), which cg.web.driver looks up by the route's name",
 }
 
 

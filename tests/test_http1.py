@@ -327,6 +327,7 @@ def test_what_comes_after_the_parser_is_no_longer_asked_is_never_parsed():
         [b"SSH-2.0-OpenSSH\r\n\r\n"],
         [b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 300_000],
         [b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 200_000, b"a" * 100_000],  # too large, over two reads
+        [b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 300_000 + b"\r\n\r\n"],  # too large, though whole in one read
         [b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok"],  # bare LF: refused at once, not after a timeout
         [b"HTTP/1.1 200 OK\r\nContent-Length: 2\n", b"\nok"],  # the bare LFs straddle two reads
         [_head(200, b"Transfer-Encoding: chunked") + b"5\r\nhelloXX"],

@@ -23,8 +23,12 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: each name may be a module (from . import test_proxy)
+                found += [(node.lineno, f"{node.module}.{alias.name}" if node.module else alias.name)
+                          for alias in node.names]
+            elif node.module:
+                found.append((node.lineno, node.module))
     return found
 
 
@@ -33,7 +37,7 @@ def test_no_test_module_imports_another():
         f"{path.relative_to(TESTS)}:{line}: imports {module}"
         for path in sorted(TESTS.rglob("*.py"))
         for line, module in imported_modules(path)
-        if module.split(".")[0] in TEST_MODULES
+        if TEST_MODULES & set(module.split("."))
     ]
     assert offences == [], "move the shared helper to tests/helpers/, tests/conftest.py or cg.testing"
 
@@ -42,6 +46,14 @@ def test_the_check_sees_an_import_inside_a_function(tmp_path):
     path = tmp_path / "test_example.py"
     path.write_text("def f():\n    from test_proxy import helper\n    import test_store as s\n")
     assert imported_modules(path) == [(2, "test_proxy"), (3, "test_store")]
+
+
+def test_the_check_sees_relative_and_package_imports(tmp_path):
+    path = tmp_path / "test_example.py"
+    path.write_text("from . import test_proxy\nfrom tests.test_store import closing\n")
+    found = imported_modules(path)
+    assert found == [(1, "test_proxy"), (2, "tests.test_store")]
+    assert all(TEST_MODULES & set(module.split(".")) for _, module in found)
 
 
 @pytest.mark.parametrize("module", ["builders", "replies", "validators", "fake", "memory"])

@@ -311,7 +311,7 @@ class Preparation:
         conversation = request.conversation.decode("latin-1")
         incoming = rewriter.parse(request.body, request.target, conversation) if rewriter else None
         session = session_key(request.header, incoming.body if incoming else None)
-        if incoming is None:
+        if rewriter is None or incoming is None:
             self._ready(Forward(request.body, request.seq, session))
             return out
         self._incoming = incoming
@@ -325,7 +325,7 @@ class Preparation:
             warm = ((tenant, request.conversation, model), keepalive.lifetime(incoming.body))
         self._unchanged = Forward(request.body, request.seq, session, tenant, model=model, keepalive=warm)
         if incoming.repairs and self._index is not None:
-            in_body = rewriter.originals(incoming) if rewriter else {}
+            in_body = rewriter.originals(incoming)
             for repair in incoming.repairs:
                 self._look_up_repair(repair, in_body)
         self._start_cold(conversation)

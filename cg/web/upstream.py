@@ -212,8 +212,8 @@ class _State(enum.Enum):
     CLOSED = "ended"
 
 
-# The code names the states through module globals: a global costs ~15 ns, an enum member's
-# lookup 100-400 ns (CPython 3.10-3.13), a price paid per read or per request.
+# The code names the states through module globals: a global costs 9-16 ns, an enum member's
+# lookup 21-86 ns (timeit, CPython 3.10-3.13, 2026-12-06), a price paid per read or per request.
 _IDLE, _AWAITING_HEAD, _READING_BODY = _State.IDLE, _State.AWAITING_HEAD, _State.READING_BODY
 _ABANDONED, _CLOSED = _State.ABANDONED, _State.CLOSED
 
