@@ -35,7 +35,7 @@ def test_turns_sum_into_totals_buckets_and_their_conversation():
     minutes = result(ledger.buckets(None, T0, MINUTE))
     assert [(b.start, b.totals.requests) for b in minutes] == [(T0, 1), (T0 + 60, 1)]
     assert [b.totals.requests for b in result(ledger.buckets(None, T0, HOUR))] == [2]
-    (summary,) = result(ledger.conversations(None, 0, 10))
+    (summary,) = result(ledger.conversations(None, 0, 10))[0]
     assert (summary.id, summary.first, summary.last, summary.totals.requests) == ("c1", T0 + 5, T0 + 70, 2)
     found, turns, changes = result(ledger.conversation(None, "c1"))
     assert [t.seq for t in turns] == [1, 2] and [c.marker for c in changes] == ["0123456789abcdef"]
@@ -54,9 +54,9 @@ def test_a_tenant_sees_only_its_own():
     ledger.record(turn(T0, tenant="a", conversation="ca"), [])
     ledger.record(turn(T0, tenant="b", conversation="cb"), [])
     assert result(ledger.totals("a", None)).requests == 1
-    assert [c.id for c in result(ledger.conversations("a", 0, 10))] == ["ca"]
+    assert [c.id for c in result(ledger.conversations("a", 0, 10))[0]] == ["ca"]
     assert result(ledger.conversation("a", "cb")) is None
-    assert {c.id for c in result(ledger.conversations(None, 0, 10))} == {"ca", "cb"}
+    assert {c.id for c in result(ledger.conversations(None, 0, 10))[0]} == {"ca", "cb"}
 
 
 def test_conversations_come_most_recent_first_and_page():
@@ -64,8 +64,8 @@ def test_conversations_come_most_recent_first_and_page():
     for i in range(5):
         ledger.record(turn(T0 + i, conversation=f"c{i}"), [])
     ledger.record(turn(T0 + 10, conversation="c1"), [])
-    assert [c.id for c in result(ledger.conversations(None, 0, 3))] == ["c1", "c4", "c3"]
-    assert [c.id for c in result(ledger.conversations(None, 3, 3))] == ["c2", "c0"]
+    assert [c.id for c in result(ledger.conversations(None, 0, 3))[0]] == ["c1", "c4", "c3"]
+    assert [c.id for c in result(ledger.conversations(None, 3, 3))[0]] == ["c2", "c0"]
 
 
 def test_bounded_turns_and_retention():
@@ -77,21 +77,44 @@ def test_bounded_turns_and_retention():
     assert result(ledger.totals(None, None)).requests == 5  # rollups keep counting
     assert result(ledger.trim(T0 + 2 * 86400)) > 0
     assert result(ledger.totals(None, None)) == Totals()
-    assert result(ledger.conversations(None, 0, 10)) == []
+    assert result(ledger.conversations(None, 0, 10))[0] == []
 
 
 def test_a_request_without_a_conversation_counts_but_has_no_row():
     ledger = MemoryLedger()
     ledger.record(turn(T0, conversation="-"), [])
     assert result(ledger.totals(None, None)).requests == 1
-    assert result(ledger.conversations(None, 0, 10)) == []
+    assert result(ledger.conversations(None, 0, 10))[0] == []
 
 
 def test_a_turn_that_arrives_late_moves_its_conversations_first_back():
     ledger = MemoryLedger()
     ledger.record(turn(T0 + 100, seq=2), [])
     ledger.record(turn(T0 + 5, seq=1), [])
-    (summary,) = result(ledger.conversations(None, 0, 10))
+    (summary,) = result(ledger.conversations(None, 0, 10))[0]
     assert (summary.first, summary.last) == (T0 + 5, T0 + 100)
     _, turns, _ = result(ledger.conversation(None, "c1"))
     assert [t.seq for t in turns] == [1, 2]
+
+
+def test_conversations_sort_by_any_order_and_count_all():
+    ledger = MemoryLedger()
+    ledger.record(turn(T0, conversation="small"), [])
+    for i in range(3):
+        ledger.record(turn(T0 - 100 + i, conversation="big"), [])
+    assert [c.id for c in result(ledger.conversations(None, 0, 10, "requests"))[0]] == ["big", "small"]
+    assert [c.id for c in result(ledger.conversations(None, 0, 10, "first"))[0]] == ["small", "big"]
+    rows, total = result(ledger.conversations(None, 1, 1, "last"))
+    assert [c.id for c in rows] == ["big"] and total == 2
+
+
+def test_a_ping_keeps_a_conversation_warm_until_its_next_turn():
+    ledger = MemoryLedger()
+    ledger.record(turn(T0, cache_until=T0 + 300), [])
+    ledger.warmed("", "c1", T0 + 600)
+    ledger.warmed("", "unknown", T0 + 600)  # nothing to warm: no row appears
+    (summary,), _ = result(ledger.conversations(None, 0, 10))
+    assert (summary.cache_until, summary.kept_warm) == (T0 + 600, True)
+    ledger.record(turn(T0 + 700, cache_until=T0 + 1000), [])
+    (summary,), _ = result(ledger.conversations(None, 0, 10))
+    assert (summary.cache_until, summary.kept_warm) == (T0 + 1000, False)

@@ -3,10 +3,7 @@ its API (`/cg/api/…`) and `cg-report --store`, in the store it already has.
 
 Pure data, written once per request when its exchange ends (a `Turn`, and a `Change` per tool
 result compaction rewrote), and the rollups and summaries a store keeps from them
-(`cg.store.base.ILedger`). Issue 23 lands in steps: these rows, the interface and the in-memory
-reference (`cg.store.ledger.MemoryLedger`) are here; building each turn from the preparation's
-`Report` and the exchange's `ExchangeRecord`, the SQLite and Redis ledgers, and the page are not
-yet.
+(`cg.store.base.ILedger`).
 
 Figures are the ones cg can back: billed tokens as the provider reported them, costs at list price
 (`cg.record.pricing`), sizes as cg's token estimator counts them. A figure cg could not measure is
@@ -14,6 +11,8 @@ None (or 0 for counts), never a guess.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import attrs
 
@@ -34,6 +33,9 @@ MINUTE = 60.0
 HOUR = 3600.0
 DEFAULT_DAYS = 30  # --ledger-days: how long rollups and conversation summaries are kept
 DEFAULT_MAX_TURNS = 100_000  # per-request rows kept, newest first
+
+# How `ILedger.conversations` may order its rows (always descending: newest, biggest first).
+ORDERS = ("last", "first", "requests", "tokens_before", "tokens_after", "cost")
 
 
 @attrs.frozen
@@ -63,6 +65,7 @@ class Turn:
     verdict: str | None = None  # one of VERDICTS, for a turn that wrote more than it read
     verdict_detail: str = ""  # "idle 7m12s", "messages[3].content[0]", "epoch 2", …
     added_ms: float | None = None  # cg's own share of the client's time to first byte
+    cache_until: float | None = None  # when the conversation's prompt cache expires after this turn
 
 
 @attrs.frozen
@@ -128,8 +131,24 @@ class Conversation:
     first: float
     last: float
     totals: Totals
-    cache_until: float | None = None  # when its prompt cache expires, as cg recorded it
-    kept_warm: bool = False  # a keep-alive is pinging it
+    cache_until: float | None = None  # when its prompt cache expires: the latest of its turns' and pings'
+    kept_warm: bool = False  # a keep-alive ping extended it since its last turn
+
+
+def order_key(order: str) -> Callable[[Conversation], float]:
+    """How `ILedger.conversations` sorts for `order` (one of ORDERS), descending."""
+    return _ORDER_KEYS[order]
+
+
+_ORDER_KEYS: dict[str, Callable[[Conversation], float]] = {
+    "last": lambda c: c.last,
+    "first": lambda c: c.first,
+    "requests": lambda c: c.totals.requests,
+    "tokens_before": lambda c: c.totals.tokens_before,
+    "tokens_after": lambda c: c.totals.tokens_after,
+    "cost": lambda c: c.totals.cost_via_cg,
+}
+assert tuple(_ORDER_KEYS) == ORDERS
 
 
 def bucket_start(time: float, width: float) -> float:

@@ -118,8 +118,8 @@ def as_store_error(error: BaseException) -> StoreError:
 class ILedger(Interface):
     """The ledger (`cg.exchange.ledger`): every forwarded request's `Turn` and its `Change`s, their
     per-minute and per-hour rollups (`Bucket`) and conversation summaries (`Conversation`), as a
-    store's ``ledger`` attribute. Only the memory store has one so far (`cg.store.ledger`); a
-    backend with blocking I/O writes on its worker thread.
+    store's ``ledger`` attribute. `cg.store.ledger.MemoryLedger` is the reference every backend is
+    tested against; a backend with blocking I/O writes on its worker thread.
 
     Bounded: rollups and summaries kept ``days``, turns the newest ``max_turns``. A write never
     fails the caller: a failed write loses that row, not a request. Every query's Deferred fires with what the store holds (tenant None: every
@@ -138,8 +138,16 @@ class ILedger(Interface):
         """The `Bucket`s of `width` (MINUTE or HOUR) that end after `since` (one that holds `since`
         counts whole), oldest first."""
 
-    def conversations(tenant: str | None, offset: int, limit: int) -> Deferred[list[Conversation]]:
-        """`Conversation` summaries, the most recently active first, `limit` of them after `offset`."""
+    def warmed(tenant: str, conversation: str, until: float) -> None:
+        """A keep-alive ping kept `conversation`'s prompt cache until `until`: its summary's
+        ``cache_until`` moves on (if later) and ``kept_warm`` holds until its next turn. Returns at
+        once, like `record`."""
+
+    def conversations(tenant: str | None, offset: int, limit: int,
+                      order: str = "last") -> Deferred[tuple[list[Conversation], int]]:
+        """(`limit` `Conversation` summaries after `offset`, sorted descending by `order` (one of
+        `cg.exchange.ledger.ORDERS`: "last" is the most recently active first), and how many there
+        are in all)."""
 
     def conversation(tenant: str | None, id: str) -> Deferred[tuple[Conversation, list[Turn], list[Change]] | None]:
         """(`Conversation`, its `Turn`s oldest first, their `Change`s), or None when unknown. With

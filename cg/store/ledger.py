@@ -22,6 +22,7 @@ from cg.exchange.ledger import (
     Totals,
     Turn,
     bucket_start,
+    order_key,
 )
 from cg.store.base import ILedger
 
@@ -55,8 +56,15 @@ class MemoryLedger:
         if known is None:
             known = Conversation(turn.conversation, turn.tenant, turn.client, turn.model, turn.time, turn.time,
                                  Totals())
-        self._conversations[ckey] = attrs.evolve(known, model=turn.model or known.model, first=min(known.first, turn.time),
-                                                 last=max(known.last, turn.time), totals=known.totals.add(turn))
+        self._conversations[ckey] = attrs.evolve(
+            known, model=turn.model or known.model, first=min(known.first, turn.time), last=max(known.last, turn.time),
+            totals=known.totals.add(turn), cache_until=_later(known.cache_until, turn.cache_until), kept_warm=False)
+
+    def warmed(self, tenant: str, conversation: str, until: float) -> None:
+        known = self._conversations.get((tenant, conversation))
+        if known is not None:
+            self._conversations[(tenant, conversation)] = attrs.evolve(
+                known, cache_until=_later(known.cache_until, until), kept_warm=True)
 
     def totals(self, tenant: str | None, since: float | None) -> Deferred[Totals]:
         total = Totals()
@@ -68,10 +76,11 @@ class MemoryLedger:
         return succeed(sorted(self._selected(tenant, width, since), key=lambda b: (b.start, b.tenant, b.client,
                                                                                   b.model or "")))
 
-    def conversations(self, tenant: str | None, offset: int, limit: int) -> Deferred[list[Conversation]]:
+    def conversations(self, tenant: str | None, offset: int, limit: int,
+                      order: str = "last") -> Deferred[tuple[list[Conversation], int]]:
         rows = sorted((c for (t, _), c in self._conversations.items() if tenant is None or t == tenant),
-                      key=lambda c: c.last, reverse=True)
-        return succeed(rows[offset:offset + limit])
+                      key=order_key(order), reverse=True)
+        return succeed((rows[offset:offset + limit], len(rows)))
 
     def conversation(self, tenant: str | None, id: str) -> Deferred[tuple[Conversation, list[Turn], list[Change]] | None]:
         found = [c for (t, i), c in self._conversations.items() if i == id and (tenant is None or t == tenant)]
@@ -102,3 +111,7 @@ class MemoryLedger:
                 for (start, w, t, client, model), totals in self._buckets.items()
                 if w == width and (tenant is None or t == tenant) and (since is None or start + w > since)]
 
+
+
+def _later(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
