@@ -120,3 +120,24 @@ def test_cache_writes_for_an_hour_reach_the_change_log(make_cg, fake, tmp_path):
     (line,) = [json.loads(line) for line in path.read_text().splitlines() if '"usage"' in line]
     assert (line["cache_write_tokens"], line["cache_write_1h_tokens"]) == (40, 30)
     assert cg.stats.snapshot()["usage"]["cache_write_1h_tokens"] == 30
+
+
+@inlineCallbacks
+def test_every_exchange_is_a_ledger_turn_with_its_bill_and_client(cg, fake, fake_openai):
+    fake.enqueue(JSONReply(anthropic_message("a", usage=USAGE)), JSONReply({"error": "x"}, status=500))
+    client = anthropic.Anthropic(base_url=cg.url, api_key="k", max_retries=0)
+    yield deferToThread(client.messages.create, **REQUEST, extra_headers={"x-claude-code-session-id": "s1"})
+    try:
+        yield deferToThread(client.messages.create, **REQUEST, extra_headers={"x-claude-code-session-id": "s1"})
+    except anthropic.InternalServerError:
+        pass
+    ledger = cg.service.forwarder.ledger
+    totals = yield ledger.totals(None, None)
+    assert totals.requests == 2 == cg.stats.snapshot()["requests"]
+    assert totals.billed.cache_read_tokens == USAGE["cache_read_input_tokens"]
+    (summary,), total = yield ledger.conversations(None, 0, 10)
+    assert (summary.id, summary.client, summary.model, total) == ("s1", "sdk", REQUEST["model"], 1)
+    _, turns, _ = yield ledger.conversation(None, "s1")
+    assert [(t.status, t.outcome) for t in turns] == [(200, "ok"), (500, "upstream_error_status")]
+    assert turns[0].tokens_after == 12 + 3000 + 40 and turns[0].cost_via_cg > 0
+    assert turns[1].billed is None and turns[1].cost_via_cg is None

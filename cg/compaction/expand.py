@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import ujson
 
+from cg.compaction.tokens import estimate_tokens
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
 from cg.wire.dialect import Shape
@@ -63,6 +64,15 @@ def _unstored(body: ParsedBody) -> bool:
 
 _Injectable = tuple[str, Callable[[ParsedBody], bool]]
 # Each dialect's declaration, and whether a request with tools may have it.
+# The expand tool's own size, per dialect: what declaring it adds to a request (cg.record.ledger).
+_TOOL_TOKENS = {tool: estimate_tokens(tool) for tool in (ANTHROPIC_TOOL, OPENAI_TOOL, RESPONSES_TOOL)}
+
+
+def tool_tokens(shape: Shape) -> int:
+    """The estimated tokens the expand tool's declaration adds to a request of `shape`."""
+    return _TOOL_TOKENS[shape.select(ANTHROPIC_TOOL, OPENAI_TOOL, RESPONSES_TOOL)]
+
+
 _ANTHROPIC: _Injectable = (ANTHROPIC_TOOL, _anywhere)
 _CHAT: _Injectable = (OPENAI_TOOL, _anywhere)
 _RESPONSES: _Injectable = (RESPONSES_TOOL, _unstored)

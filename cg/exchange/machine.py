@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import ujson
@@ -72,6 +72,9 @@ from cg.stream.continuation import ExpandCall
 from cg.stream.inspector import ABORT, DONE, EXPAND, Step
 from cg.stream.usage import ResponseUsage, Usage
 from cg.wire.sse import Event, SSEParser
+
+if TYPE_CHECKING:  # prepare imports this module (Unexpected)
+    from cg.exchange.prepare import Report
 
 __all__ = [
     "PING_INTERVAL",
@@ -136,12 +139,14 @@ class Timer(enum.Enum):
 
 @attrs.frozen(slots=True)
 class Prepared:
-    """The request side is done: forward `body` (None: no body), as `rewrite` decided."""
+    """The request side is done: forward `body` (None: no body), as `rewrite` decided. `report`,
+    what the request side did, goes out again with the exchange's `Record`."""
 
     body: bytes | None
     rewrite: Rewrite | None  # None when cg changed nothing it must answer for
     session: str = "-"
     seq: int = 0
+    report: Report | None = None
 
 
 @attrs.frozen(slots=True)
@@ -286,9 +291,10 @@ class CancelTimer:
 
 @attrs.frozen(slots=True)
 class Record:
-    """The exchange ended: what it did."""
+    """The exchange ended: what it did, and what its request side did (its ledger row's facts)."""
 
     record: ExchangeRecord
+    report: Report | None = None
 
 
 Command = (
@@ -349,6 +355,7 @@ class Exchange:
         self._session = "-"
         self._seq = 0
         self._rewrite: Rewrite | None = None
+        self._report: Report | None = None
         self._status: int | None = None
         self._length_known = False
         self._stream = False
@@ -395,6 +402,7 @@ class Exchange:
         self._session = event.session
         self._seq = event.seq
         self._rewrite = event.rewrite
+        self._report = event.report
         self._forwarded = event.body
         self._t_sent = self._clock()
         self._state = _AWAITING
@@ -670,11 +678,11 @@ class Exchange:
     def _end(self) -> None:
         self._state = _ENDED
         self._stop_timers()
-        self._out.append(Record(self._record()))
+        self._out.append(Record(self._record(), self._report))
         # Ended, it keeps no body: its driver, the client's request and Twisted's callbacks hold
         # one another in cycles that only the cyclic collector frees, rarely (cg.web.service's
         # settle_gc), and until then they would hold the forwarded body and the rounds.
-        self._forwarded = self._rewrite = self._inspector = self._meter = None
+        self._forwarded = self._rewrite = self._report = self._inspector = self._meter = None
         self._chunks, self._rounds, self._first_body, self._calls, self._assistant = [], [], b"", [], {}
 
     def _record(self) -> ExchangeRecord:

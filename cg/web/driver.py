@@ -69,6 +69,7 @@ from cg.exchange.machine import (
 )
 from cg.exchange.prepare import Forward, Preparation, Ready
 from cg.exchange.record import ExchangeRecord
+from cg.record.ledger import Sent
 from cg.stream.continuation import answers, refs_to_resolve, resolve
 from cg.web import headers
 from cg.web.site import CappedRequest
@@ -112,6 +113,7 @@ class Host(typing.Protocol):
     keepalive: KeepAlive | None
     reactor: IReactorTime
     clock: Callable[[], float]
+    now: Callable[[], float]  # wall-clock time
     seqs: Iterator[int]
     max_expand_rounds: int
     max_held: int
@@ -124,7 +126,9 @@ class Host(typing.Protocol):
 
     def cache_used(self, tenant: str, cache: tuple[str, float]) -> None: ...
 
-    def billed(self, record: ExchangeRecord, model: str | None = None) -> None: ...
+    def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None) -> None: ...
+
+    def recorded(self, record: ExchangeRecord, report: prepare.Report | None, sent: Sent) -> None: ...
 
     def metrics_tenant(self, request: CappedRequest) -> str: ...
 
@@ -143,7 +147,9 @@ class ExchangeDriver:
         self.which = which
         self.stats = host.stats
         self.seq = next(host.seqs)
+        self.arrived = host.now()  # wall-clock time, for the ledger
         self.tenant = ""  # whose originals expand calls may read
+        self.session = "-"  # the conversation's key (cg.stream.usage.session_key)
         self.model: str | None = None
         self.originals: Mapping[str, bytes] = {}  # behind the markers forwarded: marker ID -> original
         self.warm: tuple[tuple[str, bytes, str | None], float | None] | None = None  # Forward.keepalive
@@ -276,10 +282,11 @@ class ExchangeDriver:
         self._body = None  # the exchange keeps what it forwards
         forward = command.forward
         self.tenant, self.originals, self.model = forward.tenant, forward.originals, forward.model
+        self.session = forward.session
         self.warm = forward.keepalive
         self.cache = forward.cache
         body = None if not forward.body and self.request.method in _BODYLESS else forward.body
-        self.feed(Prepared(body, forward.rewrite, forward.session, forward.seq))
+        self.feed(Prepared(body, forward.rewrite, forward.session, forward.seq, command.report))
 
     def _store_call(self, command: prepare.StoreCommand) -> defer.Deferred[typing.Any]:
         store = self.host.store
@@ -324,8 +331,7 @@ class ExchangeDriver:
         if command.round == 0 and self.warm is not None:
             key, lifetime = self.warm
             # A ping refreshes the prompt cache: the cache-aware policy must count it as a use.
-            refreshed = None if self.cache is None else functools.partial(self.host.cache_used, self.tenant,
-                                                                          self.cache)
+            refreshed = functools.partial(self.host.pinged, self.tenant, self.session, lifetime, self.cache)
             assert self.host.keepalive is not None and body is not None  # Forward.keepalive is set only with it
             self.warm_generation = self.host.keepalive.sent(key, lifetime, body, self.request.uri,
                                                              self.upstream_headers, refreshed)
@@ -492,7 +498,10 @@ class ExchangeDriver:
         if record.continuation_failed is not None:
             log.warn("expand continuation failed ({why}): the client gets the rounds so far",
                      why=record.continuation_failed)
-        self.host.billed(record, self.model)
+        agent = self.request.requestHeaders.getRawHeaders(b"user-agent")
+        lifetime = self.cache[1] if self.cache is not None else self.warm[1] if self.warm is not None else None
+        self.host.recorded(record, command.report, Sent(self.arrived, self.tenant, self.model,
+                                                        agent[0].decode("latin-1") if agent else None, lifetime))
         self._answered(record.status)
         self.host.ended(self)
         self.originals = {}  # as the exchange keeps no body (Exchange._end): the cycles it is in free late

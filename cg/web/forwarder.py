@@ -18,12 +18,13 @@ from twisted.web.http_headers import Headers
 
 from cg.compaction import cold
 from cg.compaction.rewrite import Rewriter
-from cg.exchange.prepare import Preparation, Ready
+from cg.exchange.prepare import Preparation, Ready, Report
 from cg.exchange.prepare import Request as PrepareRequest
 from cg.exchange.record import ExchangeRecord
 from cg.record.changelog import ChangeLog, NullChangeLog, compaction_record, usage_record
+from cg.record.ledger import Book, Sent
 from cg.record.stats import Stats
-from cg.store.base import IStore
+from cg.store.base import ILedger, IStore
 from cg.web.driver import ExchangeDriver
 from cg.web.keepalive import KeepAlive
 from cg.web.site import CappedRequest as Request
@@ -57,6 +58,7 @@ class Forwarder:
         *,
         rewriter: Rewriter | None = None,
         store: IStore | None = None,
+        ledger: ILedger | None = None,
         tenant_of: Callable[[Headers], str],
         observe: bool = False,
         changelog: ChangeLog | NullChangeLog | None = None,
@@ -90,6 +92,8 @@ class Forwarder:
         # What the cache-aware policy learned from the store, per (tenant, conversation key).
         self.known = cold.Known()
         self._index = None if store is None else _Index(store)
+        self.ledger = ledger  # the dashboard's rows (cg.exchange.ledger), in the store
+        self.book = Book()
         # Request numbers for the change log, unique across restarts of this process.
         self.seqs: Iterator[int] = itertools.count(int(time.time()) * 1_000_000)
         self._in_flight: set[ExchangeDriver] = set()
@@ -143,8 +147,20 @@ class Forwarder:
 
         self.store.cache_until(tenant, key, until).addCallbacks(recorded, lambda failure: None)
 
-    def billed(self, record: ExchangeRecord, model: str | None = None) -> None:
-        """A response's billed usage (every round of it): into /stats and the change log."""
+    def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None) -> None:
+        """A keep-alive ping was answered: the conversation's prompt cache lives on, for the
+        cache-aware policy (`cache_used`) and the ledger's summary."""
+        if cache is not None:
+            self.cache_used(tenant, cache)
+        if self.ledger is not None and lifetime is not None and session != "-":
+            self.ledger.warmed(tenant, session, self.now() + lifetime)
+
+    def recorded(self, record: ExchangeRecord, report: Report | None, sent: Sent) -> None:
+        """An exchange ended: its row into the ledger, its billed usage (every round of it) into
+        /stats and the change log."""
+        if self.ledger is not None and report is not None:
+            turn, changes = self.book.turn(sent, report, record)
+            self.ledger.record(turn, changes)
         usage = record.usage
         if usage is None:  # nothing billed, or nothing cg could read
             return
@@ -155,7 +171,7 @@ class Forwarder:
                 path=dialect.split_path(record.target.encode("latin-1")).decode("latin-1"),
                 input_tokens=usage.input_tokens, cache_read_tokens=usage.cache_read_tokens,
                 cache_write_tokens=usage.cache_write_tokens, output_tokens=usage.output_tokens,
-                expand_rounds=record.expand_rounds, model=model, cache_write_1h_tokens=usage.cache_write_1h_tokens,
+                expand_rounds=record.expand_rounds, model=sent.model, cache_write_1h_tokens=usage.cache_write_1h_tokens,
             )
         )
 

@@ -217,6 +217,7 @@ class CGService(service.Service):
             {"anthropic": split_base(config.anthropic_upstream), "openai": split_base(config.openai_upstream)},
             rewriter=rewriter,
             store=self.metered_store,
+            ledger=getattr(self.store, "ledger", None),
             tenant_of=parse_tenant(config.tenant),
             observe=config.observe,
             changelog=self.changelog,
