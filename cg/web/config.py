@@ -39,6 +39,9 @@ class Config:
     # None: the URL's, if any. Never shown.
     store_password: str | None = attrs.field(default=None, repr=False)
     tenant: str = "none"
+    # The dashboard's operator token, from --admin-token-file (cg.web.dashboard_api); None: no operator
+    # view across tenants. Never shown.
+    admin_token: str | None = attrs.field(default=None, repr=False)
     expand: bool = True
     observe: bool = False
     offload_min_tokens: int = 2000

@@ -20,6 +20,15 @@ from twisted.web.http_headers import Headers
 from cg.record.stats import Stats
 from cg.store.base import IStore
 from cg.web import metrics
+from cg.web.dashboard_api import (
+    PREFIX,
+    Access,
+    DashboardAPI,
+    original_tenant,
+    security_headers,
+    unauthorized,
+    viewer,
+)
 from cg.web.forwarder import Forwarder
 from cg.web.site import CappedRequest as Request
 from cg.wire import dialect, http1
@@ -33,9 +42,11 @@ class ProxyResource(resource.Resource):
 
     isLeaf = True
 
-    def __init__(self, forwarder: Forwarder):
+    def __init__(self, forwarder: Forwarder, access: Access | None = None):
         super().__init__()  # type: ignore[no-untyped-call]  # twisted.web's Resource
         self.forwarder = forwarder
+        self.access = access or Access()  # who sees what on /cg/ (--tenant, --admin-token-file)
+        self.dashboard_api = DashboardAPI(forwarder, self.access)
 
     @property
     def stats(self) -> Stats:
@@ -51,11 +62,13 @@ class ProxyResource(resource.Resource):
 
     def render(self, request: Request) -> bytes | int:
         request.responseHeaders.removeHeader(b"server")  # cg adds no headers of its own
+        path = dialect.split_path(request.uri)
+        if path.startswith(PREFIX):  # never forwarded: a conversation id may hold an encoded /
+            return self.dashboard_api.render(request, path)
         problem = http1.target_problem(request.uri)
         if problem is not None:
             message = f"cg does not forward this request-target: {problem}"
             return _error(request, dialect.spoken_by(request.requestHeaders), 400, message)
-        path = dialect.split_path(request.uri)
         if path == b"/" and request.method == b"HEAD":
             return b""  # Claude Code warms its connection with HEAD /
         if path == b"/healthz" and request.method in (b"GET", b"HEAD"):
@@ -81,11 +94,19 @@ class ProxyResource(resource.Resource):
         return server.NOT_DONE_YET
 
     def _show_original(self, request: Request, ref: str) -> bytes | int:
-        """GET /cg/expand/ID: an original, to whoever may read it under --tenant (else 404)."""
+        """GET /cg/expand/ID[?tenant=T]: an original, to whoever may read it under --tenant (else 404);
+        another tenant's (T) only with the admin token."""
+        security_headers(request)
+        who = viewer(request.requestHeaders, self.access, self.tenant_of)
+        if who is None:
+            return unauthorized(request)
+        args: dict[bytes, list[bytes]] = request.args or {}
+        asked = args.get(b"tenant")
+        tenant = original_tenant(who, self.tenant_of(request.requestHeaders),
+                                 None if not asked else asked[-1].decode("latin-1"))
         ident = parse_marker_ref(unquote(ref))
-        if ident is None or self.store is None:
+        if ident is None or self.store is None or tenant is None:
             return _error(request, None, 404, "no such original")
-        tenant = self.tenant_of(request.requestHeaders)
 
         gone: list[Failure] = []
         request.notifyFinish().addErrback(gone.append)

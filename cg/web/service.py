@@ -29,6 +29,7 @@ from cg.store import default_store_url, store_from_url, store_label
 from cg.store.base import StoreInfo
 from cg.web import memofile, systemd
 from cg.web.config import Config
+from cg.web.dashboard_api import Access
 from cg.web.forwarder import Forwarder
 from cg.web.keepalive import KeepAlive
 from cg.web.metrics import MeteredStore
@@ -227,7 +228,7 @@ class CGService(service.Service):
             reactor=reactor,
             keepalive=self.keepalive,
         )
-        self.resource = ProxyResource(self.forwarder)
+        self.resource = ProxyResource(self.forwarder, Access(config.tenant, config.admin_token))
         self.site = ProxySite(
             self.resource, config.max_body, request_head_timeout=config.request_head_timeout, reactor=reactor
         )

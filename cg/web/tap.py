@@ -12,6 +12,7 @@ from cg.compaction import options
 from cg.exchange import keepalive
 from cg.store import PASSWORD_ENV, default_store_url, parse_store_url, store_password
 from cg.web.config import Config, parse_size
+from cg.web.dashboard_api import read_admin_token
 from cg.web.service import CGService, settle_gc
 from cg.web.tenant import parse_tenant
 from cg.web.upstream import split_base
@@ -131,6 +132,14 @@ class Options(usage.Options):
             "Who may read whose originals: none, credential (a hash of the API key) or "
             "header:NAME (set by a gateway in front of cg).",
         ],
+        [
+            "admin-token-file",
+            None,
+            None,
+            "Read the dashboard's operator token from this file (read once, at start): a viewer sending "
+            "Authorization: Bearer TOKEN sees every tenant's traffic on /cg/ and /cg/api/, and may read "
+            "any tenant's original (/cg/expand/ID?tenant=T).",
+        ],
         _option(options.EXPAND),
         [
             "mode",
@@ -193,6 +202,7 @@ class Options(usage.Options):
         self["listen"] = []
         self["disable"] = []
         self.store_password: str | None = None  # postOptions: from --store-password-file or the environment
+        self.admin_token: str | None = None  # postOptions: from --admin-token-file
 
     def opt_listen(self, description: str) -> None:
         self["listen"].append(description)
@@ -254,6 +264,11 @@ class Options(usage.Options):
             )
         except ValueError as error:
             raise usage.UsageError(f"--store-password-file: {error}") from error
+        if self["admin-token-file"] is not None:
+            try:
+                self.admin_token = read_admin_token(self["admin-token-file"])
+            except ValueError as error:
+                raise usage.UsageError(f"--admin-token-file: {error}") from error
         if self["memo-mb"] < 0:
             raise usage.UsageError("--memo-mb must be 0 or more")
         memo_dir = self["memo-dir"]
@@ -286,6 +301,7 @@ class Options(usage.Options):
             store_max_mb=self["store-max-mb"],
             store_password=self.store_password,
             tenant=self["tenant"],
+            admin_token=self.admin_token,
             expand=self["expand"] == "on",
             observe=self["mode"] == "observe",
             offload_min_tokens=self["offload-min-tokens"],
