@@ -60,6 +60,11 @@ def change(seq: int, marker="0123456789abcdef") -> Change:
 # The JSON, from rows
 
 
+def summary(window, since, now, buckets, all_tenants):
+    """The summary of `buckets`, its headline their sum (as the ledger's totals would be)."""
+    return api.summary_json(window, since, now, sum((b.totals for b in buckets), Totals()), buckets, all_tenants)
+
+
 def test_a_summary_names_every_figure_of_its_buckets():
     buckets = [
         Bucket(T0, MINUTE, "a", "claude-code", "m1",
@@ -67,7 +72,7 @@ def test_a_summary_names_every_figure_of_its_buckets():
                       billed=Usage(1, 2, 30, 4, 10))),
         Bucket(T0 + 120, MINUTE, "b", "codex", None, totals(1, 500, 500, 0.5, 0.25, billed=Usage(5, 6, 7, 8, 0))),
     ]
-    doc = api.summary_json("1h", T0 - 600, T0 + 150, buckets, all_tenants=True)
+    doc = summary("1h", T0 - 600, T0 + 150, buckets, all_tenants=True)
     assert {k: doc[k] for k in ("window", "since", "now", "requests", "tokens_before", "tokens_after",
                                 "results_before", "results_after", "expand_rounds", "repairs")} == {
         "window": "1h", "since": T0 - 600, "now": T0 + 150, "requests": 3, "tokens_before": 1500,
@@ -81,47 +86,47 @@ def test_a_summary_names_every_figure_of_its_buckets():
          "cost_via_cg": 0.5, "cost_direct": 0.25}]
     assert [(row["model"], row["requests"]) for row in doc["by_model"]] == [("m1", 2), (None, 1)]
     assert [(row["tenant"], row["requests"]) for row in doc["by_tenant"]] == [("a", 2), ("b", 1)]
-    assert "by_tenant" not in api.summary_json("1h", T0 - 600, T0 + 150, buckets, all_tenants=False)
+    assert "by_tenant" not in summary("1h", T0 - 600, T0 + 150, buckets, all_tenants=False)
     json.dumps(doc, allow_nan=False)  # plain JSON
 
 
 def test_a_ratio_is_null_when_nothing_would_have_cost_anything():
-    doc = api.summary_json("1h", T0, T0 + 60, [Bucket(T0, MINUTE, "", "sdk", "m", totals(via=0.0, direct=0.0))],
+    doc = summary("1h", T0, T0 + 60, [Bucket(T0, MINUTE, "", "sdk", "m", totals(via=0.0, direct=0.0))],
                            all_tenants=True)
     assert doc["cost_usd"] == {"via_cg": 0.0, "direct": 0.0, "ratio": None}
-    empty = api.summary_json("24h", T0, T0 + 60, [], all_tenants=True)
+    empty = summary("24h", T0, T0 + 60, [], all_tenants=True)
     assert empty["requests"] == 0 and empty["cost_usd"]["ratio"] is None and empty["by_client"] == []
 
 
 def test_the_series_is_per_minute_up_to_six_hours_filled_from_the_windows_start():
     buckets = [Bucket(T0 + 60, MINUTE, "", "sdk", "m", totals(2)), Bucket(T0 + 60, MINUTE, "", "codex", "m",
                                                                         totals(1))]
-    series = api.summary_json("1h", T0 - 30, T0 + 150, buckets, all_tenants=True)["series"]
+    series = summary("1h", T0 - 30, T0 + 150, buckets, all_tenants=True)["series"]
     assert series["width"] == 60
     assert [(p["t"], p["requests"]) for p in series["points"]] == [
         (T0 - 60, 0), (T0, 0), (T0 + 60, 3), (T0 + 120, 0)]
     assert series["points"][2] == pytest.approx({"t": T0 + 60, "requests": 3, "tokens_before": 2000,
                                                  "tokens_after": 800, "cost_via_cg": 0.02, "cost_direct": 0.04})
-    assert api.summary_json("6h", T0 + 150 - 6 * HOUR, T0 + 150, buckets, True)["series"]["width"] == 60
-    assert api.summary_json("x", T0 + 149 - 6 * HOUR, T0 + 150, buckets, True)["series"]["width"] == 3600
+    assert summary("6h", T0 + 150 - 6 * HOUR, T0 + 150, buckets, True)["series"]["width"] == 60
+    assert summary("x", T0 + 149 - 6 * HOUR, T0 + 150, buckets, True)["series"]["width"] == 3600
 
 
 def test_a_longer_window_is_charted_per_hour_and_all_from_its_first_traffic():
     buckets = [Bucket(T0 + 60, MINUTE, "", "sdk", "m", totals(2)), Bucket(T0 + 3000, MINUTE, "", "sdk", "m",
                                                                         totals(1))]
     now = T0 + 2 * HOUR + 5
-    day = api.summary_json("24h", now - 24 * HOUR, now, buckets, True)["series"]
+    day = summary("24h", now - 24 * HOUR, now, buckets, True)["series"]
     assert day["width"] == 3600 and len(day["points"]) == 25  # the hour holding `since`, to now's
     assert [(p["t"], p["requests"]) for p in day["points"][-3:]] == [(T0, 3), (T0 + HOUR, 0), (T0 + 2 * HOUR, 0)]
     hourly = [Bucket(T0, HOUR, "", "sdk", "m", totals(3, 3000, 1200, 0.03, 0.06))]
-    everything = api.summary_json("all", None, now, hourly, True)["series"]
+    everything = summary("all", None, now, hourly, True)["series"]
     assert everything == {"width": 3600, "points": [
         {"t": T0 + i * HOUR, **({"requests": 3, "tokens_before": 3000, "tokens_after": 1200, "cost_via_cg": 0.03,
                                  "cost_direct": 0.06} if i == 0 else
                                 {"requests": 0, "tokens_before": 0, "tokens_after": 0, "cost_via_cg": 0.0,
                                  "cost_direct": 0.0})} for i in range(3)]}
-    assert api.summary_json("all", None, now, [], True)["series"] == {"width": 3600, "points": []}
-    assert len(api.summary_json("since", 0.0, now, hourly, True)["series"]["points"]) == 3  # not since 1970
+    assert summary("all", None, now, [], True)["series"] == {"width": 3600, "points": []}
+    assert len(summary("since", 0.0, now, hourly, True)["series"]["points"]) == 3  # not since 1970
 
 
 @pytest.mark.parametrize(("until", "kept", "state"), [
@@ -302,6 +307,20 @@ def test_every_endpoint_answers_json_nobody_caches_or_sniffs():
     assert status == 200
     assert [(t["seq"], [c["marker"] for c in t["changes"]]) for t in doc["turns"]] == [(1, ["0123456789abcdef"]),
                                                                                        (2, [])]
+
+
+def test_a_long_windows_figures_count_whole_minutes_and_its_chart_whole_hours():
+    dash = Dash(now=T0 + 24 * HOUR + 1800)  # the day's window starts half-way through T0's hour
+    dash.ledger.record(turn(T0 + 600, seq=1), [])  # before the window, in the hour that holds its start
+    dash.ledger.record(turn(T0 + 2400, seq=2), [])
+    doc = dash.get("/cg/api/summary?window=24h")[2]
+    assert doc["since"] == T0 + 1800 and doc["requests"] == 1
+    assert doc["series"]["width"] == 3600 and doc["series"]["points"][0] == pytest.approx(
+        {"t": T0, "requests": 2, "tokens_before": 2000, "tokens_after": 800, "cost_via_cg": 0.02,
+         "cost_direct": 0.04})
+    assert [row["requests"] for row in doc["by_client"]] == [2]
+    hour = dash.get("/cg/api/summary?window=1h")[2]
+    assert hour["requests"] == 0 and hour["series"]["width"] == 60 and len(hour["series"]["points"]) == 61
 
 
 def test_a_conversation_id_is_percent_decoded():

@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 import attrs
 import ujson
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
@@ -190,10 +190,26 @@ def billed_json(usage: Usage) -> dict[str, int]:
             "output": usage.output_tokens}
 
 
-def _figures(totals: Totals) -> dict[str, Any]:
-    """What a chart point and a breakdown row show of their totals."""
-    return {"requests": totals.requests, "tokens_before": totals.tokens_before, "tokens_after": totals.tokens_after,
-            "cost_via_cg": totals.cost_via_cg, "cost_direct": totals.cost_direct}
+class _Figures:
+    """What a chart point and a breakdown row show: their buckets' figures, summed as they come
+    (plain numbers: a rollup of a week's hours is thousands of buckets)."""
+
+    __slots__ = ("requests", "tokens_before", "tokens_after", "cost_via_cg", "cost_direct")
+
+    def __init__(self) -> None:
+        self.requests = self.tokens_before = self.tokens_after = 0
+        self.cost_via_cg = self.cost_direct = 0.0
+
+    def add(self, totals: Totals) -> None:
+        self.requests += totals.requests
+        self.tokens_before += totals.tokens_before
+        self.tokens_after += totals.tokens_after
+        self.cost_via_cg += totals.cost_via_cg
+        self.cost_direct += totals.cost_direct
+
+    def json(self) -> dict[str, Any]:
+        return {"requests": self.requests, "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
+                "cost_via_cg": self.cost_via_cg, "cost_direct": self.cost_direct}
 
 
 def series_width(since: float | None, now: float) -> float:
@@ -201,11 +217,10 @@ def series_width(since: float | None, now: float) -> float:
     return MINUTE if since is not None and now - since <= FINE_SERIES else HOUR
 
 
-def summary_json(window: str, since: float | None, now: float, buckets: Sequence[Bucket],
+def summary_json(window: str, since: float | None, now: float, totals: Totals, buckets: Sequence[Bucket],
                  all_tenants: bool) -> dict[str, Any]:
-    """`GET /cg/api/summary`, from the ledger's buckets of the window (minute ones when `since` is
-    given, hour ones for all it keeps): its totals, chart and breakdowns all sum the same rows."""
-    totals = sum((b.totals for b in buckets), Totals())
+    """`GET /cg/api/summary`: the window's `totals` (`ILedger.totals`, whole minutes), and its chart
+    and breakdowns from its `buckets` of `series_width` (`ILedger.buckets`)."""
     width = series_width(since, now)
     doc: dict[str, Any] = {
         "window": window, "since": since, "now": now,
@@ -227,10 +242,9 @@ def summary_json(window: str, since: float | None, now: float, buckets: Sequence
 def _points(buckets: Sequence[Bucket], since: float | None, now: float, width: float) -> list[dict[str, Any]]:
     """The chart: one point per `width` from the window's start (or its first traffic) to now, oldest
     first, empty buckets included."""
-    sums: dict[float, Totals] = defaultdict(Totals)
+    sums: dict[float, _Figures] = defaultdict(_Figures)
     for bucket in buckets:
-        start = bucket_start(bucket.start, width)
-        sums[start] = sums[start] + bucket.totals
+        sums[bucket_start(bucket.start, width)].add(bucket.totals)
     if since is not None and now - since <= FILLED_SERIES:
         first = bucket_start(since, width)
     elif sums:
@@ -239,16 +253,17 @@ def _points(buckets: Sequence[Bucket], since: float | None, now: float, width: f
         return []
     last = max(bucket_start(now, width), *sums) if sums else bucket_start(now, width)
     count = int(round((last - first) / width)) + 1
-    return [{"t": t, **_figures(sums.get(t, Totals()))} for t in (first + i * width for i in range(count))]
+    return [{"t": t, **(sums[t] if t in sums else _Figures()).json()}
+            for t in (first + i * width for i in range(count))]
 
 
 def _breakdown(buckets: Sequence[Bucket], name: str, key: Callable[[Bucket], str | None]) -> list[dict[str, Any]]:
-    """Totals per client, model or tenant, the most requests first."""
-    sums: dict[str | None, Totals] = defaultdict(Totals)
+    """The figures per client, model or tenant, the most requests first."""
+    sums: dict[str | None, _Figures] = defaultdict(_Figures)
     for bucket in buckets:
-        sums[key(bucket)] = sums[key(bucket)] + bucket.totals
+        sums[key(bucket)].add(bucket.totals)
     rows = sorted(sums.items(), key=lambda item: (-item[1].requests, item[0] or ""))
-    return [{name: value, **_figures(totals)} for value, totals in rows]
+    return [{name: value, **figures.json()} for value, figures in rows]
 
 
 def cache_json(conversation: Conversation, now: float) -> dict[str, Any]:
@@ -380,9 +395,11 @@ class DashboardAPI:
         try:
             if endpoint == b"summary":
                 window, since = summary_window(args, now, self.forwarder.stats.started)
-                width = HOUR if since is None else MINUTE
-                return self._answer(request, ledger.buckets(who.tenant, 0.0 if since is None else since, width),
-                                    lambda buckets: summary_json(window, since, now, buckets, who.all_tenants))
+                asked: list[Deferred[Any]] = [ledger.totals(who.tenant, since), ledger.buckets(
+                    who.tenant, 0.0 if since is None else since, series_width(since, now))]
+                rows = gatherResults(asked, consumeErrors=True)
+                return self._answer(request, rows, lambda found: summary_json(window, since, now, found[0], found[1],
+                                                                              who.all_tenants))
             if endpoint == b"conversations":
                 offset, limit, order = conversations_query(args)
                 return self._answer(request, ledger.conversations(who.tenant, offset, limit, order),
