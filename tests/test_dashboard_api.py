@@ -263,7 +263,8 @@ class Dash:
         self.forwarder = Forwarder(
             MemoryUpstream(self.clock), self.stats,
             {"anthropic": split_base("http://anthropic.test"), "openai": split_base("http://openai.test")},
-            store=self.store, tenant_of=parse_tenant(tenant), reactor=self.clock, now=lambda: self.now)
+            store=self.store, ledger=self.ledger, tenant_of=parse_tenant(tenant), reactor=self.clock,
+            now=lambda: self.now)
         self.resource = ProxyResource(self.forwarder, api.Access(tenant, admin_token))
         self.site = ProxySite(self.resource, 1 << 20, reactor=self.clock)
 
@@ -456,18 +457,18 @@ class Pending:
 
 def test_a_client_that_goes_away_before_the_ledger_answers_gets_nothing(events):
     dash = Dash()
-    dash.store.ledger = Pending()
+    dash.forwarder.ledger = pending = Pending()
     client = dash.send("GET", "/cg/api/conversations")
     client.channel.connectionLost(Failure(ConnectionDone()))
-    dash.store.ledger.answers[0].callback(([], 0))  # nothing to write to, and no error
+    pending.answers[0].callback(([], 0))  # nothing to write to, and no error
     assert client.transport.value() == b""
     assert not [event for event in events if "log_failure" in event]
 
 
 def test_a_ledger_that_fails_is_a_500_and_a_logged_failure():
     dash = Dash()
-    dash.store.ledger = Pending()
-    dash.store.ledger.conversations = lambda *a: fail(RuntimeError("disk on fire"))
+    dash.forwarder.ledger = failing = Pending()
+    failing.conversations = lambda *a: fail(RuntimeError("disk on fire"))
     status, _, doc = dash.get("/cg/api/conversations")
     assert (status, doc) == (500, {"error": {"message": "cg could not read its ledger (see its log)"}})
 

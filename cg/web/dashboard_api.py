@@ -29,7 +29,6 @@ from twisted.web import server
 from twisted.web.http_headers import Headers
 
 from cg.exchange.ledger import HOUR, MINUTE, ORDERS, Bucket, Change, Conversation, Totals, Turn, bucket_start
-from cg.store.base import ILedger
 from cg.stream.usage import Usage
 from cg.web.forwarder import Forwarder
 from cg.web.site import CappedRequest as Request
@@ -366,17 +365,11 @@ def unauthorized(request: Request) -> bytes:
 
 
 class DashboardAPI:
-    """Answers `GET /cg/api/…` from the forwarder's store's ledger, on the forwarder's clock."""
+    """Answers `GET /cg/api/…` from the forwarder's ledger (the store's), on the forwarder's clock."""
 
     def __init__(self, forwarder: Forwarder, access: Access):
         self.forwarder = forwarder
         self.access = access
-
-    @property
-    def ledger(self) -> ILedger | None:
-        """None without a store, or with one that keeps no ledger."""
-        ledger: ILedger | None = getattr(self.forwarder.store, "ledger", None)
-        return ledger
 
     def render(self, request: Request, path: bytes) -> bytes | int:
         """`path` is the request's path without its query."""
@@ -386,7 +379,7 @@ class DashboardAPI:
         who = viewer(request.requestHeaders, self.access, self.forwarder.tenant_of)
         if who is None:
             return unauthorized(request)
-        ledger = self.ledger
+        ledger = self.forwarder.ledger
         if ledger is None:
             return error_answer(request, 503, "cg keeps no ledger: it has no store, or one without a ledger")
         endpoint = path[len(PREFIX):]

@@ -1,0 +1,106 @@
+"""The dashboard's API through a running cg: traffic from the official SDKs (and a Claude Code request)
+against the fake provider, then what `/cg/api/…` says, to each viewer, beside `/stats`."""
+
+import json
+
+import anthropic
+import openai
+from helpers.bodies import history
+from helpers.drive import until
+from pytest_twisted import inlineCallbacks
+from rawhttp import connect, http_request, split_response
+from twisted.internet.threads import deferToThread
+
+from cg.testing import (
+    JSONReply,
+    SSEReply,
+    anthropic_message,
+    claude_code_bytes,
+    command_output,
+    openai_stream_events,
+)
+
+ADMIN = "operator-token-5d1e"
+USAGE = {"input_tokens": 12, "cache_read_input_tokens": 3000, "cache_creation_input_tokens": 40, "output_tokens": 7}
+REQUEST = {"model": "claude-opus-4-8", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@inlineCallbacks
+def get(cg, path: str, *headers: tuple[str, str]):
+    client = yield connect(cg.port, http_request("GET", path, headers=headers))
+    status, head, body = split_response((yield client.closed))
+    return status, json.loads(body) if head.get(b"content-type") == [b"application/json"] else body
+
+
+@inlineCallbacks
+def test_the_api_says_what_stats_says_to_each_viewer_and_lists_every_turn(make_cg, fake, fake_openai):
+    cg = make_cg(anthropic_upstream=fake.url, openai_upstream=fake_openai.url, tenant="credential",
+                 admin_token=ADMIN, expand=True)
+    sdk = anthropic.Anthropic(base_url=cg.url, api_key="sk-one", max_retries=0)
+    # A viewer proves its key as its client sends it (x-api-key, or Authorization: Bearer: the SDK's choice).
+    (one,) = sdk.auth_headers.items()
+    two, admin = ("authorization", "Bearer sk-two"), ("authorization", f"Bearer {ADMIN}")
+
+    # sk-one: Claude Code's request, whose Bash output cg offloads, then two SDK calls in session s1
+    fake.enqueue(JSONReply(anthropic_message("ok", usage=USAGE)), JSONReply(anthropic_message("a", usage=USAGE)),
+                 JSONReply(anthropic_message("b", usage=USAGE)))
+    code = claude_code_bytes({**history(command_output(), "x"), "stream": False})
+    client = yield connect(cg.port, http_request("POST", "/v1/messages", code, [
+        ("content-type", "application/json"), ("anthropic-version", "2023-06-01"), one,
+        ("user-agent", "claude-cli/2.0.14 (external, cli)"),
+        ("x-claude-code-session-id", "code-1")]))
+    assert split_response((yield client.closed))[0] == 200
+    for _ in range(2):
+        yield deferToThread(sdk.messages.create, **REQUEST, extra_headers={"x-claude-code-session-id": "s1"})
+    # sk-two: a streamed chat completion with the openai SDK
+    fake_openai.enqueue(SSEReply(openai_stream_events(texts=["x"], include_usage=True, prompt_tokens=100,
+                                                      completion_tokens=4)))
+
+    def chat():
+        chunks = openai.OpenAI(base_url=cg.url + "/v1", api_key="sk-two", max_retries=0).chat.completions.create(
+            model="gpt-5", messages=[{"role": "user", "content": "count to three"}], stream=True,
+            stream_options={"include_usage": True})
+        return list(chunks)
+
+    yield deferToThread(chat)
+    stats = cg.stats.snapshot()
+    assert stats["requests"] == 4
+    yield until(lambda: cg.service.forwarder.ledger.totals(None, None).result.requests == 4)
+
+    status, summary = yield get(cg, "/cg/api/summary?window=start", admin)
+    assert status == 200
+    usage = stats["usage"]
+    assert summary["requests"] == stats["requests"]
+    assert summary["billed"] == {"input": usage["input_tokens"], "cache_read": usage["cache_read_tokens"],
+                                 "cache_write": usage["cache_write_tokens"],
+                                 "cache_write_1h": usage["cache_write_1h_tokens"], "output": usage["output_tokens"]}
+    assert sum(row["requests"] for row in summary["by_tenant"]) == 4
+    assert {row["client"]: row["requests"] for row in summary["by_client"]} == {"claude-code": 1, "sdk": 3}
+    assert summary["cost_usd"]["via_cg"] > 0 and summary["tokens_before"] > summary["tokens_after"]
+
+    mine = (yield get(cg, "/cg/api/summary?window=start", one))[1]
+    assert mine["requests"] == 3 and "by_tenant" not in mine
+    assert (yield get(cg, "/cg/api/summary?window=start", two))[1]["requests"] == 1
+    assert (yield get(cg, "/cg/api/summary"))[0] == 401
+
+    # every conversation's turns, as the admin sees them; each viewer sees only its own
+    status, page = yield get(cg, "/cg/api/conversations", admin)
+    rows = {row["id"]: row for row in page["conversations"]}
+    assert "code-1" in rows and "s1" in rows and page["total"] == len(rows) == 3
+    for ident, row in rows.items():
+        detail = (yield get(cg, f"/cg/api/conversations/{ident}", admin))[1]
+        assert len(detail["turns"]) == row["requests"]
+        assert all(turn["billed"] is not None and turn["status"] == 200 for turn in detail["turns"])
+    assert rows["s1"]["requests"] == 2 and rows["code-1"]["client"] == "claude-code"
+    assert {row["id"] for row in (yield get(cg, "/cg/api/conversations", one))[1]["conversations"]} == {"code-1", "s1"}
+    assert (yield get(cg, "/cg/api/conversations/s1", two))[0] == 404
+
+    # the Claude Code turn's offload opens its original: for sk-one and the admin, not for sk-two
+    (code_turn,) = (yield get(cg, "/cg/api/conversations/code-1", one))[1]["turns"]
+    (marker,) = [change["marker"] for change in code_turn["changes"] if change["marker"]]
+    status, original = yield get(cg, f"/cg/expand/{marker}", one)
+    assert status == 200 and command_output().encode() in original
+    assert (yield get(cg, f"/cg/expand/{marker}", two))[0] == 404
+    tenant = rows["code-1"]["tenant"]
+    assert (yield get(cg, f"/cg/expand/{marker}?tenant={tenant}", two))[0] == 404
+    assert (yield get(cg, f"/cg/expand/{marker}?tenant={tenant}", admin))[0] == 200
