@@ -214,6 +214,8 @@ def test_a_conversations_page():
 @pytest.mark.parametrize(("query", "message"), [
     (args(limit="0"), "limit must be a whole number, 1 or more"),
     (args(limit="ten"), "limit must be a whole number, 1 or more"),
+    ({b"limit": ["²".encode("latin-1")]}, "limit must be a whole number, 1 or more"),
+    (args(offset="9" * 16), "offset must be a whole number, 0 or more"),
     (args(offset="-1"), "offset must be a whole number, 0 or more"),
     (args(order="oldest"), "order must be one of last, first, requests, tokens_before, tokens_after, cost"),
 ])
@@ -346,8 +348,11 @@ def test_what_the_api_cannot_answer_it_says(path, status, message):
     assert (got, doc) == (status, {"error": {"message": message}})
 
 
-def test_only_get_is_answered():
-    status, head, body = split_response(Dash().send("POST", "/cg/api/summary").transport.value())
+def test_only_get_and_head_are_answered():
+    dash = Dash()
+    status, head, body = split_response(dash.send("HEAD", "/cg/api/summary").transport.value())
+    assert (status, head[b"content-type"], body) == (200, [b"application/json"], b"")
+    status, head, body = split_response(dash.send("POST", "/cg/api/summary").transport.value())
     assert (status, head[b"allow"]) == (405, [b"GET, HEAD"])
     assert json.loads(body) == {"error": {"message": "the dashboard's API answers GET only"}}
 

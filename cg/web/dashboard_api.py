@@ -173,7 +173,7 @@ def _count(params: dict[str, str], name: str, default: int, least: int) -> int:
     text = params.get(name)
     if text is None:
         return default
-    if not text.isdigit() or int(text) < least:
+    if not (text.isascii() and text.isdigit() and len(text) <= 15) or int(text) < least:  # "²" is a digit
         raise BadQuery(f"{name} must be a whole number, {least} or more")
     return int(text)
 
