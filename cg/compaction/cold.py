@@ -186,6 +186,11 @@ class Known:
         learned = self._learned(tenant, key)
         learned.until = until if learned.until is None else max(until, learned.until)
 
+    def until(self, tenant: str, key: str) -> float | None:
+        """The expiry the conversation's cache surely lives until, as last learned (None: none)."""
+        learned = self._items.get((tenant, key))
+        return None if learned is None else learned.until
+
     def warm(self, tenant: str, key: str, now: float, until: float | None, margin: float) -> bool:
         """Whether a request at `now` that would record `until` (None: records nothing) can skip
         the store: its epochs read, its cache surely warm, and nothing to record that matters."""

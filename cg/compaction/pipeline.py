@@ -320,6 +320,20 @@ class Plan:
     changes: list[Change]
     runs: Counter[str] = attrs.Factory(Counter)  # component -> tool results it ran on
     reverted: Counter[str] = attrs.Factory(Counter)  # component -> rewrites undone by the contract
+    # The first message the body shares with the conversation's last one (from its start) whose
+    # edits differ from those forwarded then (`forwarded`); None: none does.
+    moved: int | None = None
+    forwarded: tuple[object, list["_Planned"]] = (None, [])  # (the plan's inputs, each message planned)
+
+
+# ParsedBody.carried: the plan forwarded (`forwarded`), whatever its inputs, for the next turn to
+# tell whether its own edits of the same messages differ.
+_FORWARDED = "plan: the last forwarded"
+
+
+def forwarded(body: ParsedBody, made: Plan) -> None:
+    """`made` is the plan whose edits `body` was forwarded with."""
+    body.carried[_FORWARDED] = made.forwarded
 
 
 def plan(body: ParsedBody, shape: Shape, config: CompactConfig, lossy: bool | frozenset[str],
@@ -332,7 +346,9 @@ def plan(body: ParsedBody, shape: Shape, config: CompactConfig, lossy: bool | fr
     Planned message by message. A message that lies in what `body` shares with the conversation's
     last body from its start (`ParsedBody.shared`) is planned as it was last time (`_Planned`,
     carried in `ParsedBody.carried` under this plan's inputs): everything before it is the same
-    bytes, so its tool names, its results' "seen earlier" and their decisions are too.
+    bytes, so its tool names, its results' "seen earlier" and their decisions are too. Such a
+    message planned again (under other inputs, or not carried) is compared with the plan
+    forwarded last time (`Plan.moved`): a turn that replans nothing compares nothing.
     """
     key = shape.items
     messages = body.value.get(key)
@@ -342,20 +358,29 @@ def plan(body: ParsedBody, shape: Shape, config: CompactConfig, lossy: bool | fr
     walk = _Walk(shape, config, lossy, memo, older)
     cache_key = ("plan", shape, config, lossy, older) if isinstance(lossy, bool) else None
     last = body.earlier_carried.get(cache_key, []) if cache_key else []
+    sent_key, sent = cast("tuple[object, list[_Planned]]", body.earlier_carried.get(_FORWARDED, (None, [])))
+    same_inputs = cache_key is not None and sent_key == cache_key
     planned: list[_Planned] = []
+    moved: int | None = None
     for index in range(len(messages)):  # a message planned last time is not looked at (cg.wire.body.Messages)
         span = body.spans[(key, index)]
         # The same place, too: a duplicate key past the shared prefix could have made another
         # array the earlier body's messages (the last one wins).
-        if index < len(last) and span[1] <= body.shared and cast(_Planned, last[index]).span == span:
+        shared = span[1] <= body.shared
+        if index < len(last) and shared and cast(_Planned, last[index]).span == span:
             done = cast(_Planned, last[index])
+            replanned = False
         else:
             done = _plan_message(body, key, index, messages[index], walk)
+            replanned = True
+        if ((replanned or not same_inputs) and moved is None and shared and index < len(sent)
+                and sent[index].span == span and sent[index].edits != done.edits):
+            moved = index
         done.add_to(out, walk)
         planned.append(done)
     if cache_key is not None:
         body.carried[cache_key] = planned
-    return out
+    return attrs.evolve(out, moved=moved, forwarded=(cache_key, planned))
 
 
 @attrs.frozen

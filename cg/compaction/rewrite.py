@@ -14,10 +14,10 @@ import attrs
 
 from cg.compaction import expand
 from cg.compaction.cold import ColdPolicy
-from cg.compaction.pipeline import Change, CompactConfig, Memo, Older, plan
+from cg.compaction.pipeline import Change, CompactConfig, Memo, Older, forwarded, plan
 from cg.compaction.repair import Repair, find_repairs, repair_edits
 from cg.wire import jsonbytes
-from cg.wire.body import ParsedBody
+from cg.wire.body import Earlier, ParsedBody
 from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE, Shape, split_path
 
 # Paths whose bodies cg rewrites, their body shape, and whether what it stashes there matters
@@ -70,6 +70,7 @@ class Rewrite:
     repaired: int = 0  # client answers to expand calls replaced by what cg would have answered
     dialect: Shape = MESSAGES_SHAPE  # the body's shape (the path's), which the response shares
     usage_added: bool = False  # cg set stream_options.include_usage: the client did not ask for usage
+    moved: int | None = None  # the first message shared with the last body whose edits changed (Plan.moved)
 
 
 @attrs.frozen
@@ -78,6 +79,8 @@ class Incoming:
 
     `repairs` are expand calls the client answered with an error; their texts come from the
     store (frozen per tool_use_id), so the caller looks them up and passes them to `finish`.
+    `previous` is the conversation's last body, which this one was parsed against (None: none
+    kept), for the cache verdict's facts (cg.exchange.verdict).
     """
 
     body: ParsedBody
@@ -86,6 +89,7 @@ class Incoming:
     injection: list[tuple[jsonbytes.Span, str]] | None
     repairs: list[Repair]
     usage_added: bool = False  # the injection also sets stream_options.include_usage
+    previous: Earlier | None = attrs.field(default=None, eq=False, repr=False)
 
 
 class Rewriter:
@@ -111,7 +115,8 @@ class Rewriter:
         # not push the main thread's body out. A hint only: reuse is decided by the bytes.
         model = _MODEL.search(raw, 0, _MODEL_WITHIN)
         key = f"{conversation or _opening(raw)}\0{model[1].decode('latin-1') if model else ''}"
-        body = ParsedBody.parse(raw, self.memo.bodies.take(key))
+        previous = self.memo.bodies.take(key)
+        body = ParsedBody.parse(raw, previous)
         if body is None:
             return None
         self.memo.bodies.put(key, body.earlier(), len(raw))
@@ -119,7 +124,7 @@ class Rewriter:
         # Exactly where cg manages expand does it repair the client's answers to expand calls.
         repairs = find_repairs(body, shape) if injection is not None else []
         usage_added = injection is not None and any(text == _USAGE_OPTION for _, text in injection)
-        return Incoming(body, shape, stash, injection, repairs, usage_added)
+        return Incoming(body, shape, stash, injection, repairs, usage_added, previous)
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
                lossy: bool | frozenset[str] = True, older: Older | None = None) -> Rewrite:
@@ -134,6 +139,7 @@ class Rewriter:
         compaction = plan(body, shape, self.config.compact, lossy if injected else False, self.memo, older)
         repairs = repair_edits(body, incoming.repairs, repair_texts) if repair_texts else []
         edits = repairs + compaction.edits + (incoming.injection or [])
+        forwarded(body, compaction)
         return Rewrite(
             body=body.apply(edits),
             originals=compaction.originals if incoming.stash else {},
@@ -146,6 +152,7 @@ class Rewriter:
             repaired=len(repairs),
             dialect=shape,
             usage_added=incoming.usage_added,
+            moved=compaction.moved,
         )
 
     def originals(self, incoming: Incoming) -> Mapping[str, bytes]:

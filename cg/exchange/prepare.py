@@ -7,7 +7,9 @@ one's answer (`Answered`) or failure (`Failed`). It never touches the store, a D
 reactor; the store's synchronous index (`StoreIndex`: which originals it holds, whether it is
 healthy) is read directly, as the store's contract makes those two answers immediate. It ends with
 one `Ready`: the `Forward` the exchange sends, and a `Report` of what the request side did, which
-the host counts and logs (/stats, the change log).
+the host counts and logs (/stats, the change log), with the facts the cache verdict judges the
+turn by once it is billed (`Report.cache`, cg.exchange.verdict): gathered from what preparing
+the body learned anyway, with no store command of their own.
 
 The steps: parse the body (`cg.compaction.rewrite`); look up, at once, the frozen text of each
 expand call the client answered with an error (`cg.compaction.repair`) and the cache-aware policy's
@@ -64,7 +66,7 @@ from cg.compaction import cold
 from cg.compaction.pipeline import Older
 from cg.compaction.repair import Repair, repair_answer
 from cg.compaction.rewrite import Incoming, Rewrite, Rewriter
-from cg.exchange import keepalive
+from cg.exchange import keepalive, verdict
 from cg.exchange.machine import Unexpected
 from cg.stream.usage import session_key
 from cg.wire import dialect
@@ -201,6 +203,7 @@ class Report:
     rewrite: Rewrite | None = None  # as decided (with its parse), counted whether or not forwarded
     cold: cold.ColdStats = attrs.Factory(cold.ColdStats)
     store_fail_open: bool = False
+    cache: verdict.CacheFacts | None = None  # for the cache verdict (None: not a turn cg can judge)
 
 
 @attrs.frozen(eq=False)
@@ -298,6 +301,11 @@ class Preparation:
         self._ttl = 0.0
         self._stored_again = False  # PutOriginals was sent a second time
         self._rewrite: Rewrite | None = None
+        # The cache verdict's facts: whether the store or Known had the conversation's expiry, and
+        # whether this turn opened an epoch.
+        self._seen: bool | None = None
+        self._opened = False
+        self._epoch: cold.Epoch | None = None  # the one applied
 
     def start(self) -> list[Command]:
         """The first commands: the body parsed, its lookups sent (or `Ready` at once)."""
@@ -418,6 +426,7 @@ class Preparation:
         until = now + ttl if incoming.stash else None
         if self._known.warm(tenant, key, now, until, policy.margin):
             tally.known_warm += 1
+            self._seen, self._expired = True, self._known.until(tenant, key)
             self._apply(cold.latest(self._known.epochs(tenant, key), body, incoming.dialect))
             return
         if until is not None:
@@ -427,6 +436,7 @@ class Preparation:
                 assert before is None or isinstance(before, float | int)
                 self._known.stored(tenant, key, until)
                 self._expired = None if before is None else float(before)
+                self._seen = before is not None
                 self._expiry_out = False
                 self._maybe_decide()
 
@@ -501,6 +511,7 @@ class Preparation:
         def frozen(text: object) -> None:
             stored = cold.Epoch.loads(_as_bytes(text))
             self._report.cold.epochs += stored == made
+            self._opened = stored is not None
             epochs = self._known.set_epochs(tenant, key, [*known, stored])
             self._apply(cold.latest(epochs, incoming.body, incoming.dialect))
 
@@ -515,6 +526,7 @@ class Preparation:
         incoming, rewriter = self._incoming, self._rewriter
         assert incoming is not None and rewriter is not None
         self._cold_open = False
+        self._epoch = epoch
         self._report.cold.applied += epoch is not None
         self._older = cold.older(epoch, incoming.body, incoming.dialect, rewriter.config.compact)
         if incoming.stash:
@@ -575,6 +587,7 @@ class Preparation:
     def _chosen(self, rewrite: Rewrite, originals: Mapping[str, bytes]) -> None:
         """Forward the rewrite (in observe mode, the body as it came)."""
         self._report.rewrite = rewrite
+        self._cache_facts(rewrite)
         unchanged = self._unchanged
         if self._observe:
             self._ready(unchanged)
@@ -583,6 +596,31 @@ class Preparation:
         # behind its markers, which answer expand calls even if the store breaks meanwhile.
         self._ready(attrs.evolve(unchanged, body=rewrite.body, rewrite=attrs.evolve(rewrite, originals={}, parsed={}),
                                  originals=originals))
+
+    def _cache_facts(self, rewrite: Rewrite) -> None:
+        """The cache verdict's facts (cg.exchange.verdict), from what preparing the body learned:
+        no store command of their own, and O(what changed) of the body."""
+        incoming = self._incoming
+        assert incoming is not None
+        body, shape, previous = incoming.body, incoming.dialect, incoming.previous
+        last = verdict.last_turn(body)  # carried by `previous`
+        stop = verdict.stops_at(body, previous, shape) if last is not None and previous is not None else 0
+        if not incoming.stash:  # count_tokens: not a turn, and what the next turn is judged against stays
+            verdict.pass_on(body, stop)
+            return
+        facts = verdict.CacheFacts(
+            now=self._now, ttl=self._ttl or cold.cache_ttl(body, shape), explicit=shape.select(True, False, False),
+            seen=True if last is not None else self._seen, expires=self._expired, epoch=self._opened)
+        if last is not None:
+            arrived, cached, epoch, repeats = last
+            stop = stop if repeats is None else min(stop, repeats)
+            facts = attrs.evolve(facts, last_request=arrived, cached=cached, client_stop=stop,
+                                 client_stop_at=verdict.element_name(stop, shape), epoch=self._epoch != epoch)
+            if rewrite.moved is not None and not self._observe:
+                moved = verdict.FIRST_MESSAGE + rewrite.moved
+                facts = attrs.evolve(facts, cg_stop=moved, cg_stop_at=verdict.element_name(moved, shape))
+        verdict.remember(body, self._now, shape, self._epoch)
+        self._report.cache = facts
 
     def _ready(self, forward: Forward) -> None:
         self.state = State.READY

@@ -37,7 +37,7 @@ def cache_lifetime(body: ParsedBody) -> float | None:
     The shortest lifetime among its breakpoints: 1-hour entries must come before 5-minute ones, so
     a 5-minute breakpoint closes the longest cached prefix, the one the next turn reads.
     """
-    messages = _breakpoints(body)
+    messages = message_breakpoints(body)
     return _shortest([*(breakpoint_ttl(block) for blocks in _request_lists(body.value) for block in blocks),
                       *(ttl for message in messages for ttl in message)])
 
@@ -50,7 +50,7 @@ def asks_for_an_hour(body: ParsedBody) -> bool:
     shares with its conversation's last one are answered as they were then (carried), so a turn
     walks only the blocks of its new messages.
     """
-    messages = _breakpoints(body)
+    messages = message_breakpoints(body)
     return (any(breakpoint_ttl(block) == TTL_1H for blocks in _request_lists(body.value) for block in blocks)
             or any(TTL_1H in message for message in messages))
 
@@ -60,7 +60,7 @@ _BREAKPOINTS = "cache: the lifetimes a message's breakpoints ask for"
 _NONE: frozenset[float] = frozenset()
 
 
-def _breakpoints(body: ParsedBody) -> list[frozenset[float]]:
+def message_breakpoints(body: ParsedBody) -> list[frozenset[float]]:
     """The lifetimes each message's breakpoints ask for (`ParsedBody.per_message`: a turn looks
     only at its new messages). Asked on every turn, whatever else the request holds, so that the
     next turn finds every answer carried."""
