@@ -127,8 +127,10 @@ def duration(seconds: float) -> str:
 # ---------------------------------------------------------------------------------------------
 # The facts a body gives: where it stops extending the conversation's last one, its cached part
 
-# A breakpoint, with the comma that joins it to its block's other keys (not content: see above).
-_BREAKPOINT = re.compile(rb',\s*"cache_control"\s*:\s*\{[^{}]*\}|"cache_control"\s*:\s*\{[^{}]*\}\s*,?')
+# A breakpoint (not content: see above), found by its key and matched from there.
+_CONTROL = b'"cache_control"'
+_BREAKPOINT = re.compile(rb'"cache_control"\s*:\s*\{[^{}]*\}')
+_SPACE = b" \t\r\n"
 
 
 def element_name(ordinal: int, shape: Shape) -> str:
@@ -219,4 +221,36 @@ def _same(body: ParsedBody, previous: Earlier, path: tuple[str | int, ...]) -> b
     if new == old and new[1] <= body.shared:
         return True
     mine, theirs = body.raw[new[0]:new[1]], previous.raw[old[0]:old[1]]
-    return mine == theirs or _BREAKPOINT.sub(b"", mine) == _BREAKPOINT.sub(b"", theirs)
+    if mine == theirs:
+        return True
+    return (_CONTROL in mine or _CONTROL in theirs) and _without_breakpoints(mine) == _without_breakpoints(theirs)
+
+
+def _without_breakpoints(raw: bytes) -> bytes:
+    """`raw` (JSON) without its ``cache_control`` keys, each with the comma that joins it to the
+    other keys of its object: a search for the key (C speed), then a match at each one found."""
+    pieces: list[bytes] = []
+    position = 0
+    at = raw.find(_CONTROL)
+    while at >= 0:
+        match = _BREAKPOINT.match(raw, at)
+        if match is None:  # the key's name inside a string: content
+            at = raw.find(_CONTROL, at + 1)
+            continue
+        start, end = at, match.end()
+        before = start
+        while before > position and raw[before - 1] in _SPACE:
+            before -= 1
+        if raw[before - 1:before] == b",":  # a later key: the comma before it goes
+            start = before - 1
+        else:  # the first key: the comma after it goes
+            after = end
+            while after < len(raw) and raw[after] in _SPACE:
+                after += 1
+            if raw[after:after + 1] == b",":
+                end = after + 1
+        pieces.append(raw[position:start])
+        position = end
+        at = raw.find(_CONTROL, end)
+    pieces.append(raw[position:])
+    return b"".join(pieces)
