@@ -20,6 +20,8 @@ importable from ``cg.testing`` itself; the modules say where each lives:
   ``openai_stream_events``, ``responses_response``, ``responses_stream_events`` and their items
   (``responses_message``, ``responses_function_call``, ``responses_reasoning``), ``sse_event``;
   and what a client sends: ``claude_code_bytes``, ``command_output``.
+- ``cg.testing.promptcache``: ``FakePromptCache``, the provider's prompt cache the fake bills
+  usage from (``FakeUpstream(prompt_cache=True)``), on the fake's clock.
 - ``cg.testing.validators``: why the real APIs would reject a request:
   ``anthropic_request_problems``, ``openai_request_problems``, ``responses_request_problems``.
 - ``cg.testing.memory``: for tests without sockets, ``MemoryUpstream`` stands in for cg's
@@ -61,6 +63,7 @@ from cg.testing.builders import (
 )
 from cg.testing.fake import FakeUpstream, Received, main
 from cg.testing.memory import MemoryRequest, MemoryResponse, MemoryUpstream
+from cg.testing.promptcache import OUTPUT_TOKENS, FakePromptCache
 from cg.testing.replies import (
     FAKE_EXPAND_CALL_ID,
     FAKE_EXPAND_ID,
@@ -84,6 +87,7 @@ __all__ = [
     "FAKE_EXPAND_CALL_ID",
     "FAKE_EXPAND_ID",
     "HELLO",
+    "FakePromptCache",
     "FakeUpstream",
     "Flood",
     "HeaderPairs",
@@ -91,6 +95,7 @@ __all__ = [
     "MemoryRequest",
     "MemoryResponse",
     "MemoryUpstream",
+    "OUTPUT_TOKENS",
     "Received",
     "Reply",
     "Reset",

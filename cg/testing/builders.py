@@ -148,8 +148,10 @@ def anthropic_stream_events(
     input_tokens: int = 10,
     output_tokens: int = 5,
     blocks: Sequence[Sequence[bytes]] | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> list[bytes]:
-    """A complete Messages stream; ``blocks`` (each a block's events) replaces the one text block."""
+    """A complete Messages stream; ``blocks`` (each a block's events) replaces the one text block;
+    ``usage`` replaces message_start's (its ``output_tokens`` then ends the stream)."""
     start = {
         "type": "message_start",
         "message": {
@@ -165,13 +167,13 @@ def anthropic_stream_events(
                 "output_tokens": 1,
                 "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": 0,
-            },
+            } if usage is None else dict(usage, output_tokens=1),
         },
     }
     delta = {
         "type": "message_delta",
         "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-        "usage": {"output_tokens": output_tokens},
+        "usage": {"output_tokens": output_tokens if usage is None else usage.get("output_tokens", output_tokens)},
     }
     if blocks is None:
         blocks = [anthropic_text_block(0, texts)]
@@ -229,8 +231,10 @@ def openai_stream_events(
     prompt_tokens: int = 10,
     completion_tokens: int = 5,
     calls: Sequence[tuple[str, str, Sequence[str]]] = (),
+    usage: dict[str, Any] | None = None,
 ) -> list[bytes]:
-    """A chat.completion.chunk stream: role, content fragments, finish, [usage], ``[DONE]``.
+    """A chat.completion.chunk stream: role, content fragments, finish, [usage], ``[DONE]``
+    (``usage``, when given, is the usage chunk's).
 
     ``calls`` are (id, name, argument fragments) tool calls streamed after the content, each as the
     API streams one: a chunk with its id, name and empty arguments, then a chunk per fragment (the
@@ -255,12 +259,11 @@ def openai_stream_events(
         events += [chunk(choice({"tool_calls": [{"index": i, "function": {"arguments": p}}]})) for p in parts]
     events.append(chunk(choice({}, "tool_calls" if calls else finish_reason)))
     if include_usage:
-        usage = {
+        events.append(chunk([], usage or {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-        }
-        events.append(chunk([], usage))
+        }))
     events.append(sse_event(None, "[DONE]"))
     return events
 
@@ -297,8 +300,10 @@ def responses_response(
     status: str = "completed",
     input_tokens: int = 10,
     output_tokens: int = 5,
+    usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A Responses API ``response`` object; ``output`` (finished items) defaults to one message."""
+    """A Responses API ``response`` object; ``output`` (finished items) defaults to one message;
+    ``usage`` replaces the one made of the token counts."""
     return {
         "id": id,
         "object": "response",
@@ -312,7 +317,7 @@ def responses_response(
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": [],
-        "usage": {
+        "usage": usage or {
             "input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": output_tokens,
@@ -365,12 +370,13 @@ def responses_stream_events(
     model: str = "gpt-5.5",
     input_tokens: int = 10,
     output_tokens: int = 5,
+    usage: dict[str, Any] | None = None,
 ) -> list[bytes]:
     """A streamed Responses API reply, as the real API frames it (``event:`` lines, a
     ``sequence_number`` on each event): created, in_progress, each item of ``output`` (default one
     message) with its text or arguments in ``deltas`` fragments, then ``response.completed``
     carrying the whole response."""
-    final = responses_response(output, id, model, "completed", input_tokens, output_tokens)
+    final = responses_response(output, id, model, "completed", input_tokens, output_tokens, usage)
     pending = dict(final, status="in_progress", output=[], usage=None)
     events = [
         {"type": "response.created", "response": pending},

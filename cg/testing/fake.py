@@ -19,13 +19,20 @@ from attrs import define, field
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IListeningPort, IOpenSSLContextFactory, IReactorSSL, IReactorTCP
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IOpenSSLContextFactory,
+    IReactorSSL,
+    IReactorTCP,
+    IReactorTime,
+)
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
+from cg.testing.promptcache import FakePromptCache
 from cg.testing.replies import JSONReply, Reply, Reset, _transport, default_reply
 from cg.testing.validators import (
     anthropic_request_problems,
@@ -54,6 +61,7 @@ class Received:
     connection: int  # serial number of the TCP connection, from 1
     nth_on_connection: int  # 1 for the first request on its connection
     finished: Deferred[str] = field(eq=False, repr=False)  # fires "done" or "lost"
+    usage: dict[str, Any] | None = None  # as the fake's prompt cache billed it (FakeUpstream.prompt_cache)
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of header ``name`` (case-insensitive), or None."""
@@ -170,13 +178,21 @@ class FakeUpstream:
 
     ``record`` (on by default) keeps every request in ``received``; off, nothing is kept, as in a
     benchmark's fake process that nobody reads and that would otherwise hold every body it was sent.
+
+    ``prompt_cache`` (off by default) bills each request's prompt as the provider would, from a
+    prompt cache per (credential, model) on ``clock`` (default: the reactor's, so a test's
+    ``Clock`` moves it), and the default replies report that usage (``Received.usage``;
+    cg.testing.promptcache). A scripted reply keeps its own usage; its prompt is cached all the same.
     """
 
     default_reply: Callable[[Received], Reply] = default_reply
     reset_reused_connections: int = 0
     strict: bool = False
     record: bool = True
+    prompt_cache: bool = False
+    clock: Callable[[], float] | None = None
     rejections: list[str] = field(factory=list, init=False)
+    _caches: FakePromptCache | None = field(default=None, init=False)
     _thinking: dict[str, object] = field(factory=dict, init=False)  # signature -> text, as sent
     _redacted: set[str] = field(factory=set, init=False)  # redacted_thinking data, as sent
     received: list[Received] = field(factory=list, init=False)
@@ -251,9 +267,22 @@ class FakeUpstream:
             return
         if self.strict and self._reject(received, request):
             return
+        if self.prompt_cache:
+            received.usage = self._billed(received)
         reply = self._queue.popleft() if self._queue else self.default_reply(received)
         reply.play(request, self)
 
+
+    def _billed(self, received: Received) -> dict[str, Any] | None:
+        if self._caches is None:
+            clock = self.clock or cast(IReactorTime, self.reactor).seconds
+            self._caches = FakePromptCache(clock)
+        try:
+            body = ujson.loads(received.body)
+        except ValueError:
+            return None
+        credential = received.header(b"x-api-key") or received.header(b"authorization") or b""
+        return self._caches.usage(received.path.split(b"?", 1)[0], credential, body)
 
     def _reject(self, received: Received, request: Request) -> bool:
         """In strict mode: answer 400 if the API would reject the request."""

@@ -337,6 +337,8 @@ def default_reply(received: Received) -> Reply:
         body = {}
     model = body.get("model")
     model_kw: dict[str, Any] = {"model": model} if isinstance(model, str) else {}
+    if received.usage is not None:  # the fake's prompt cache billed it
+        model_kw["usage"] = received.usage
     path = received.path.split(b"?", 1)[0]
     if path == b"/v1/messages/count_tokens":
         return JSONReply({"input_tokens": 10})
