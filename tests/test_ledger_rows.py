@@ -5,7 +5,9 @@ import pytest
 from cg.compaction.expand import tool_tokens
 from cg.compaction.pipeline import Change
 from cg.compaction.rewrite import Rewrite
+from cg.exchange.ledger import EXPIRED
 from cg.exchange.prepare import Report
+from cg.exchange.verdict import CacheFacts
 from cg.exchange.record import ExchangeRecord
 from cg.record.ledger import Book, Sent, client_of
 from cg.record.pricing import Tokens, prices
@@ -93,3 +95,12 @@ def test_nothing_billed_is_no_cost_either_way():
     turn, _ = Book().turn(SENT, report(offload("a")), record(None))
     assert (turn.cost_via_cg, turn.cost_direct, turn.tokens_before, turn.cache_until) == (None, None, 0, None)
     assert turn.results_before == 1000
+
+
+def test_a_turn_that_wrote_more_than_it_read_says_why():
+    billed = Usage(input_tokens=3, cache_read_tokens=0, cache_write_tokens=8000, output_tokens=5)
+    facts = CacheFacts(now=SENT.time, ttl=300.0, explicit=True, seen=True, last_request=SENT.time - 432)
+    turn, _ = Book().turn(SENT, Report(100, cache=facts), record(billed))
+    assert (turn.verdict, turn.verdict_detail) == (EXPIRED, "idle 7m12s > 5m")
+    quiet, _ = Book().turn(SENT, Report(100), record(billed))
+    assert (quiet.verdict, quiet.verdict_detail) == (None, "")

@@ -28,6 +28,7 @@ from cg.compaction.pipeline import result_sizes
 from cg.exchange import ledger
 from cg.exchange.prepare import Report
 from cg.exchange.record import ExchangeRecord
+from cg.exchange.verdict import judge
 from cg.record.pricing import PriceTable, Tokens, prices
 from cg.stream.usage import Usage
 from cg.wire.dialect import SHAPES
@@ -80,6 +81,7 @@ class Book:
         results_before, results_after = result_sizes(compactions)
         tokens_after = billed.prompt_tokens if billed is not None else 0
         direct = None if billed is None else _direct(billed, removed_new, removed_old, injected)
+        verdict, detail = judge(report.cache, billed)
         turn = ledger.Turn(
             time=sent.time,
             seq=record.seq,
@@ -101,6 +103,8 @@ class Book:
             expand_rounds=record.expand_rounds,
             repairs=rewrite.repaired if rewrite is not None else 0,
             epoch=report.cold.applied > 0,
+            verdict=verdict,
+            verdict_detail=detail,
             added_ms=None if record.added_ttfb is None else record.added_ttfb * 1000.0,
             cache_until=None if billed is None or sent.lifetime is None else sent.time + sent.lifetime,
         )
