@@ -8,9 +8,11 @@ import attrs
 import pytest
 import pytest_twisted
 from twisted.internet import defer, reactor
+from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import formatEvent, globalLogPublisher
 
 from cg.testing import FakeUpstream
+from cg.testing.loopback import Loopback
 from cg.web.config import Config
 from cg.web.service import CGService
 
@@ -126,6 +128,43 @@ class LogEvents(list):
 
     def texts(self, level=None) -> list[str]:
         return [formatEvent(event) for event in self if level is None or event["log_level"] is level]
+
+
+@pytest.fixture
+def clock():
+    return MemoryReactorClock()
+
+
+@pytest.fixture
+def net(clock):
+    """What listens on `clock` and its TCP clients, connected in memory (`pump()` moves the bytes)."""
+    return Loopback(clock)
+
+
+@pytest.fixture
+def cg_in_memory(clock, net):
+    """``cg_in_memory(**config)``: cg itself (a CGService, as make_cg starts it) on the MemoryReactorClock.
+
+    It reaches its upstreams, and its clients reach it, through `net`: its port is CG_PORT.
+    """
+    from helpers.clients import CG_PORT  # here: after the helpers' asserts are set to be rewritten
+
+    started = []
+
+    def start(**overrides):
+        config = Config(listen=(f"tcp:{CG_PORT}:interface=127.0.0.1",), store="memory:", **overrides)
+        service = CGService(config, clock)
+        service.privilegedStartService()
+        service.startService()
+        started.append(service)
+        net.pump()
+        return service
+
+    yield start
+    for service in started:
+        stopped = service.stopService()
+        net.pump()
+        assert stopped.called
 
 
 @pytest.fixture

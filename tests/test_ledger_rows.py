@@ -7,8 +7,8 @@ from cg.compaction.pipeline import Change
 from cg.compaction.rewrite import Rewrite
 from cg.exchange.ledger import EXPIRED
 from cg.exchange.prepare import Report
-from cg.exchange.verdict import CacheFacts
 from cg.exchange.record import ExchangeRecord
+from cg.exchange.verdict import CacheFacts
 from cg.record.ledger import Book, Sent, client_of
 from cg.record.pricing import Tokens, prices
 from cg.stream.usage import Usage

@@ -13,27 +13,23 @@ test_upstream_clock.py.
 
 import pytest
 import pytest_twisted
-from helpers.clients import Body
+from helpers.clients import CG_PORT, Body
 from rawhttp import RawClient, connect, dechunk, http_request
 from twisted.internet import defer, error, protocol, reactor, task
 from twisted.internet.defer import CancelledError
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.testing import MemoryReactorClock
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
 from cg.testing import FakeUpstream, JSONReply, SSEReply
-from cg.testing.loopback import Loopback, result_of
+from cg.testing.loopback import result_of
 from cg.testing.tables import names_in, table_rows
 from cg.web import upstream as upstream_module
-from cg.web.config import Config
-from cg.web.service import CGService
 from cg.web.upstream import ConnectionDied, Upstream, split_base
 
 TIMEOUT = 10
 PORT = 8001  # where the scripted server listens on the MemoryReactorClock
-CG_PORT = 18000  # where cg does (cg_in_memory)
 
 
 class Script:
@@ -91,16 +87,6 @@ class ScriptedServer(protocol.Protocol):
 
 def _serving(script: Script):
     return protocol.Factory.forProtocol(lambda: ScriptedServer(script))
-
-
-@pytest.fixture
-def clock():
-    return MemoryReactorClock()
-
-
-@pytest.fixture
-def net(clock):
-    return Loopback(clock)
 
 
 @pytest.fixture
@@ -452,30 +438,6 @@ def test_the_real_client_against_the_fake_provider_in_memory(clock, net, upstrea
     first, second = fake.received
     assert (first.body, (b"x-api-key", b"k") in first.headers) == (b"{}", True)
     assert (second.connection, second.nth_on_connection) == (first.connection, 2)  # kept alive
-
-
-@pytest.fixture
-def cg_in_memory(clock, net):
-    """``cg_in_memory(**config)``: cg itself (a CGService, as make_cg starts it) on the MemoryReactorClock.
-
-    It reaches its upstreams, and its clients reach it, through `net`: its port is CG_PORT.
-    """
-    started = []
-
-    def start(**overrides):
-        config = Config(listen=(f"tcp:{CG_PORT}:interface=127.0.0.1",), store="memory:", **overrides)
-        service = CGService(config, clock)
-        service.privilegedStartService()
-        service.startService()
-        started.append(service)
-        net.pump()
-        return service
-
-    yield start
-    for service in started:
-        stopped = service.stopService()
-        net.pump()
-        assert stopped.called
 
 
 def test_a_body_that_is_not_the_gzip_it_claims_cuts_the_client_stream(clock, net, server, cg_in_memory):

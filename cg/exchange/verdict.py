@@ -27,8 +27,8 @@ The verdicts, first that applies:
 - EXPECTED "first turn": cg has not seen the conversation before.
 - EXPIRED: the previous request came longer ago than the cache's lifetime and nothing kept the
   cache alive since (the store's expiry, which keep-alive pings move on, had passed). A cold turn
-  is where cg opens an epoch; that costs nothing more (the prompt is written anyway), so the
-  verdict stays EXPIRED and the detail says so.
+  is where cg opens an epoch; changing the history's bytes then costs nothing more (the prompt is
+  written anyway), so the verdict stays EXPIRED and the detail says so.
 - CLIENT_PREFIX: the client's request stops extending its last one inside the last one's cached
   part; the detail names the element.
 - CG_PREFIX: cg's forwarded body stops extending its last forwarded one inside the cached part
@@ -102,7 +102,8 @@ def judge(facts: CacheFacts | None, billed: Usage | None) -> tuple[str | None, s
     if expired or (gap and facts.expires is None):
         since = idle if idle is not None else facts.now - (facts.expires or facts.now) + facts.ttl
         detail = f"idle {duration(since)} > {duration(facts.ttl)}"
-        return EXPIRED, detail + "; cg re-decided the history then (epoch)" if facts.epoch else detail
+        rewrote = facts.epoch and facts.cg_stop is not None  # its bytes changed too: cost nothing more
+        return EXPIRED, detail + "; cg re-decided the history then (epoch)" if rewrote else detail
     if facts.client_stop is not None and facts.client_stop < facts.cached:
         return CLIENT_PREFIX, facts.client_stop_at
     if facts.cg_stop is not None and facts.cg_stop < facts.cached:

@@ -11,8 +11,8 @@ serves only cg's own tests:
 - ``helpers.streams``: reading the streams cg sends (events, names, text, a clean splice, the
   SDKs' accumulators); feeding rounds to an Inspector.
 - ``helpers.drive``: a running cg over real sockets (POST, raw streams, /stats, /metrics, ``until``).
-- ``helpers.clients``: ``Client`` (cg's channel over a StringTransport) and ``Body`` (a response
-  body collected).
+- ``helpers.clients``: ``Client`` (cg's channel over a StringTransport), ``Body`` (a response
+  body collected), ``CG_PORT`` (where conftest's ``cg_in_memory`` listens).
 - ``helpers.stores``: a wall clock a test moves, waits on a store, damaged store files, a busy Redis.
 - ``helpers.processes``: cg run as ``twistd`` processes: environment, output, exit.
 """

@@ -9,6 +9,7 @@ from twisted.internet.testing import StringTransport
 from helpers.streams import names
 
 PEER = IPv4Address("TCP", "127.0.0.1", 40000)
+CG_PORT = 18000  # where conftest's cg_in_memory listens on its MemoryReactorClock
 
 
 class Client:
