@@ -5,6 +5,7 @@ import json
 
 import attrs
 import pytest
+from helpers.bodies import superseded_view
 
 from cg.compaction import cold
 from cg.compaction.options import rewrite_config
@@ -162,19 +163,7 @@ class Conversation:
 
 
 def with_a_superseded_view(messages: list[dict]) -> list[dict]:
-    """A big Read of a file, then an Edit of it, before `messages`' rounds: what an epoch offloads
-    (cold.VIEW_TOOLS: a view is kept whole at first sight)."""
-    view = [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_read", "name": "Read",
-                                           "input": {"file_path": "/src/a.py"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_read",
-                                      "content": command_output(900)}]},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_edit", "name": "Edit",
-                                           "input": {"file_path": "/src/a.py", "old_string": "a",
-                                                     "new_string": "b"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_edit", "content": "ok"}]},
-    ]
-    return messages[:1] + view + messages[1:]
+    return messages[:1] + superseded_view() + messages[1:]
 
 
 def next_turn(messages: list[dict], i: int) -> list[dict]:

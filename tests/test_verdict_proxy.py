@@ -4,6 +4,7 @@ turn's verdict as the ledger keeps it."""
 
 import json
 
+from helpers.bodies import superseded_view
 from helpers.clients import CG_PORT
 from rawhttp import RawClient, http_request
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
@@ -21,23 +22,11 @@ SYSTEM = [{"type": "text", "text": "You are Claude Code. " + command_output(60),
 BASH = {"name": "Bash", "description": "run a command", "input_schema": {"type": "object"}}
 
 
-# A big Read of a file and an Edit of it: what an epoch offloads (a view is kept whole at first sight).
-VIEW = [
-    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_read", "name": "Read",
-                                       "input": {"file_path": "/src/a.py"}}]},
-    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_read",
-                                  "content": command_output(900)}]},
-    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_edit", "name": "Edit",
-                                       "input": {"file_path": "/src/a.py", "old_string": "a", "new_string": "b"}}]},
-    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_edit", "content": "ok"}]},
-]
-
-
 def rounds(n: int, view: bool = False, big: int = 0) -> list[dict]:
     """`n` Bash rounds after the first prompt (after a superseded file view, with `view`; the last
     one's output `big` lines long, with `big`), the breakpoint on the newest block (Claude Code's)."""
     messages: list[dict] = [{"role": "user", "content": [{"type": "text", "text": "run the tests"}]}]
-    messages += VIEW if view else []
+    messages += superseded_view() if view else []
     for i in range(n):
         output = command_output(big) if big and i == n - 1 else f"{i} passed"
         messages += [

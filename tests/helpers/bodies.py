@@ -24,6 +24,21 @@ def history(bash_output: str, read_output: str) -> dict:
     return body
 
 
+def superseded_view() -> list[dict]:
+    """A big Read of a file, then an Edit of it: what a cache-aware epoch offloads (cold.VIEW_TOOLS:
+    a view is kept whole at first sight)."""
+    return [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_read", "name": "Read",
+                                           "input": {"file_path": "/src/a.py"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_read",
+                                      "content": command_output(900)}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_edit", "name": "Edit",
+                                           "input": {"file_path": "/src/a.py", "old_string": "a",
+                                                     "new_string": "b"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_edit", "content": "ok"}]},
+    ]
+
+
 def bash_body(bash=None) -> dict:
     """A streaming Claude Code request whose Bash output cg offloads behind a marker."""
     return history(command_output() if bash is None else bash, "x")
