@@ -17,7 +17,7 @@ from typing import Any
 
 from attrs import define, field
 
-from cg.record.pricing import PromptCache, prices
+from cg.record.pricing import PromptCache, Tokens, prices
 from cg.record.replay import segments
 from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE, Shape
 
@@ -48,17 +48,23 @@ class FakePromptCache:
             price = prices().price(model, shape.route)
             cache = self._caches[key] = PromptCache(price.explicit_cache, price.min_cache_tokens, price.cache_ttl)
         tokens = cache.bill(self.clock(), segments(body, shape))
-        if shape is MESSAGES_SHAPE:
-            return {"input_tokens": tokens.input, "cache_creation_input_tokens": tokens.cache_write,
-                    "cache_read_input_tokens": tokens.cache_read,
-                    "cache_creation": {"ephemeral_5m_input_tokens": tokens.cache_write_5m,
-                                       "ephemeral_1h_input_tokens": tokens.cache_write_1h},
-                    "output_tokens": OUTPUT_TOKENS}
-        if shape is CHAT_SHAPE:
-            return {"prompt_tokens": tokens.prompt, "completion_tokens": OUTPUT_TOKENS,
-                    "total_tokens": tokens.prompt + OUTPUT_TOKENS,
-                    "prompt_tokens_details": {"cached_tokens": tokens.cache_read}}
-        return {"input_tokens": tokens.prompt, "input_tokens_details": {"cached_tokens": tokens.cache_read},
-                "output_tokens": OUTPUT_TOKENS, "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": tokens.prompt + OUTPUT_TOKENS}
+        return shape.select(_anthropic, _chat, _responses)(tokens)
 
+
+def _anthropic(tokens: Tokens) -> dict[str, Any]:
+    return {"input_tokens": tokens.input, "cache_creation_input_tokens": tokens.cache_write,
+            "cache_read_input_tokens": tokens.cache_read,
+            "cache_creation": {"ephemeral_5m_input_tokens": tokens.cache_write_5m,
+                               "ephemeral_1h_input_tokens": tokens.cache_write_1h},
+            "output_tokens": OUTPUT_TOKENS}
+
+
+def _chat(tokens: Tokens) -> dict[str, Any]:
+    return {"prompt_tokens": tokens.prompt, "completion_tokens": OUTPUT_TOKENS,
+            "total_tokens": tokens.prompt + OUTPUT_TOKENS, "prompt_tokens_details": {"cached_tokens": tokens.cache_read}}
+
+
+def _responses(tokens: Tokens) -> dict[str, Any]:
+    return {"input_tokens": tokens.prompt, "input_tokens_details": {"cached_tokens": tokens.cache_read},
+            "output_tokens": OUTPUT_TOKENS, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": tokens.prompt + OUTPUT_TOKENS}
