@@ -23,9 +23,11 @@ from cg.exchange.prepare import (
     Request,
     Touch,
 )
-from cg.exchange.verdict import CacheFacts, duration, judge
+from cg.exchange.verdict import CacheFacts, duration, judge, stops_at
 from cg.stream.usage import Usage
 from cg.testing import command_output
+from cg.wire.body import ParsedBody
+from cg.wire.dialect import MESSAGES_SHAPE
 
 NOW = 1_700_000_000.0
 WROTE = Usage(input_tokens=3, cache_read_tokens=100, cache_write_tokens=5000, output_tokens=10)
@@ -273,3 +275,39 @@ def test_openai_caches_the_whole_prompt(target, key):
                                           "tools": []}).encode(), NOW + 10, target)
     assert facts is not None and not facts.explicit and facts.cached == 4
     assert judge(facts, AUTOMATIC_WROTE) == (CLIENT_PREFIX, f"{key}[1]")
+
+
+def stop(before: bytes, after: bytes) -> int:
+    last = ParsedBody.parse(before)
+    assert last is not None
+    body = ParsedBody.parse(after, last.earlier())
+    assert body is not None
+    return stops_at(body, last.earlier(), MESSAGES_SHAPE)
+
+
+OLD = b'{"text":"a","type":"text"}'
+TEXT = b'{"type":"text","text":"' + b"x" * 5000 + b'"}'
+
+
+def anthropic_bytes(*blocks: bytes, system: bytes = b'"be brief"', tools: bytes = b"[]") -> bytes:
+    messages = b",".join(b'{"role":"user","content":[' + block + b"]}" for block in blocks)
+    return b'{"model":"m","messages":[' + messages + b'],"system":' + system + b',"tools":' + tools + b"}"
+
+
+@pytest.mark.parametrize(("before", "after", "stops"), [
+    # The breakpoint moved off the last message (a later key, then the first key): new content only.
+    (anthropic_bytes(TEXT, b'{"type":"text","text":"b","cache_control":{"type":"ephemeral"}}'),
+     anthropic_bytes(TEXT, b'{"type":"text","text":"b"}', OLD), 4),
+    (anthropic_bytes(TEXT, b'{"cache_control": {"type": "ephemeral"}, "type":"text","text":"b"}'),
+     anthropic_bytes(TEXT, b'{"type":"text","text":"b"}', OLD), 4),
+    # A breakpoint added to an old message is not content either.
+    (anthropic_bytes(TEXT, OLD), anthropic_bytes(TEXT[:-1] + b',"cache_control":{"type":"ephemeral"}}', OLD, OLD), 4),
+    # The message's text changed: it stops there.
+    (anthropic_bytes(TEXT, b'{"type":"text","text":"b","cache_control":{"type":"ephemeral"}}'),
+     anthropic_bytes(TEXT, b'{"type":"text","text":"c"}', OLD), 3),
+    (anthropic_bytes(TEXT, OLD), anthropic_bytes(TEXT, OLD, system=b'"be kind"'), 1),
+    (anthropic_bytes(TEXT, OLD), anthropic_bytes(TEXT, OLD, tools=b'[{"name":"Bash"}]'), 0),
+    (anthropic_bytes(TEXT, OLD, OLD), anthropic_bytes(TEXT), 3),  # the client dropped messages
+])
+def test_where_a_body_stops_extending_the_last_one(before, after, stops):
+    assert stop(before, after) == stops

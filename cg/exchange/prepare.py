@@ -608,19 +608,19 @@ class Preparation:
         if not incoming.stash:  # count_tokens: not a turn, and what the next turn is judged against stays
             verdict.pass_on(body, stop)
             return
-        facts = verdict.CacheFacts(
+        arrived, cached, epoch, repeats = last if last is not None else (None, 0, None, None)
+        client_stop = None if last is None else stop if repeats is None else min(stop, repeats)
+        moved = None
+        if last is not None and rewrite.moved is not None and not self._observe:
+            moved = verdict.FIRST_MESSAGE + rewrite.moved
+        self._report.cache = verdict.CacheFacts(
             now=self._now, ttl=self._ttl or cold.cache_ttl(body, shape), explicit=shape.select(True, False, False),
-            seen=True if last is not None else self._seen, expires=self._expired, epoch=self._opened)
-        if last is not None:
-            arrived, cached, epoch, repeats = last
-            stop = stop if repeats is None else min(stop, repeats)
-            facts = attrs.evolve(facts, last_request=arrived, cached=cached, client_stop=stop,
-                                 client_stop_at=verdict.element_name(stop, shape), epoch=self._epoch != epoch)
-            if rewrite.moved is not None and not self._observe:
-                moved = verdict.FIRST_MESSAGE + rewrite.moved
-                facts = attrs.evolve(facts, cg_stop=moved, cg_stop_at=verdict.element_name(moved, shape))
+            seen=True if last is not None else self._seen, last_request=arrived, expires=self._expired,
+            cached=cached, client_stop=client_stop,
+            client_stop_at="" if client_stop is None else verdict.element_name(client_stop, shape),
+            cg_stop=moved, cg_stop_at="" if moved is None else verdict.element_name(moved, shape),
+            epoch=self._opened if last is None else self._epoch != epoch)
         verdict.remember(body, self._now, shape, self._epoch)
-        self._report.cache = facts
 
     def _ready(self, forward: Forward) -> None:
         self.state = State.READY

@@ -216,15 +216,41 @@ def _count(items: object) -> int:
 
 
 def _same(body: ParsedBody, previous: Earlier, path: tuple[str | int, ...]) -> bool:
+    """Whether the element at `path` has the same bytes in both bodies, but for breakpoints: within
+    the bytes they share from their start or to their end at once; the message Claude Code moved its
+    breakpoint off by what follows the breakpoint; else byte for byte."""
     new, old = body.spans.get(path), previous.spans.get(path)
     if new is None or old is None:
         return new is None and old is None
     if new == old and new[1] <= body.shared:
         return True
+    shift = len(body.raw) - len(previous.raw)
+    if new[0] >= len(body.raw) - body.suffix and old == (new[0] - shift, new[1] - shift):
+        return True
+    if new[0] == old[0] and _breakpoint_dropped(body, previous, new, old):
+        return True
     mine, theirs = body.raw[new[0]:new[1]], previous.raw[old[0]:old[1]]
     if mine == theirs:
         return True
     return (_CONTROL in mine or _CONTROL in theirs) and _without_breakpoints(mine) == _without_breakpoints(theirs)
+
+
+# Where the shared prefix of a block that lost its breakpoint ends: before the comma that joined
+# it to the block's earlier keys, or (its first key) inside its name.
+_DROPPED = re.compile(rb',\s*"cache_control"\s*:\s*\{[^{}]*\}|cache_control"\s*:\s*\{[^{}]*\}\s*,\s*"')
+
+
+def _breakpoint_dropped(body: ParsedBody, previous: Earlier, new: tuple[int, int], old: tuple[int, int]) -> bool:
+    """Whether the old element is the new one with one breakpoint more: the bytes both bodies
+    share from their start reach a breakpoint there, and the rest after it is the same (a few
+    bytes: the breakpoint closes the message's last block). No copy of the message itself."""
+    at = body.shared
+    if not new[0] <= at < new[1]:
+        return False
+    match = _DROPPED.match(previous.raw, at, old[1])
+    if match is None:
+        return False
+    return previous.raw[match.end():old[1]] == body.raw[at:new[1]]
 
 
 def _without_breakpoints(raw: bytes) -> bytes:

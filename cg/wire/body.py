@@ -141,7 +141,8 @@ class ParsedBody:
     `shared` is how many bytes from the start this body shares with the conversation's last one,
     whose `carried` is `earlier_carried`: what the stages above cached about its messages, each
     under its own key, valid here for the messages that end within `shared`. They fill this
-    body's `carried` for the next turn.
+    body's `carried` for the next turn. `suffix` is how many bytes at its end it shares with that
+    body (an agent's system prompt and tools, after the messages that grow).
     """
 
     raw: bytes
@@ -152,6 +153,7 @@ class ParsedBody:
     shared: int = 0
     earlier_carried: Mapping[Hashable, Sequence[object]] = attrs.Factory(dict)
     carried: dict[Hashable, Sequence[object]] = attrs.Factory(dict)
+    suffix: int = 0
 
     @classmethod
     def parse(cls, raw: bytes, previous: Earlier | None = None) -> ParsedBody | None:
@@ -163,7 +165,7 @@ class ParsedBody:
         """
         if previous is not None and raw == previous.raw:
             return cls(raw, raw.decode("latin-1"), _lazy(dict(previous.value), raw, previous.spans), previous.spans,
-                       previous.inner, len(raw), previous.carried)
+                       previous.inner, len(raw), previous.carried, suffix=len(raw))
         reuse = previous.reuse(raw) if previous is not None else None
         try:
             body = cls.load(raw, _BODY_SPINE, reuse)
@@ -173,7 +175,8 @@ class ParsedBody:
         if reuse is None or previous is None:
             return body
         inner = {path: previous.inner[path] for path in reuse.taken if path in previous.inner}
-        return attrs.evolve(body, inner=inner, shared=reuse.limit, earlier_carried=previous.carried)
+        return attrs.evolve(body, inner=inner, shared=reuse.limit, earlier_carried=previous.carried,
+                            suffix=len(previous.raw) - reuse.tail)
 
     @classmethod
     def load(cls, raw: bytes, spine: jsonbytes.Spine, reuse: jsonbytes.Reuse | None = None) -> ParsedBody:
