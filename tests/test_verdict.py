@@ -46,6 +46,8 @@ WARM = CacheFacts(now=NOW, ttl=300.0, explicit=True, seen=True, last_request=NOW
     (attrs.evolve(WARM, seen=False, last_request=None, expires=None), WROTE, EXPECTED, "first turn"),
     (attrs.evolve(WARM, seen=None, last_request=None, expires=None), WROTE, None, ""),
     (WARM, WROTE, EXPECTED, "new content only"),
+    # Seen (the store had its expiry) but its last body is not in this cg's memo: cannot say more.
+    (attrs.evolve(WARM, last_request=None, client_stop=None, client_stop_at=""), WROTE, None, ""),
     (WARM, attrs.evolve(WROTE, cache_read_tokens=0), EXPECTED, "new content only; nothing read back"),
     (attrs.evolve(WARM, last_request=NOW - 432, expires=NOW - 132), WROTE, EXPIRED, "idle 7m12s > 5m"),
     # Nothing recorded in the store, but cg's memo knows when the last request came.

@@ -37,6 +37,10 @@ The verdicts, first that applies:
 - EXPECTED "new content only": the prefix held, so what was written is what this turn added (or,
   when nothing at all was read back, the provider kept nothing it could serve: detail says so).
 
+No verdict where cg cannot tell: the conversation's last body is no longer in this cg's memo (a
+restart, an evicted conversation, or another cg of a fleet served it), unless the store's expiry
+alone shows the cache had expired.
+
 KEPT_WARM: a keep-alive ping bridged a gap longer than the lifetime. Reported whether or not the
 turn then wrote more than it read, so that a person sees the keep-alive pay.
 """
@@ -104,7 +108,9 @@ def judge(facts: CacheFacts | None, billed: Usage | None) -> tuple[str | None, s
         detail = f"idle {duration(since)} > {duration(facts.ttl)}"
         rewrote = facts.epoch and facts.cg_stop is not None  # its bytes changed too: cost nothing more
         return EXPIRED, detail + "; cg re-decided the history then (epoch)" if rewrote else detail
-    if facts.client_stop is not None and facts.client_stop < facts.cached:
+    if facts.client_stop is None:  # the last body is not in this cg's memo: it cannot say more
+        return None, ""
+    if facts.client_stop < facts.cached:
         return CLIENT_PREFIX, facts.client_stop_at
     if facts.cg_stop is not None and facts.cg_stop < facts.cached:
         return CG_PREFIX, "epoch" if facts.epoch else facts.cg_stop_at
