@@ -32,8 +32,9 @@ The verdicts, first that applies:
 - CLIENT_PREFIX: the client's request stops extending its last one inside the last one's cached
   part; the detail names the element.
 - CG_PREFIX: cg's forwarded body stops extending its last forwarded one inside the cached part
-  though the client's does not: detail "epoch" when this turn opened a cache-aware epoch
-  (`cg.compaction.cold`); anything else names the message, and is a bug.
+  though the client's does not: detail "epoch" when this turn applies another cache-aware epoch
+  than the last one did (`cg.compaction.cold`: one another cg sharing the store opened while this
+  cache was warm); anything else names the message, and is a bug.
 - EXPECTED "new content only": the prefix held, so what was written is what this turn added (or,
   when nothing at all was read back, the provider kept nothing it could serve: detail says so).
 
@@ -42,7 +43,9 @@ restart, an evicted conversation, or another cg of a fleet served it), unless th
 alone shows the cache had expired.
 
 KEPT_WARM: a keep-alive ping bridged a gap longer than the lifetime. Reported whether or not the
-turn then wrote more than it read, so that a person sees the keep-alive pay.
+turn then wrote more than it read, so that a person sees the keep-alive pay. The store's expiry
+moves with every use of the cache, an expand round's too: one late in a long turn that kept the
+cache alive past the next request's arrival reads as KEPT_WARM.
 """
 
 from __future__ import annotations
