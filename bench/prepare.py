@@ -11,9 +11,9 @@ facts the cache verdict needs (``Report.cache``). Measured with ``time.process_t
 thread over every conversation's requests after its first two (warm).
 
 ``--against REV`` (default: the parent of HEAD) measures that commit's preparation too, from a
-temporary ``git worktree`` of it: each side runs in a child process of its own, alternately, three
-times each, so the machine's drift hits both alike; the report gives each side's median and
-their ratio.
+temporary ``git worktree`` of it: each side runs in a child process of its own, alternately
+(``--rounds`` times each, default 5), so the machine's drift hits both alike; the report gives
+each side's median and minimum (the least disturbed run, on a shared machine) and their ratios.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 URI = b"/v1/messages?beta=true"
-ROUNDS = 3  # child processes per side, alternated
+ROUNDS = 5  # child processes per side, alternated
 
 
 def measure(quick: bool) -> float:
@@ -103,7 +103,7 @@ def child(tree: Path, quick: bool) -> float:
     return float(out.split()[-1])
 
 
-def run(quick: bool, against: str) -> dict:
+def run(quick: bool, against: str, rounds: int = ROUNDS) -> dict:
     revision = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", against], check=True,
                               capture_output=True, text=True).stdout.strip()
     result: dict = {"against": revision, "this": [], "that": []}
@@ -112,26 +112,30 @@ def run(quick: bool, against: str) -> dict:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(other), revision],
                        check=True)
         try:
-            for _ in range(ROUNDS):
+            for _ in range(rounds):
                 result["that"].append(child(other, quick))
                 result["this"].append(child(REPO, quick))
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(other)], check=True)
-    result["this_median"] = statistics.median(result["this"])
-    result["that_median"] = statistics.median(result["that"])
+    for side in ("this", "that"):
+        result[f"{side}_median"] = statistics.median(result[side])
+        result[f"{side}_min"] = min(result[side])
     result["ratio"] = result["this_median"] / result["that_median"]
+    result["ratio_min"] = result["this_min"] / result["that_min"]
     return result
 
 
 def report(result: dict) -> str:
-    def row(name: str, samples: list[float], median: float) -> str:
-        return f"{name:28} {median:8.3f}   ({', '.join(f'{s:.3f}' for s in samples)})"
+    def row(name: str, side: str) -> str:
+        samples = ", ".join(f"{s:.3f}" for s in result[side])
+        return f"{name:28} {result[f'{side}_median']:8.3f} {result[f'{side}_min']:8.3f}   ({samples})"
 
     return "\n".join([
-        f"{'preparation, warm':28} {'CPU ms/request (median of the runs)':>8}",
-        row("this checkout", result["this"], result["this_median"]),
-        row(f"at {result['against']}", result["that"], result["that_median"]),
-        f"ratio {result['ratio']:.3f}, added {result['this_median'] - result['that_median']:+.3f} ms/request",
+        f"{'preparation, warm: CPU ms/request':34} {'median':>8} {'min':>8}   (each run)",
+        row("this checkout", "this"),
+        row(f"at {result['against']}", "that"),
+        f"ratio {result['ratio']:.3f} (median), {result['ratio_min']:.3f} (min); added "
+        f"{result['this_median'] - result['that_median']:+.3f} / {result['this_min'] - result['that_min']:+.3f} ms/request",
     ])
 
 
@@ -141,13 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 conversations, 6 rounds")
     parser.add_argument("--against", default="HEAD~1", help="the commit to compare with [default: HEAD~1]")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"runs per side [default: {ROUNDS}]")
     parser.add_argument("--json", metavar="PATH", help="write every figure to PATH")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(f"{measure(args.quick):.6f}")
         return 0
-    result = run(args.quick, args.against)
+    result = run(args.quick, args.against, args.rounds)
     print(report(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
