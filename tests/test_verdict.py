@@ -313,3 +313,15 @@ def anthropic_bytes(*blocks: bytes, system: bytes = b'"be brief"', tools: bytes 
 ])
 def test_where_a_body_stops_extending_the_last_one(before, after, stops):
     assert stop(before, after) == stops
+
+
+def test_a_turn_that_asks_the_store_nothing_has_the_expiry_cg_last_learned():
+    conversation, messages = Conversation(), turns(3)
+    conversation.turn(claude_code(messages), NOW)
+    for i in range(1, 4):  # once two reads agree on the epochs, a surely warm turn skips the store
+        messages = next_turn(messages, i)
+        facts = conversation.turn(claude_code(messages), NOW + 10 * i)
+    # The turns at NOW + 20 and NOW + 30 were surely warm: Known's expiry, recorded at NOW + 10.
+    assert facts is not None and facts.expires == NOW + 10 + 300
+    assert list(conversation.expiry.values()) == [NOW + 10 + 300]  # the store was not asked since
+    assert judge(facts, WROTE) == (EXPECTED, "new content only")
