@@ -1,120 +1,365 @@
-"""The ledger's contract (cg.store.base.ILedger) on the in-memory reference (cg.store.ledger)."""
+"""The ledger's contract (cg.store.base.ILedger): the in-memory reference (cg.store.ledger), the SQLite
+store's (a file in tmp_path) and the Redis store's (a real redis-server) answer alike."""
+
+import sqlite3
+from types import SimpleNamespace
 
 import pytest
+import pytest_twisted
+from twisted.internet.defer import succeed
+from twisted.internet.task import Clock
+from zope.interface.verify import verifyObject
 
-from cg.exchange.ledger import HOUR, MINUTE, Change, Totals, Turn
+from cg.exchange.ledger import DEFAULT_MAX_TURNS, HOUR, MINUTE, ORDERS, Change, Totals, Turn, order_key
+from cg.store import RedisStore, SQLiteStore, StoreError
+from cg.store.base import ILedger
 from cg.store.ledger import MemoryLedger
+from cg.store.threaded import LEDGER_BATCH_DELAY, ThreadedLedger
 from cg.stream.usage import Usage
 
 T0 = 1_699_999_200.0  # a whole hour (UTC)
 
 
 def turn(at: float, conversation="c1", tenant="", client="claude-code", model="m", seq=0, **over) -> Turn:
-    return Turn(time=at, seq=seq, tenant=tenant, conversation=conversation, client=client, model=model,
-                dialect="anthropic", path="/v1/messages", status=200, outcome="ok", tokens_before=1000,
-                tokens_after=400, results_before=800, results_after=200,
-                billed=Usage(input_tokens=10, cache_read_tokens=300, cache_write_tokens=90, output_tokens=50),
-                cost_via_cg=0.01, cost_direct=0.02, **over)
+    fields = dict(time=at, seq=seq, tenant=tenant, conversation=conversation, client=client, model=model,
+                  dialect="anthropic", path="/v1/messages", status=200, outcome="ok", tokens_before=1000,
+                  tokens_after=400, results_before=800, results_after=200,
+                  billed=Usage(input_tokens=10, cache_read_tokens=300, cache_write_tokens=90, output_tokens=50),
+                  cost_via_cg=0.01, cost_direct=0.02)
+    fields.update(over)
+    return Turn(**fields)
 
 
-def result(d):
-    """The value of an already-fired Deferred."""
-    box = []
-    d.addCallback(box.append)
-    assert box, "the Deferred has not fired"
-    return box[0]
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def make_ledger(request, tmp_path, closing):
+    """Every store's ledger keeps MemoryLedger's contract."""
+    server = request.getfixturevalue("redis_server") if request.param == "redis" else None
+
+    def make(**kwargs):
+        if request.param == "memory":
+            return MemoryLedger(**kwargs)
+        options = {f"ledger_{name}": value for name, value in kwargs.items()}
+        if request.param == "redis":
+            store = RedisStore(server.url, **options)
+        else:
+            store = SQLiteStore(str(tmp_path / "store.sqlite3"), **options)
+        closing(store)
+        return store.ledger
+
+    return make
 
 
-def test_turns_sum_into_totals_buckets_and_their_conversation():
-    ledger = MemoryLedger()
+@pytest_twisted.ensureDeferred
+async def test_turns_sum_into_totals_buckets_and_their_conversation(make_ledger):
+    ledger = make_ledger()
     ledger.record(turn(T0 + 5, seq=1), [Change(1, 2, 0, "Bash", "offload", True, "0123456789abcdef", 800, 200)])
     ledger.record(turn(T0 + 70, seq=2), [])
-    totals = result(ledger.totals(None, None))
+    totals = (await ledger.totals(None, None))
     assert totals.requests == 2 and totals.tokens_before == 2000 and totals.billed.cache_read_tokens == 600
     assert totals.cost_via_cg == pytest.approx(0.02) and totals.cost_direct == pytest.approx(0.04)
-    minutes = result(ledger.buckets(None, T0, MINUTE))
+    minutes = (await ledger.buckets(None, T0, MINUTE))
     assert [(b.start, b.totals.requests) for b in minutes] == [(T0, 1), (T0 + 60, 1)]
-    assert [b.totals.requests for b in result(ledger.buckets(None, T0, HOUR))] == [2]
-    (summary,) = result(ledger.conversations(None, 0, 10))[0]
+    assert [b.totals.requests for b in (await ledger.buckets(None, T0, HOUR))] == [2]
+    (summary,) = (await ledger.conversations(None, 0, 10))[0]
     assert (summary.id, summary.first, summary.last, summary.totals.requests) == ("c1", T0 + 5, T0 + 70, 2)
-    found, turns, changes = result(ledger.conversation(None, "c1"))
+    found, turns, changes = (await ledger.conversation(None, "c1"))
     assert [t.seq for t in turns] == [1, 2] and [c.marker for c in changes] == ["0123456789abcdef"]
 
 
-def test_a_window_counts_only_its_minutes():
-    ledger = MemoryLedger()
+@pytest_twisted.ensureDeferred
+async def test_a_window_counts_only_its_minutes(make_ledger):
+    ledger = make_ledger()
     ledger.record(turn(T0), [])
     ledger.record(turn(T0 + 600), [])
-    assert result(ledger.totals(None, T0 + 300)).requests == 1
-    assert result(ledger.totals(None, None)).requests == 2
+    assert (await ledger.totals(None, T0 + 300)).requests == 1
+    assert (await ledger.totals(None, None)).requests == 2
 
 
-def test_a_tenant_sees_only_its_own():
-    ledger = MemoryLedger()
+@pytest_twisted.ensureDeferred
+async def test_a_tenant_sees_only_its_own(make_ledger):
+    ledger = make_ledger()
     ledger.record(turn(T0, tenant="a", conversation="ca"), [])
     ledger.record(turn(T0, tenant="b", conversation="cb"), [])
-    assert result(ledger.totals("a", None)).requests == 1
-    assert [c.id for c in result(ledger.conversations("a", 0, 10))[0]] == ["ca"]
-    assert result(ledger.conversation("a", "cb")) is None
-    assert {c.id for c in result(ledger.conversations(None, 0, 10))[0]} == {"ca", "cb"}
+    assert (await ledger.totals("a", None)).requests == 1
+    assert [c.id for c in (await ledger.conversations("a", 0, 10))[0]] == ["ca"]
+    assert (await ledger.conversation("a", "cb")) is None
+    assert {c.id for c in (await ledger.conversations(None, 0, 10))[0]} == {"ca", "cb"}
 
 
-def test_conversations_come_most_recent_first_and_page():
-    ledger = MemoryLedger()
+@pytest_twisted.ensureDeferred
+async def test_conversations_come_most_recent_first_and_page(make_ledger):
+    ledger = make_ledger()
     for i in range(5):
         ledger.record(turn(T0 + i, conversation=f"c{i}"), [])
     ledger.record(turn(T0 + 10, conversation="c1"), [])
-    assert [c.id for c in result(ledger.conversations(None, 0, 3))[0]] == ["c1", "c4", "c3"]
-    assert [c.id for c in result(ledger.conversations(None, 3, 3))[0]] == ["c2", "c0"]
+    assert [c.id for c in (await ledger.conversations(None, 0, 3))[0]] == ["c1", "c4", "c3"]
+    assert [c.id for c in (await ledger.conversations(None, 3, 3))[0]] == ["c2", "c0"]
 
 
-def test_bounded_turns_and_retention():
-    ledger = MemoryLedger(days=1, max_turns=3)
+@pytest_twisted.ensureDeferred
+async def test_bounded_turns_and_retention(make_ledger):
+    ledger = make_ledger(days=1, max_turns=3)
     for i in range(5):
         ledger.record(turn(T0 + i, seq=i), [])
-    _, turns, _ = result(ledger.conversation(None, "c1"))
+    _, turns, _ = (await ledger.conversation(None, "c1"))
     assert [t.seq for t in turns] == [2, 3, 4]  # the newest max_turns
-    assert result(ledger.totals(None, None)).requests == 5  # rollups keep counting
-    assert result(ledger.trim(T0 + 2 * 86400)) > 0
-    assert result(ledger.totals(None, None)) == Totals()
-    assert result(ledger.conversations(None, 0, 10))[0] == []
+    assert (await ledger.totals(None, None)).requests == 5  # rollups keep counting
+    assert (await ledger.trim(T0 + 2 * 86400)) > 0
+    assert (await ledger.totals(None, None)) == Totals()
+    assert (await ledger.conversations(None, 0, 10))[0] == []
 
 
-def test_a_request_without_a_conversation_counts_but_has_no_row():
-    ledger = MemoryLedger()
+@pytest_twisted.ensureDeferred
+async def test_a_request_without_a_conversation_counts_but_has_no_row(make_ledger):
+    ledger = make_ledger()
     ledger.record(turn(T0, conversation="-"), [])
-    assert result(ledger.totals(None, None)).requests == 1
-    assert result(ledger.conversations(None, 0, 10))[0] == []
+    assert (await ledger.totals(None, None)).requests == 1
+    assert (await ledger.conversations(None, 0, 10))[0] == []
 
 
-def test_a_turn_that_arrives_late_moves_its_conversations_first_back():
-    ledger = MemoryLedger()
+@pytest_twisted.ensureDeferred
+async def test_a_turn_that_arrives_late_moves_its_conversations_first_back(make_ledger):
+    ledger = make_ledger()
     ledger.record(turn(T0 + 100, seq=2), [])
     ledger.record(turn(T0 + 5, seq=1), [])
-    (summary,) = result(ledger.conversations(None, 0, 10))[0]
+    (summary,) = (await ledger.conversations(None, 0, 10))[0]
     assert (summary.first, summary.last) == (T0 + 5, T0 + 100)
-    _, turns, _ = result(ledger.conversation(None, "c1"))
+    _, turns, _ = (await ledger.conversation(None, "c1"))
     assert [t.seq for t in turns] == [1, 2]
 
 
-def test_conversations_sort_by_any_order_and_count_all():
-    ledger = MemoryLedger()
+@pytest_twisted.ensureDeferred
+async def test_conversations_sort_by_any_order_and_count_all(make_ledger):
+    ledger = make_ledger()
     ledger.record(turn(T0, conversation="small"), [])
     for i in range(3):
         ledger.record(turn(T0 - 100 + i, conversation="big"), [])
-    assert [c.id for c in result(ledger.conversations(None, 0, 10, "requests"))[0]] == ["big", "small"]
-    assert [c.id for c in result(ledger.conversations(None, 0, 10, "first"))[0]] == ["small", "big"]
-    rows, total = result(ledger.conversations(None, 1, 1, "last"))
+    assert [c.id for c in (await ledger.conversations(None, 0, 10, "requests"))[0]] == ["big", "small"]
+    assert [c.id for c in (await ledger.conversations(None, 0, 10, "first"))[0]] == ["small", "big"]
+    rows, total = (await ledger.conversations(None, 1, 1, "last"))
     assert [c.id for c in rows] == ["big"] and total == 2
 
 
-def test_a_ping_keeps_a_conversation_warm_until_its_next_turn():
-    ledger = MemoryLedger()
+@pytest_twisted.ensureDeferred
+async def test_a_ping_keeps_a_conversation_warm_until_its_next_turn(make_ledger):
+    ledger = make_ledger()
     ledger.record(turn(T0, cache_until=T0 + 300), [])
     ledger.warmed("", "c1", T0 + 600)
     ledger.warmed("", "unknown", T0 + 600)  # nothing to warm: no row appears
-    (summary,), _ = result(ledger.conversations(None, 0, 10))
+    (summary,), _ = (await ledger.conversations(None, 0, 10))
     assert (summary.cache_until, summary.kept_warm) == (T0 + 600, True)
     ledger.record(turn(T0 + 700, cache_until=T0 + 1000), [])
-    (summary,), _ = result(ledger.conversations(None, 0, 10))
+    (summary,), _ = (await ledger.conversations(None, 0, 10))
     assert (summary.cache_until, summary.kept_warm) == (T0 + 1000, False)
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_ledger_provides_the_interface(make_ledger):
+    assert verifyObject(ILedger, make_ledger())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_turn_and_its_changes_come_back_as_recorded(make_ledger):
+    ledger = make_ledger()
+    full = turn(T0 + 1.25, seq=7, model=None, billed=Usage(1, 2, 3, 4, 3), status=None, expand_rounds=2, repairs=1,
+                epoch=True, verdict="expired", verdict_detail="idle 7m12s <b>", added_ms=1.5, cache_until=T0 + 301)
+    bare = turn(T0 + 2, seq=8, billed=None, cost_via_cg=None, cost_direct=None, conversation="c1")
+    changes = [Change(7, 2, None, None, "reformat", False, None, 50, 40),
+               Change(7, 3, 1, "Bash", "offload", True, "0123456789abcdef", 900, 100)]
+    ledger.record(full, changes)
+    ledger.record(bare, [])
+    summary, turns, found = await ledger.conversation("", "c1")
+    assert turns == [full, bare] and found == changes
+    assert summary.model == "m" and summary.client == "claude-code"  # the latest model a turn named
+    assert summary.totals == Totals().add(full).add(bare)
+    assert [b.model for b in await ledger.buckets("", T0, MINUTE)] == [None, "m"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_buckets_keep_client_model_and_tenant_apart(make_ledger):
+    ledger = make_ledger()
+    ledger.record(turn(T0 + 1, tenant="a", client="codex", model="gpt"), [])
+    ledger.record(turn(T0 + 2, tenant="a", client="claude-code", model=None), [])
+    ledger.record(turn(T0 + 3, tenant="b"), [])
+    ledger.record(turn(T0 + 61, tenant="a", client="codex", model="gpt"), [])
+    minutes = await ledger.buckets(None, T0, MINUTE)
+    assert [(b.start, b.tenant, b.client, b.model, b.totals.requests) for b in minutes] == [
+        (T0, "a", "claude-code", None, 1), (T0, "a", "codex", "gpt", 1), (T0, "b", "claude-code", "m", 1),
+        (T0 + 60, "a", "codex", "gpt", 1)]
+    assert [b.tenant for b in await ledger.buckets("b", T0, MINUTE)] == ["b"]
+    assert [b.start for b in await ledger.buckets(None, T0 + 60, MINUTE)] == [T0 + 60]  # ends after since
+    assert [b.start for b in await ledger.buckets(None, T0 + 59, MINUTE)] == [T0, T0, T0, T0 + 60]
+    (hour,) = await ledger.buckets("b", T0, HOUR)
+    assert (hour.start, hour.width, hour.totals.requests) == (T0, HOUR, 1)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_window_reads_minutes_up_to_the_hour_and_whole_hours_after(make_ledger):
+    ledger = make_ledger()
+    arrivals = [(T0 - 30, "a"), (T0 + 90, "a"), (T0 + 1800, "a"), (T0 + HOUR + 5, "a"), (T0 + 3 * HOUR + 59, "a"),
+                (T0 + 50 * HOUR, "a"), (T0 + 2 * HOUR, "b")]
+    for at, tenant in arrivals:
+        ledger.record(turn(at, tenant=tenant), [])
+    for since in (None, T0 - 60, T0 - 31, T0, T0 + 60, T0 + 61, T0 + 1799, T0 + HOUR, T0 + 3 * HOUR + 30,
+                  T0 + 100 * HOUR):
+        for tenant in (None, "a", "b"):
+            expected = sum(1 for at, t in arrivals if (tenant is None or t == tenant) and (since is None or at - at % 60 + 60 > since))
+            assert (await ledger.totals(tenant, since)).requests == expected, (since, tenant)
+
+
+@pytest_twisted.ensureDeferred
+async def test_conversations_sort_by_every_order_per_tenant_and_page(make_ledger):
+    ledger = make_ledger()
+    # Each conversation ranks differently under each order: no two share a key.
+    shapes = {"a": (5, 1, 100, 900, 0.5), "b": (1, 3, 300, 100, 0.1), "c": (3, 2, 200, 500, 0.9),
+              "d": (4, 4, 50, 50, 0.2)}
+    for name, (start, count, before, after, cost) in shapes.items():
+        for i in range(count):
+            ledger.record(turn(T0 + start * 10 + i, conversation=name, tenant="x" if name != "d" else "y",
+                               tokens_before=before, tokens_after=after, cost_via_cg=cost), [])
+    reference = MemoryLedger()
+    for name, (start, count, before, after, cost) in shapes.items():
+        for i in range(count):
+            reference.record(turn(T0 + start * 10 + i, conversation=name, tenant="x" if name != "d" else "y",
+                                  tokens_before=before, tokens_after=after, cost_via_cg=cost), [])
+    for order in ORDERS:
+        for tenant in (None, "x", "y"):
+            expected, expected_total = await reference.conversations(tenant, 0, 10, order)
+            rows, total = await ledger.conversations(tenant, 0, 10, order)
+            assert [c.id for c in rows] == [c.id for c in expected] and total == expected_total, (order, tenant)
+            assert [order_key(order)(c) for c in rows] == sorted((order_key(order)(c) for c in rows), reverse=True)
+            page, _ = await ledger.conversations(tenant, 1, 2, order)
+            assert [c.id for c in page] == [c.id for c in expected[1:3]]
+    rows, total = await ledger.conversations(None, 10, 5)
+    assert rows == [] and total == 4
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_id_under_two_tenants(make_ledger):
+    ledger = make_ledger()
+    ledger.record(turn(T0, tenant="a", conversation="same", seq=1), [])
+    ledger.record(turn(T0 + 50, tenant="b", conversation="same", seq=2), [])
+    summary, turns, _ = await ledger.conversation(None, "same")  # the most recently active one
+    assert summary.tenant == "b" and [t.seq for t in turns] == [2]
+    summary, turns, _ = await ledger.conversation("a", "same")
+    assert summary.tenant == "a" and [t.seq for t in turns] == [1]
+    assert await ledger.conversation("c", "same") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_max_turns_counts_every_conversation_and_drops_the_oldest(make_ledger):
+    ledger = make_ledger(max_turns=4)
+    for i in range(6):
+        ledger.record(turn(T0 + i, conversation=f"c{i % 2}", seq=i), [Change(i, 0, 0, "Bash", "offload", True,
+                                                                            f"m{i}", 10, 1)])
+    _, even, changes = await ledger.conversation(None, "c0")
+    _, odd, _ = await ledger.conversation(None, "c1")
+    assert [t.seq for t in even] == [2, 4] and [t.seq for t in odd] == [3, 5]
+    assert [c.marker for c in changes] == ["m2", "m4"]
+    (summary,) = [c for c in (await ledger.conversations(None, 0, 10))[0] if c.id == "c0"]
+    assert summary.totals.requests == 3  # the summary keeps counting what the turns dropped
+
+
+@pytest_twisted.ensureDeferred
+async def test_trim_drops_only_what_is_past_retention(make_ledger):
+    ledger = make_ledger(days=1)
+    ledger.record(turn(T0, conversation="old", seq=1), [])
+    ledger.record(turn(T0 + 86400 - 30, conversation="new", seq=2), [])
+    ledger.record(turn(T0 + 86400 + 10, conversation="new", seq=3), [])
+    now = T0 + 2 * 86400 - 60  # a day before: T0's minute and hour are past, the later ones are not
+    assert await ledger.trim(now) > 0
+    assert [c.id for c in (await ledger.conversations(None, 0, 10))[0]] == ["new"]
+    assert await ledger.conversation(None, "old") is None
+    _, turns, _ = await ledger.conversation(None, "new")
+    assert [t.seq for t in turns] == [2, 3]
+    assert (await ledger.totals(None, None)).requests == 2
+    assert [b.start for b in await ledger.buckets(None, T0 - HOUR, MINUTE)] == [T0 + 86400 - 60, T0 + 86400]
+    assert await ledger.trim(now) == 0  # nothing more to drop
+    assert (await ledger.totals(None, T0 + 86400)).requests == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ping_for_a_conversation_only_recorded_in_the_same_batch_warms_it(make_ledger):
+    ledger = make_ledger()
+    ledger.record(turn(T0, cache_until=None), [])
+    ledger.warmed("", "c1", T0 + 600)
+    ledger.warmed("", "c1", T0 + 500)  # an earlier expiry does not move it back
+    ledger.warmed("other", "c1", T0 + 600)  # another tenant's: nothing to warm
+    (summary,), total = await ledger.conversations(None, 0, 10)
+    assert (summary.cache_until, summary.kept_warm, total) == (T0 + 600, True, 1)
+
+
+# The threaded stores' ledgers: batched off the reactor, failures counted, rows that outlive a restart.
+
+
+def test_rows_wait_on_the_reactor_and_go_to_the_worker_as_one_batch():
+    clock = Clock()
+    jobs = []
+
+    def submit(fn, *args):
+        jobs.append((fn, args))
+        return succeed(None)
+
+    ledger = ThreadedLedger(submit, SimpleNamespace(ledger_write="write", ledger_read="read"), clock, failed=None)
+    ledger.record(turn(T0, seq=1), [])
+    ledger.warmed("", "c1", T0 + 600)
+    ledger.record(turn(T0 + 1, seq=2), [])
+    assert jobs == []  # nothing for the worker yet: record() only appended
+    clock.advance(LEDGER_BATCH_DELAY)
+    ((_, (ops, max_turns)),) = jobs
+    assert [op[0].seq if isinstance(op[0], Turn) else op for op in ops] == [1, ("", "c1", T0 + 600), 2]
+    assert max_turns == DEFAULT_MAX_TURNS and clock.getDelayedCalls() == []
+    ledger.record(turn(T0 + 2, seq=3), [])
+    ledger.totals(None, None)  # a query sends what is pending first, then itself
+    assert [(fn, args[0]) for fn, args in jobs[1:]] == [("write", [(turn(T0 + 2, seq=3), ())]), ("read", "totals")]
+    assert clock.getDelayedCalls() == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_writes_what_is_pending_and_a_reopened_store_has_it(tmp_path):
+    path = str(tmp_path / "store.sqlite3")
+    store = SQLiteStore(path)
+    store.ledger.record(turn(T0, seq=1), [])
+    await store.close()
+    store = SQLiteStore(path)
+    try:
+        _, turns, _ = await store.ledger.conversation(None, "c1")
+        assert [t.seq for t in turns] == [1]
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failed_write_loses_its_rows_counts_and_logs_them(tmp_path, closing, store_log):
+    path = str(tmp_path / "store.sqlite3")
+    store = SQLiteStore(path)
+    closing(store)
+    store.ledger.record(turn(T0, seq=1), [])
+    await store.ledger.totals(None, None)
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE ledger_turns")
+    conn.commit()
+    conn.close()
+    store.ledger.record(turn(T0 + 1, seq=2), [])  # returns, as always
+    with pytest.raises(StoreError):
+        await store.ledger.conversation(None, "c1")  # the write before it failed; so does this read
+    assert store.stats.ledger_write_errors == 1
+    assert any("ledger rows lost" in line for line in store_log.texts())
+    assert store.stats.healthy  # originals are another matter
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_instance_on_one_redis_sees_the_fleets_turns(redis_server, closing):
+    one, two = RedisStore(redis_server.url), RedisStore(redis_server.url)
+    closing(one)
+    closing(two)
+    one.ledger.record(turn(T0, seq=1), [])  # both processes number their turns from 1
+    two.ledger.record(turn(T0 + 1, seq=1, tenant="t"), [])
+    two.ledger.record(turn(T0 + 2, seq=2), [])
+    await one.ledger.totals(None, None)
+    await two.ledger.totals(None, None)
+    for store in (one, two):
+        assert (await store.ledger.totals(None, None)).requests == 3
+        assert (await store.ledger.conversations(None, 0, 10))[1] == 2
+        _, turns, _ = await store.ledger.conversation("", "c1")
+        assert [t.time for t in turns] == [T0, T0 + 2]

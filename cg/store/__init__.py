@@ -19,7 +19,9 @@ import os
 
 from twisted.internet.interfaces import IReactorFromThreads
 
+from cg.exchange.ledger import DEFAULT_DAYS, DEFAULT_MAX_TURNS
 from cg.store.base import DEFAULT_MAX_BYTES, IStore, StoreError, StoreInfo, StoreStats
+from cg.store.ledger import MemoryLedger
 from cg.store.memory import MemoryStore
 from cg.store.redis import PASSWORD_ENV, RedisAddress, RedisDB, RedisStore, store_password
 from cg.store.sqlite import SQLiteDB, SQLiteStore
@@ -58,16 +60,21 @@ def store_from_url(
     reactor: IReactorFromThreads | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     password: str | None = None,
+    ledger_days: float = DEFAULT_DAYS,
+    ledger_max_turns: int = DEFAULT_MAX_TURNS,
 ) -> IStore:
     """The store for ``--store URL``. Raises ValueError on a malformed URL (a usage error),
     never on a store that fails to open (that fails open, at run time). ``password`` (see
-    ``store_password``) is a Redis store's, in place of the URL's."""
+    ``store_password``) is a Redis store's, in place of the URL's. Its ``ledger`` keeps rollups and
+    conversation summaries ``ledger_days``, and the newest ``ledger_max_turns`` turns."""
     scheme, path = parse_store_url(url)
     if scheme == "memory":
-        return MemoryStore(max_bytes)
+        return MemoryStore(max_bytes, ledger=MemoryLedger(ledger_days, ledger_max_turns))
     if scheme == "redis":
-        return RedisStore(path, max_bytes=max_bytes, reactor=reactor, password=password)
-    return SQLiteStore(path, max_bytes=max_bytes, reactor=reactor)
+        return RedisStore(path, max_bytes=max_bytes, reactor=reactor, password=password, ledger_days=ledger_days,
+                          ledger_max_turns=ledger_max_turns)
+    return SQLiteStore(path, max_bytes=max_bytes, reactor=reactor, ledger_days=ledger_days,
+                       ledger_max_turns=ledger_max_turns)
 
 
 def default_store_url(environ: dict[str, str] | None = None) -> str:

@@ -37,6 +37,7 @@ class StoreStats:
     misses: int = 0
     read_errors: int = 0
     evictions: int = 0
+    ledger_write_errors: int = 0  # batches of ledger rows a failed write lost (cg.store.base.ILedger)
     healthy: bool = True
     unhealthy_reason: str | None = None
     unhealthy_since: float | None = None

@@ -3,6 +3,7 @@ against, and the memory store's own. Nothing survives; every Deferred has fired.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from cg.exchange.ledger import (
     order_key,
 )
 from cg.store.base import ILedger
+from cg.stream.usage import Usage
 
 _BucketKey = tuple[float, float, str, str, "str | None"]  # (start, width, tenant, client, model)
 
@@ -115,3 +117,115 @@ class MemoryLedger:
 
 def _later(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else max(a, b)
+
+
+# What a backend keeps of a `Totals`, in this order: flat numbers, so that a row (SQLite) or a packed
+# string (Redis) adds up field by field.
+FLAT = ("requests", "tokens_before", "tokens_after", "results_before", "results_after", "input", "cache_read",
+        "cache_write", "cache_write_1h", "output", "cost_via_cg", "cost_direct", "expand_rounds", "repairs")
+
+
+def flatten(totals: Totals) -> tuple[float, ...]:
+    billed = totals.billed
+    return (totals.requests, totals.tokens_before, totals.tokens_after, totals.results_before, totals.results_after,
+            billed.input_tokens, billed.cache_read_tokens, billed.cache_write_tokens, billed.cache_write_1h_tokens,
+            billed.output_tokens, totals.cost_via_cg, totals.cost_direct, totals.expand_rounds, totals.repairs)
+
+
+def unflatten(values: Sequence[float | str | bytes]) -> Totals:
+    """The `Totals` of `flatten`'s numbers, read back as numbers, strings or bytes (counts become ints
+    again)."""
+    n = [float(v) for v in values]
+    c = [int(v) for v in n]
+    return Totals(c[0], c[1], c[2], c[3], c[4], Usage(c[5], c[6], c[7], c[9], c[8]), n[10], n[11], c[12], c[13])
+
+
+def dump_turn(turn: Turn, changes: Sequence[Change]) -> str:
+    """A turn and its changes as one JSON text (a backend's turn row)."""
+    return json.dumps([_turn_values(turn), [attrs.astuple(c) for c in changes]], separators=(",", ":"))
+
+
+def _turn_values(turn: Turn) -> list[object]:
+    values = list(attrs.astuple(turn, recurse=False))
+    values[_BILLED] = None if turn.billed is None else attrs.astuple(turn.billed)
+    return values
+
+
+def load_turn(text: str | bytes) -> tuple[Turn, list[Change]]:
+    values, changes = json.loads(text)
+    billed = values[_BILLED]
+    values[_BILLED] = None if billed is None else Usage(*billed)
+    return Turn(*values), [Change(*c) for c in changes]
+
+
+_BILLED = [f.name for f in attrs.fields(Turn)].index("billed")
+
+
+def spans(since: float | None) -> tuple[float | None, float]:
+    """How `ILedger.totals` reads the rollups cheaply: (the minute buckets from this start up to the
+    second value, None: none), then the hour buckets from the second value on. The minutes that end
+    after `since` are the minute buckets up to the next whole hour, and whole hours after it."""
+    if since is None:
+        return None, float("-inf")
+    first = bucket_start(since, MINUTE)
+    hour = bucket_start(first, HOUR)
+    return first, hour if hour == first else hour + HOUR
+
+
+Op = tuple[Turn, tuple[Change, ...]] | tuple[str, str, float]  # a record() or a warmed(), as they came
+
+
+@attrs.define
+class Summary:
+    """What one batch adds to a conversation's summary row."""
+
+    tenant: str
+    id: str
+    client: str | None = None  # None: the batch holds no turn of it, only pings
+    model: str | None = None
+    first: float = float("inf")
+    last: float = float("-inf")
+    totals: Totals = Totals()
+    cache_until: float | None = None
+    kept_warm: bool | None = None  # None: unchanged
+
+
+@attrs.define
+class Batch:
+    """`record`s and `warmed`s summed the way a backend writes them: turn rows, rollup increments per
+    (start, width, tenant, client, model), and one `Summary` per conversation, in the order they came."""
+
+    turns: list[tuple[Turn, tuple[Change, ...]]] = attrs.Factory(list)
+    buckets: dict[_BucketKey, Totals] = attrs.Factory(dict)
+    conversations: dict[tuple[str, str], Summary] = attrs.Factory(dict)
+
+    @classmethod
+    def of(cls, ops: Sequence[Op]) -> Batch:
+        batch = cls()
+        for op in ops:
+            if isinstance(op[0], Turn):
+                batch.add(op[0], op[1])
+            else:
+                batch.warm(*op)
+        return batch
+
+    def add(self, turn: Turn, changes: tuple[Change, ...]) -> None:
+        self.turns.append((turn, changes))
+        for width in (MINUTE, HOUR):
+            key = (bucket_start(turn.time, width), width, turn.tenant, turn.client, turn.model)
+            self.buckets[key] = self.buckets.get(key, Totals()).add(turn)
+        if turn.conversation == "-":
+            return
+        summary = self.conversations.setdefault((turn.tenant, turn.conversation),
+                                                Summary(turn.tenant, turn.conversation))
+        summary.client = summary.client or turn.client
+        summary.model = turn.model or summary.model
+        summary.first, summary.last = min(summary.first, turn.time), max(summary.last, turn.time)
+        summary.totals = summary.totals.add(turn)
+        summary.cache_until = _later(summary.cache_until, turn.cache_until)
+        summary.kept_warm = False
+
+    def warm(self, tenant: str, conversation: str, until: float) -> None:
+        summary = self.conversations.setdefault((tenant, conversation), Summary(tenant, conversation))
+        summary.cache_until = _later(summary.cache_until, until)
+        summary.kept_warm = True

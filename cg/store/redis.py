@@ -47,6 +47,7 @@ from cg.store.base import (
     StoreInfo,
     as_store_error,
 )
+from cg.store.redis_ledger import RedisLedger
 from cg.store.threaded import Connection, ThreadedStore
 
 if TYPE_CHECKING:
@@ -391,6 +392,7 @@ class RedisDB:
         self._put, self._freeze, self._touch, self._purge, self._info, self._cache_until = (
             self.client.register_script(source) for source in (_PUT, _FREEZE, _TOUCH, _PURGE, _INFO, _CACHE_UNTIL)
         )
+        self.ledger = RedisLedger(self.client, prefix, self._talking)  # the dashboard's keys (cg.store.redis_ledger)
         self._seen: bytes | None = None
         self._down_since: float | None = None  # when a command last timed out
         self._down_reason = ""

@@ -23,6 +23,9 @@ from cg.store.base import (
     StoreInfo,
     as_store_error,
 )
+from cg.store.sqlite_ledger import SCHEMA as LEDGER_SCHEMA
+from cg.store.sqlite_ledger import TABLES as LEDGER_TABLES
+from cg.store.sqlite_ledger import SQLiteLedger
 from cg.store.threaded import Connection, ThreadedStore
 
 # Seconds to wait before trying again to open a store that failed to open.
@@ -47,6 +50,7 @@ class SQLiteDB:
         self.clock = clock
         self.total = self._sum()
         self._data_version = self._version()
+        self.ledger = SQLiteLedger(conn)  # the dashboard's tables (cg.store.sqlite_ledger)
 
     @classmethod
     def open(
@@ -312,9 +316,9 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
         raise StoreError(f"{path} has schema version {version}; this cg knows {SCHEMA_VERSION}")
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if version == SCHEMA_VERSION and {"originals", "frozen"} <= tables:
-        if "caches" not in tables:  # a store made before cache records: add their table
+        if not {"caches", *LEDGER_TABLES} <= tables:  # a store made before cache records or the ledger
             try:
-                conn.executescript(f"BEGIN IMMEDIATE; {_CACHES} COMMIT;")
+                conn.executescript(f"BEGIN IMMEDIATE; {_CACHES} {LEDGER_SCHEMA} COMMIT;")
             except sqlite3.OperationalError:  # cg-store, on a file it may not write
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
@@ -332,6 +336,7 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
             last_used REAL NOT NULL, body BLOB NOT NULL, PRIMARY KEY (tenant, key));
         CREATE INDEX IF NOT EXISTS frozen_by_use ON frozen (last_used);
         {_CACHES}
+        {LEDGER_SCHEMA}
         PRAGMA user_version = {SCHEMA_VERSION};
         COMMIT;
         """

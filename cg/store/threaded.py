@@ -12,16 +12,19 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, TypeVar, cast
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IReactorFromThreads
+from twisted.internet.interfaces import IDelayedCall, IReactorFromThreads, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
-from cg.store.base import DEFAULT_MAX_BYTES, StoreError, StoreInfo, StoreStats, as_store_error
+from cg.exchange.ledger import DEFAULT_DAYS, DEFAULT_MAX_TURNS, Bucket, Change, Conversation, Totals, Turn
+from cg.store.base import DEFAULT_MAX_BYTES, ILedger, StoreError, StoreInfo, StoreStats, as_store_error
+from cg.store.ledger import Op
 from cg.worker import Worker
 
 log = Logger(namespace="cg.store")
@@ -39,6 +42,27 @@ TOUCH_EVERY = 60.0
 
 # (tenant, id) of originals a write evicted, and how many entries it evicted in all.
 Evicted = tuple[list[tuple[str, str]], int]
+# Seconds ledger rows wait on the reactor thread before they go to the worker as one batch (a query
+# or close() sends them at once): one transaction a second, however many requests.
+LEDGER_BATCH_DELAY = 1.0
+
+
+class LedgerBackend(Protocol):
+    """A backend's ledger (cg.store.sqlite_ledger, cg.store.redis_ledger), used synchronously on the
+    store's thread: the queries of `ILedger`, one batch write, and a trim."""
+
+    def write(self, ops: Sequence[Op], max_turns: int) -> None: ...
+
+    def totals(self, tenant: str | None, since: float | None) -> Totals: ...
+
+    def buckets(self, tenant: str | None, since: float, width: float) -> list[Bucket]: ...
+
+    def conversations(self, tenant: str | None, offset: int, limit: int,
+                      order: str) -> tuple[list[Conversation], int]: ...
+
+    def conversation(self, tenant: str | None, id_: str) -> tuple[Conversation, list[Turn], list[Change]] | None: ...
+
+    def trim(self, now: float, days: float) -> int: ...
 
 
 class Backend(Protocol):
@@ -71,6 +95,9 @@ class Backend(Protocol):
     def purge(self, older_than_days: float | None) -> int: ...
 
     def close(self) -> None: ...
+
+    @property
+    def ledger(self) -> LedgerBackend: ...
 
 
 @attrs.define
@@ -265,6 +292,13 @@ class Connection:
         with self._writing():
             return self._db().purge(older_than_days)
 
+    def ledger_write(self, ops: Sequence[Op], max_turns: int) -> None:
+        self._db().ledger.write(ops, max_turns)
+
+    def ledger_read(self, query: str, *args: object) -> Any:
+        """One of LedgerBackend's queries (or its trim), by name."""
+        return getattr(self._db().ledger, query)(*args)
+
     def stop(self) -> None:
         self._background(self.flush)
         if self.db is not None:
@@ -297,6 +331,9 @@ class ThreadedStore:
     _closed: bool = attrs.field(default=False, init=False)
     _last_error: str | None = attrs.field(default=None, init=False)
     _touched: RecentlyTouched = attrs.field(init=False)
+    ledger_days: float = DEFAULT_DAYS
+    ledger_max_turns: int = DEFAULT_MAX_TURNS
+    ledger: ThreadedLedger = attrs.field(init=False)
 
     @property
     def label(self) -> str:
@@ -325,6 +362,12 @@ class ThreadedStore:
             interval=self.flush_interval,
         )
         self._worker.submit_background(self._connection.open)
+        self.ledger = ThreadedLedger(self._submit, self._connection, cast(IReactorTime, self.reactor),
+                                     self._ledger_write_failed, self.ledger_days, self.ledger_max_turns)
+
+    def _ledger_write_failed(self, failure: Failure) -> None:
+        self.stats.ledger_write_errors += 1
+        self._log(f"ledger rows lost: {failure.value}")
 
     def _submit(self, fn: Callable[..., _T], *args: object) -> Deferred[_T]:
         if self._closed:
@@ -464,6 +507,74 @@ class ThreadedStore:
 
     def close(self) -> Deferred[None]:
         if not self._closed:
+            self.ledger.close()
             self._closed = True
             self._worker.submit_background(self._connection.stop)
         return self._worker.stop()
+
+
+@implementer(ILedger)
+@attrs.define
+class ThreadedLedger:
+    """The reactor's side of a threaded store's ledger: `record` and `warmed` append to a batch (all
+    they cost the request), which goes to the worker as one write LEDGER_BATCH_DELAY seconds after
+    its first row, before any query (so a query sees every row recorded before it), and on close. A
+    write that fails loses its batch: counted (StoreStats.ledger_write_errors) and logged, never
+    raised to a caller."""
+
+    submit: Callable[..., Deferred[Any]]  # ThreadedStore._submit: a Connection job on the worker
+    connection: Connection
+    clock: IReactorTime
+    failed: Callable[[Failure], None]
+    days: float = DEFAULT_DAYS
+    max_turns: int = DEFAULT_MAX_TURNS
+    _pending: list[Op] = attrs.Factory(list)
+    _timer: IDelayedCall | None = None
+    _closed: bool = False
+
+    def record(self, turn: Turn, changes: Sequence[Change]) -> None:
+        self._add((turn, tuple(changes)))
+
+    def warmed(self, tenant: str, conversation: str, until: float) -> None:
+        self._add((tenant, conversation, until))
+
+    def _add(self, op: Op) -> None:
+        if self._closed:
+            return
+        self._pending.append(op)
+        if self._timer is None:
+            self._timer = self.clock.callLater(LEDGER_BATCH_DELAY, self.flush)
+
+    def flush(self) -> None:
+        """Send the pending rows to the worker now, as one batch."""
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+        if self._pending:
+            ops, self._pending = self._pending, []
+            self.submit(self.connection.ledger_write, ops, self.max_turns).addErrback(self.failed)
+
+    def close(self) -> None:
+        self.flush()
+        self._closed = True
+
+    def _read(self, query: str, *args: object) -> Deferred[Any]:
+        self.flush()
+        return self.submit(self.connection.ledger_read, query, *args)
+
+    def totals(self, tenant: str | None, since: float | None) -> Deferred[Totals]:
+        return self._read("totals", tenant, since)
+
+    def buckets(self, tenant: str | None, since: float, width: float) -> Deferred[list[Bucket]]:
+        return self._read("buckets", tenant, since, width)
+
+    def conversations(self, tenant: str | None, offset: int, limit: int,
+                      order: str = "last") -> Deferred[tuple[list[Conversation], int]]:
+        return self._read("conversations", tenant, offset, limit, order)
+
+    def conversation(self, tenant: str | None, id: str) -> Deferred[tuple[Conversation, list[Turn], list[Change]] | None]:
+        return self._read("conversation", tenant, id)
+
+    def trim(self, now: float) -> Deferred[int]:
+        return self._read("trim", now, self.days)

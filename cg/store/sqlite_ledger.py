@@ -1,0 +1,175 @@
+"""The ledger (`cg.store.base.ILedger`) in the SQLite store's file: used synchronously, on the store's
+worker thread, over the store's own connection (`cg.store.sqlite.SQLiteDB.ledger`).
+
+Tables, each bounded (`trim`):
+
+    ledger_buckets        per-minute and per-hour rollups, one row per (width, start, tenant, client,
+                          model), added to by upsert; `totals` reads whole hours from the hour rows
+    ledger_conversations  a summary row per (tenant, conversation), added to by upsert, with an index
+                          per order of `ILedger.conversations` (and per tenant and order)
+    ledger_turns          the newest turns, each one JSON text with its changes, keyed by a rowid
+                          unique in the file (every process on it shares the sequence)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Sequence
+
+from cg.exchange.ledger import HOUR, MINUTE, ORDERS, Bucket, Change, Conversation, Totals, Turn
+from cg.store.ledger import FLAT, Batch, Op, dump_turn, flatten, load_turn, spans, unflatten
+
+# The column of ledger_conversations each of ORDERS sorts by.
+_ORDER_COLUMNS = {"last": "last", "first": "first", "requests": "requests", "tokens_before": "tokens_before",
+                  "tokens_after": "tokens_after", "cost": "cost_via_cg"}
+assert tuple(_ORDER_COLUMNS) == ORDERS
+
+_NUMBERS = ", ".join(f"{name} {'REAL' if name.startswith('cost') else 'INTEGER'} NOT NULL" for name in FLAT)
+_SUMS = ", ".join(f"{name} = {name} + excluded.{name}" for name in FLAT)
+_TOTALS = ", ".join(f"sum({name})" for name in FLAT)
+
+SCHEMA = f"""
+    CREATE TABLE IF NOT EXISTS ledger_buckets (
+        width REAL NOT NULL, start REAL NOT NULL, tenant TEXT NOT NULL, client TEXT NOT NULL,
+        model TEXT NOT NULL, {_NUMBERS}, PRIMARY KEY (width, start, tenant, client, model)) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS ledger_conversations (
+        tenant TEXT NOT NULL, id TEXT NOT NULL, client TEXT NOT NULL, model TEXT, first REAL NOT NULL,
+        last REAL NOT NULL, {_NUMBERS}, cache_until REAL, kept_warm INTEGER NOT NULL,
+        PRIMARY KEY (tenant, id)) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS ledger_turns (
+        id INTEGER PRIMARY KEY, time REAL NOT NULL, tenant TEXT NOT NULL, conversation TEXT NOT NULL,
+        row TEXT NOT NULL);
+    CREATE INDEX IF NOT EXISTS ledger_turns_by_conversation ON ledger_turns (tenant, conversation, time);
+    CREATE INDEX IF NOT EXISTS ledger_turns_by_time ON ledger_turns (time);
+""" + "".join(
+    f"""
+    CREATE INDEX IF NOT EXISTS ledger_conversations_by_{column} ON ledger_conversations ({column});
+    CREATE INDEX IF NOT EXISTS ledger_conversations_by_tenant_{column} ON ledger_conversations (tenant, {column});
+    """
+    for column in _ORDER_COLUMNS.values()
+)
+TABLES = ("ledger_buckets", "ledger_conversations", "ledger_turns")
+
+_PLACES = ", ".join("?" * len(FLAT))
+_ADD_BUCKET = (f"INSERT INTO ledger_buckets VALUES (?, ?, ?, ?, ?, {_PLACES})"
+               f" ON CONFLICT (width, start, tenant, client, model) DO UPDATE SET {_SUMS}")
+# The later of two expiries, either of which may be NULL.
+_LATER = "max(coalesce(cache_until, excluded.cache_until), coalesce(excluded.cache_until, cache_until))"
+_ADD_CONVERSATION = (
+    f"INSERT INTO ledger_conversations VALUES (?, ?, ?, ?, ?, ?, {_PLACES}, ?, ?)"
+    f" ON CONFLICT (tenant, id) DO UPDATE SET model = coalesce(excluded.model, model),"
+    f" first = min(first, excluded.first), last = max(last, excluded.last), {_SUMS},"
+    f" cache_until = {_LATER}, kept_warm = excluded.kept_warm"
+)
+_WARM = ("UPDATE ledger_conversations SET kept_warm = 1,"
+         " cache_until = max(coalesce(cache_until, ?1), ?1) WHERE tenant = ?2 AND id = ?3")
+
+
+class SQLiteLedger:
+    """The ledger's tables on one connection (see the module's doc); every method is one statement or
+    one transaction."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def write(self, ops: Sequence[Op], max_turns: int) -> None:
+        """One batch of `record`s and `warmed`s, in one transaction, then the turns past `max_turns`
+        (the oldest written) go. Committed without an fsync (synchronous=NORMAL, for this transaction
+        only): what a power cut may lose is the latest rows, which cost no request."""
+        batch = Batch.of(ops)
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.conn.executemany(_ADD_BUCKET, [
+                (width, start, tenant, client, model or "", *flatten(totals))
+                for (start, width, tenant, client, model), totals in batch.buckets.items()])
+            self.conn.executemany(_ADD_CONVERSATION, [
+                (s.tenant, s.id, s.client, s.model, s.first, s.last, *flatten(s.totals), s.cache_until,
+                 int(bool(s.kept_warm)))
+                for s in batch.conversations.values() if s.client is not None])
+            self.conn.executemany(_WARM, [
+                (s.cache_until, s.tenant, s.id) for s in batch.conversations.values() if s.client is None])
+            self.conn.executemany(
+                "INSERT INTO ledger_turns (time, tenant, conversation, row) VALUES (?, ?, ?, ?)",
+                [(turn.time, turn.tenant, turn.conversation, dump_turn(turn, changes)) for turn, changes in batch.turns])
+            self.conn.execute("DELETE FROM ledger_turns WHERE id <= (SELECT max(id) FROM ledger_turns) - ?",
+                              (max_turns,))
+            self.conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+            raise
+        finally:
+            self.conn.execute("PRAGMA synchronous = FULL")
+
+    def totals(self, tenant: str | None, since: float | None) -> Totals:
+        minutes_from, hours_from = spans(since)
+        where, args = _tenant(tenant)
+        sums = self.conn.execute(
+            f"SELECT {_TOTALS} FROM ledger_buckets WHERE width = ? AND start >= ?{where}"
+            + (" UNION ALL SELECT " + _TOTALS + " FROM ledger_buckets WHERE width = ? AND start >= ?"
+               f" AND start < ?{where}" if minutes_from is not None else ""),
+            (HOUR, hours_from, *args, *((MINUTE, minutes_from, hours_from, *args) if minutes_from is not None else ())),
+        ).fetchall()
+        return sum((unflatten([v or 0 for v in row]) for row in sums), Totals())
+
+    def buckets(self, tenant: str | None, since: float, width: float) -> list[Bucket]:
+        where, args = _tenant(tenant)
+        rows = self.conn.execute(
+            f"SELECT start, width, tenant, client, model, {', '.join(FLAT)} FROM ledger_buckets"
+            f" WHERE width = ? AND start > ?{where} ORDER BY start, tenant, client, model",
+            (width, since - width, *args))
+        return [Bucket(start, w, t, client, model or None, unflatten(numbers))
+                for start, w, t, client, model, *numbers in rows]
+
+    def conversations(self, tenant: str | None, offset: int, limit: int,
+                      order: str) -> tuple[list[Conversation], int]:
+        where, args = _tenant(tenant)
+        where = where.replace(" AND", " WHERE", 1)
+        rows = self.conn.execute(
+            f"SELECT * FROM ledger_conversations{where} ORDER BY {_ORDER_COLUMNS[order]} DESC LIMIT ? OFFSET ?",
+            (*args, limit, offset)).fetchall()
+        (count,) = self.conn.execute(f"SELECT count(*) FROM ledger_conversations{where}", args).fetchone()
+        return [_conversation(row) for row in rows], count
+
+    def conversation(self, tenant: str | None, id_: str) -> tuple[Conversation, list[Turn], list[Change]] | None:
+        where, args = _tenant(tenant)
+        row = self.conn.execute(
+            f"SELECT * FROM ledger_conversations WHERE id = ?{where} ORDER BY last DESC LIMIT 1", (id_, *args)
+        ).fetchone()
+        if row is None:
+            return None
+        summary = _conversation(row)
+        turns = [load_turn(text) for (text,) in self.conn.execute(
+            "SELECT row FROM ledger_turns WHERE tenant = ? AND conversation = ?", (summary.tenant, id_))]
+        turns.sort(key=lambda pair: (pair[0].time, pair[0].seq))
+        return summary, [turn for turn, _ in turns], [c for _, changes in turns for c in changes]
+
+    def trim(self, now: float, days: float) -> int:
+        horizon = now - days * 86400.0
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            count = sum(self.conn.execute(sql, args).rowcount for sql, args in (
+                ("DELETE FROM ledger_buckets WHERE width = ? AND start <= ?", (MINUTE, horizon - MINUTE)),
+                ("DELETE FROM ledger_buckets WHERE width = ? AND start <= ?", (HOUR, horizon - HOUR)),
+                ("DELETE FROM ledger_conversations WHERE last < ?", (horizon,)),
+                ("DELETE FROM ledger_turns WHERE time < ?", (horizon,)),
+            ))
+            self.conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+            raise
+        return count
+
+
+def _tenant(tenant: str | None) -> tuple[str, tuple[str, ...]]:
+    return ("", ()) if tenant is None else (" AND tenant = ?", (tenant,))
+
+
+def _conversation(row: Sequence[object]) -> Conversation:
+    tenant, id_, client, model, first, last, *rest = row
+    numbers, (cache_until, kept_warm) = rest[:len(FLAT)], rest[len(FLAT):]
+    return Conversation(str(id_), str(tenant), str(client), None if model is None else str(model), float(first),  # type: ignore[arg-type]
+                        float(last), unflatten(numbers), cache_until, bool(kept_warm))  # type: ignore[arg-type]
