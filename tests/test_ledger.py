@@ -8,6 +8,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
 from zope.interface.verify import verifyObject
 
 from cg.exchange.ledger import DEFAULT_MAX_TURNS, HOUR, MINUTE, ORDERS, Change, Totals, Turn, order_key
@@ -16,6 +17,9 @@ from cg.store.base import ILedger
 from cg.store.ledger import MemoryLedger
 from cg.store.threaded import LEDGER_BATCH_DELAY, ThreadedLedger
 from cg.stream.usage import Usage
+from cg.web.config import Config
+from cg.web.service import LEDGER_TRIM_EVERY, CGService
+from cg.web.tap import Options
 
 T0 = 1_699_999_200.0  # a whole hour (UTC)
 
@@ -363,3 +367,35 @@ async def test_every_instance_on_one_redis_sees_the_fleets_turns(redis_server, c
         assert (await store.ledger.conversations(None, 0, 10))[1] == 2
         _, turns, _ = await store.ledger.conversation("", "c1")
         assert [t.time for t in turns] == [T0, T0 + 2]
+
+
+# What cg does with it: its options, and a trim every hour.
+
+
+def test_the_ledger_options_reach_the_stores_ledger(tmp_path):
+    options = Options()
+    options.parseOptions(["--ledger-days", "7.5", "--ledger-max-turns", "0", "--store", "memory:"])
+    config = options.config()
+    assert (config.ledger_days, config.ledger_max_turns) == (7.5, 0)
+    ledger = CGService(config, MemoryReactorClock()).store.ledger
+    assert (ledger.days, ledger.max_turns) == (7.5, 0)
+    defaults = Options()
+    defaults.parseOptions([])
+    assert (defaults.config().ledger_days, defaults.config().ledger_max_turns) == (30, 100_000)
+
+
+def test_cg_trims_the_ledger_every_hour_on_the_reactors_clock():
+    clock = MemoryReactorClock()
+    service = CGService(Config(listen=("tcp:0:interface=127.0.0.1",), store="memory:", ledger_days=1), clock)
+    ledger = service.store.ledger
+    ledger.record(turn(0.0), [])
+    service.startService()
+    try:
+        clock.advance(86400.0)  # a day after its last turn: still kept
+        assert (ledger.conversations(None, 0, 10).result)[1] == 1
+        clock.advance(LEDGER_TRIM_EVERY)  # past it, at the next hourly trim
+        assert (ledger.conversations(None, 0, 10).result)[1] == 0
+        assert ledger.totals(None, None).result == Totals()
+    finally:
+        service.stopService()
+    assert not service._ledger_trim.running

@@ -56,6 +56,9 @@ def test_default_listen_has_a_backlog_of_1024():
         (["--store", "postgres://db/cg"], "--store: unknown store URL"),
         (["--request-head-timeout", "0"], "--request-head-timeout must be more than 0"),
         (["--memo-mb", "-1"], "--memo-mb must be 0 or more"),
+        (["--ledger-days", "0"], "--ledger-days must be more than 0"),
+        (["--ledger-days", "nan"], "--ledger-days must be more than 0"),
+        (["--ledger-max-turns", "-1"], "--ledger-max-turns must be 0 or more"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(argv, message):

@@ -68,6 +68,7 @@ class IStore(Interface):
     """
 
     stats = Attribute("A StoreStats, updated on the reactor thread.")
+    ledger = Attribute("The dashboard's history in this store: an ILedger (below).")
 
     def put(tenant: str, originals: dict[str, bytes]) -> Deferred[set[str]]:
         """Store originals (id -> exact bytes); fire once committed, with the ids that were

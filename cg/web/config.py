@@ -7,6 +7,7 @@ import attrs
 from cg.compaction.options import COLD_POLICY
 from cg.compaction.pipeline import MEMO_BYTES
 from cg.exchange.keepalive import DEFAULT_BUDGET, DEFAULT_MAX_CONVERSATIONS, DEFAULT_MAX_IDLE
+from cg.exchange.ledger import DEFAULT_DAYS, DEFAULT_MAX_TURNS
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -35,6 +36,8 @@ class Config:
     request_head_timeout: float = 30.0
     store: str | None = None  # None: cg.store.default_store_url()
     store_max_mb: int = 1024
+    ledger_days: float = DEFAULT_DAYS  # the ledger's rollups and conversation summaries (cg.store.base.ILedger)
+    ledger_max_turns: int = DEFAULT_MAX_TURNS  # and its requests, one by one: the newest
     # A Redis store's password, from --store-password-file or $CG_STORE_PASSWORD (cg.store.store_password);
     # None: the URL's, if any. Never shown.
     store_password: str | None = attrs.field(default=None, repr=False)

@@ -26,7 +26,7 @@ from cg.record.changelog import open_changelog
 from cg.record.metrics import Metrics
 from cg.record.stats import Stats
 from cg.store import default_store_url, store_from_url, store_label
-from cg.store.base import StoreInfo
+from cg.store.base import ILedger, StoreInfo
 from cg.web import memofile, systemd
 from cg.web.config import Config
 from cg.web.dashboard_api import Access
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from cg.web.workers import WorkerInfo
 
 log = Logger(namespace="cg.web.service")
+# Seconds between trims of the ledger (ILedger.trim): its retention is counted in days.
+LEDGER_TRIM_EVERY = 3600.0
 
 # The cyclic garbage collector's young-generation threshold (CPython's default: 700; 2,000 since
 # 3.13, which the measurements below did not run on). A request allocates thousands of objects that
@@ -184,7 +186,8 @@ class CGService(service.Service):
         store_url = config.store or default_store_url()
         self.store_url = store_label(store_url)  # ~ expanded, no password
         self.store = store_from_url(
-            store_url, reactor, max_bytes=config.store_max_mb << 20, password=config.store_password
+            store_url, reactor, max_bytes=config.store_max_mb << 20, password=config.store_password,
+            ledger_days=config.ledger_days, ledger_max_turns=config.ledger_max_turns,
         )
         self.stats.store = self.store.stats
         # What the proxy and the size refresh call: the same store, its calls timed for /metrics.
@@ -196,6 +199,9 @@ class CGService(service.Service):
         self._store_info = task.LoopingCall(self._refresh_store_info)
         self._store_info.clock = reactor
         self._store_untold = False  # the start-up line said "opening": say the count once known
+        # The ledger's rows past --ledger-days (and --ledger-max-turns) go once an hour.
+        self._ledger_trim = task.LoopingCall(self._trim_ledger)
+        self._ledger_trim.clock = reactor
         self._previous_hup: SignalHandler = None
         rewriter = Rewriter(rewrite_config(config), Memo.sized(config.memo_mb << 20))
         self.stats.memo = self.memo = rewriter.memo
@@ -250,6 +256,7 @@ class CGService(service.Service):
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self._store_info.start(10.0, now=True)  # first: a store that answers at once is in the line
+        self._ledger_trim.start(LEDGER_TRIM_EVERY, now=True)
         if self.memo_file is not None:
             self.memo_file.start()
         self._listen().addCallback(self._ready)
@@ -287,6 +294,13 @@ class CGService(service.Service):
         refreshed = self.metered_store.info().addCallbacks(keep, lambda failure: None)  # the store logs its errors
         return refreshed.addCallback(lambda _: self.stats.sync())
 
+    def _trim_ledger(self) -> defer.Deferred[None]:
+        def failed(failure: Failure) -> None:  # logged, and tried again in an hour
+            log.warn("cg could not trim the ledger: {error}", error=failure.value)
+
+        ledger: ILedger = self.store.ledger  # an Attribute of IStore: untyped
+        return ledger.trim(self.reactor.seconds()).addCallbacks(lambda _: None, failed)
+
     def _reopen_changelog(self) -> None:
         if self.changelog.path is None:
             log.info("cg got SIGHUP: no --changelog to reopen")
@@ -323,6 +337,8 @@ class CGService(service.Service):
         systemd.notify(b"STOPPING=1")
         if self._store_info.running:
             self._store_info.stop()
+        if self._ledger_trim.running:
+            self._ledger_trim.stop()
         _restore_sighup(self._previous_hup)
         if self.keepalive is not None:
             self.keepalive.stop()  # no ping goes out while in-flight requests drain

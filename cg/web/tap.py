@@ -109,6 +109,22 @@ class Options(usage.Options):
         ],
         ["store-max-mb", None, _DEFAULTS.store_max_mb, "Store size; least recently used out first.", int],
         [
+            "ledger-days",
+            None,
+            _DEFAULTS.ledger_days,
+            "Days the store keeps the dashboard's history: per-minute and per-hour totals, and each "
+            "conversation's summary (from its last request).",
+            float,
+        ],
+        [
+            "ledger-max-turns",
+            None,
+            _DEFAULTS.ledger_max_turns,
+            "Requests the store keeps one by one for the dashboard (the newest), each with what cg changed "
+            "in it; also none older than --ledger-days.",
+            int,
+        ],
+        [
             "memo-mb",
             None,
             _DEFAULTS.memo_mb,
@@ -275,6 +291,10 @@ class Options(usage.Options):
         if memo_dir is not None and (not memo_dir or os.path.exists(os.path.expanduser(memo_dir))
                                      and not os.path.isdir(os.path.expanduser(memo_dir))):
             raise usage.UsageError(f"--memo-dir {memo_dir!r}: not a directory (none: no memo files)")
+        if not self["ledger-days"] > 0:
+            raise usage.UsageError("--ledger-days must be more than 0")
+        if self["ledger-max-turns"] < 0:
+            raise usage.UsageError("--ledger-max-turns must be 0 or more")
         if self["max-expand-rounds"] < 0:
             raise usage.UsageError("--max-expand-rounds must be 0 or more")
         if not self["request-head-timeout"] > 0:
@@ -299,6 +319,8 @@ class Options(usage.Options):
             request_head_timeout=self["request-head-timeout"],
             store=self["store"],
             store_max_mb=self["store-max-mb"],
+            ledger_days=self["ledger-days"],
+            ledger_max_turns=self["ledger-max-turns"],
             store_password=self.store_password,
             tenant=self["tenant"],
             admin_token=self.admin_token,
