@@ -7,6 +7,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
@@ -132,12 +133,22 @@ def flatten(totals: Totals) -> tuple[float, ...]:
             billed.output_tokens, totals.cost_via_cg, totals.cost_direct, totals.expand_rounds, totals.repairs)
 
 
-def unflatten(values: Sequence[float | str | bytes]) -> Totals:
-    """The `Totals` of `flatten`'s numbers, read back as numbers, strings or bytes (counts become ints
-    again)."""
-    n = [float(v) for v in values]
-    c = [int(v) for v in n]
-    return Totals(c[0], c[1], c[2], c[3], c[4], Usage(c[5], c[6], c[7], c[9], c[8]), n[10], n[11], c[12], c[13])
+def unflatten(n: Sequence[Any]) -> Totals:
+    """The `Totals` of `flatten`'s numbers, read back (counts as ints, costs as floats)."""
+    return Totals(n[0], n[1], n[2], n[3], n[4], Usage(n[5], n[6], n[7], n[9], n[8]), n[10], n[11], n[12], n[13])
+
+
+def unpack(packed: bytes) -> Totals:
+    """The `Totals` of `flatten`'s numbers as text, comma-separated (a Redis rollup's)."""
+    n = packed.split(b",")
+    try:
+        return unflatten([*map(int, n[:10]), float(n[10]), float(n[11]), *map(int, n[12:])])
+    except ValueError:  # a count written with an exponent (past 1e14)
+        return unflatten([float(v) if i in _COSTS else int(float(v)) for i, v in enumerate(n)])
+
+
+_COSTS = (FLAT.index("cost_via_cg"), FLAT.index("cost_direct"))
+assert _COSTS == (10, 11)
 
 
 def dump_turn(turn: Turn, changes: Sequence[Change]) -> str:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from cg.exchange.ledger import HOUR, MINUTE, ORDERS, Bucket, Change, Conversation, Totals, Turn
-from cg.store.ledger import Batch, Op, dump_turn, flatten, load_turn, spans, unflatten
+from cg.store.ledger import Batch, Op, dump_turn, flatten, load_turn, spans, unpack
 
 if TYPE_CHECKING:
     import redis as redis_client
@@ -208,23 +208,26 @@ class RedisLedger:
                 self.prefix, _quote(tenant or ""), "1" if tenant is None else "0",
                 "none" if minutes is None else repr(minutes), "-inf" if hours == float("-inf") else repr(hours),
                 repr(HOUR), repr(MINUTE)]))
-        return unflatten(packed.split(b",")) if packed else Totals()
+        return unpack(packed) if packed else Totals()
 
     def buckets(self, tenant: str | None, since: float, width: float) -> list[Bucket]:
         with self._talking():
             names = cast(list[bytes], self.client.zrangebyscore(
-                f"{self.prefix}l:bk:{width!r}", f"({since - width!r}", "+inf"))
+                f"{self.prefix}l:bk:{float(width)!r}", f"({since - width!r}", "+inf"))
             pipe = self.client.pipeline(transaction=False)
             for name in names:
                 pipe.hgetall(f"{self.prefix}l:b:{name.decode()}")
             hashes = cast(list[dict[bytes, bytes]], pipe.execute())
         found = []
+        combos: dict[bytes, tuple[str, str, str | None]] = {}  # a few dozen, in every bucket
         for name, fields in zip(names, hashes):
             start = float(name.decode().split(":", 1)[1])
             for combo, packed in fields.items():
-                t, client, model = json.loads(combo)
+                if combo not in combos:
+                    combos[combo] = tuple(json.loads(combo))
+                t, client, model = combos[combo]
                 if tenant is None or t == tenant:
-                    found.append(Bucket(start, width, t, client, model, unflatten(packed.split(b","))))
+                    found.append(Bucket(start, width, t, client, model, unpack(packed)))
         found.sort(key=lambda b: (b.start, b.tenant, b.client, b.model or ""))
         return found
 
@@ -288,5 +291,5 @@ def _conversation(member: str, fields: dict[bytes, bytes]) -> Conversation:
     model = fields.get(b"model")
     return Conversation(id_, urllib.parse.unquote(tenant), fields[b"client"].decode(),
                         None if model is None else model.decode(), float(fields[b"first"]), float(fields[b"last"]),
-                        unflatten(fields[b"t"].split(b",")), None if until is None else float(until),
+                        unpack(fields[b"t"]), None if until is None else float(until),
                         fields.get(b"warm") == b"1")
