@@ -11,6 +11,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from zope.interface.verify import verifyObject
 
+import cg.store.redis_ledger
 from cg.exchange.ledger import DEFAULT_MAX_TURNS, HOUR, MINUTE, ORDERS, Change, Totals, Turn, order_key
 from cg.store import RedisStore, SQLiteStore, StoreError
 from cg.store.base import ILedger
@@ -399,3 +400,16 @@ def test_cg_trims_the_ledger_every_hour_on_the_reactors_clock():
     finally:
         service.stopService()
     assert not service._ledger_trim.running
+
+
+@pytest_twisted.ensureDeferred
+async def test_redis_trims_in_batches_until_nothing_is_left(redis_server, closing, monkeypatch):
+    monkeypatch.setattr(cg.store.redis_ledger, "TRIM_BATCH", 2)  # a script run deletes at most 2 of each
+    store = RedisStore(redis_server.url, ledger_days=1)
+    closing(store)
+    for i in range(5):
+        store.ledger.record(turn(T0 + i * MINUTE, conversation=f"c{i}"), [])
+    assert await store.ledger.trim(T0 + 3 * 86400) == 5 + 1 + 5 + 5  # minutes, hours, summaries, turns
+    assert (await store.ledger.conversations(None, 0, 10))[1] == 0
+    assert await store.ledger.totals(None, None) == Totals()
+    assert redis_server.admin.keys("cg:l:[bcs]:*") == []
