@@ -142,7 +142,9 @@ def unpack(packed: bytes) -> Totals:
     """The `Totals` of `flatten`'s numbers as text, comma-separated (a Redis rollup's)."""
     n = packed.split(b",")
     try:
-        return unflatten([*map(int, n[:10]), float(n[10]), float(n[11]), *map(int, n[12:])])
+        return Totals(int(n[0]), int(n[1]), int(n[2]), int(n[3]), int(n[4]),
+                      Usage(int(n[5]), int(n[6]), int(n[7]), int(n[9]), int(n[8])), float(n[10]), float(n[11]),
+                      int(n[12]), int(n[13]))
     except ValueError:  # a count written with an exponent (past 1e14)
         return unflatten([float(v) if i in _COSTS else int(float(v)) for i, v in enumerate(n)])
 
