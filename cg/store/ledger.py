@@ -127,6 +127,7 @@ FLAT = ("requests", "tokens_before", "tokens_after", "results_before", "results_
 
 
 def flatten(totals: Totals) -> tuple[float, ...]:
+    """`totals` as FLAT's numbers, in that order."""
     billed = totals.billed
     return (totals.requests, totals.tokens_before, totals.tokens_after, totals.results_before, totals.results_after,
             billed.input_tokens, billed.cache_read_tokens, billed.cache_write_tokens, billed.cache_write_1h_tokens,
@@ -200,7 +201,7 @@ class Summary:
     last: float = float("-inf")
     totals: Totals = Totals()
     cache_until: float | None = None
-    kept_warm: bool | None = None  # None: unchanged
+    kept_warm: bool = False  # a ping came after its last turn in the batch
 
 
 @attrs.define

@@ -207,7 +207,7 @@ class RedisLedger:
         payload = {
             "b": [{"w": repr(width), "s": repr(start), "t": _quote(tenant), "k": _combo(tenant, client, model),
                    "v": flatten(totals)} for (start, width, tenant, client, model), totals in batch.buckets.items()],
-            "c": [{"t": _quote(s.tenant), "id": s.id, "warm": int(bool(s.kept_warm)),
+            "c": [{"t": _quote(s.tenant), "id": s.id, "warm": int(s.kept_warm),
                    **({"v": flatten(s.totals), "client": s.client, "first": s.first, "last": s.last}
                       if s.client is not None else {}),
                    **({"model": s.model} if s.model is not None else {}),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 from cg.exchange.ledger import HOUR, MINUTE, ORDERS, Bucket, Change, Conversation, Totals, Turn
 from cg.store.ledger import FLAT, Batch, Op, dump_turn, flatten, load_turn, spans, unflatten
@@ -86,7 +87,7 @@ class SQLiteLedger:
                 for (start, width, tenant, client, model), totals in batch.buckets.items()])
             self.conn.executemany(_ADD_CONVERSATION, [
                 (s.tenant, s.id, s.client, s.model, s.first, s.last, *flatten(s.totals), s.cache_until,
-                 int(bool(s.kept_warm)))
+                 int(s.kept_warm))
                 for s in batch.conversations.values() if s.client is not None])
             self.conn.executemany(_WARM, [
                 (s.cache_until, s.tenant, s.id) for s in batch.conversations.values() if s.client is None])
@@ -106,13 +107,12 @@ class SQLiteLedger:
     def totals(self, tenant: str | None, since: float | None) -> Totals:
         minutes_from, hours_from = spans(since)
         where, args = _tenant(tenant)
-        sums = self.conn.execute(
-            f"SELECT {_TOTALS} FROM ledger_buckets WHERE width = ? AND start >= ?{where}"
-            + (" UNION ALL SELECT " + _TOTALS + " FROM ledger_buckets WHERE width = ? AND start >= ?"
-               f" AND start < ?{where}" if minutes_from is not None else ""),
-            (HOUR, hours_from, *args, *((MINUTE, minutes_from, hours_from, *args) if minutes_from is not None else ())),
-        ).fetchall()
-        return sum((unflatten([v or 0 for v in row]) for row in sums), Totals())
+        select = f"SELECT {_TOTALS} FROM ledger_buckets WHERE width = ? AND start >= ?"
+        sql, params = select + where, [HOUR, hours_from, *args]
+        if minutes_from is not None:
+            sql += f" UNION ALL {select} AND start < ?{where}"
+            params += [MINUTE, minutes_from, hours_from, *args]
+        return sum((unflatten([v or 0 for v in row]) for row in self.conn.execute(sql, params)), Totals())
 
     def buckets(self, tenant: str | None, since: float, width: float) -> list[Bucket]:
         where, args = _tenant(tenant)
@@ -168,8 +168,7 @@ def _tenant(tenant: str | None) -> tuple[str, tuple[str, ...]]:
     return ("", ()) if tenant is None else (" AND tenant = ?", (tenant,))
 
 
-def _conversation(row: Sequence[object]) -> Conversation:
+def _conversation(row: Sequence[Any]) -> Conversation:
     tenant, id_, client, model, first, last, *rest = row
     numbers, (cache_until, kept_warm) = rest[:len(FLAT)], rest[len(FLAT):]
-    return Conversation(str(id_), str(tenant), str(client), None if model is None else str(model), float(first),  # type: ignore[arg-type]
-                        float(last), unflatten(numbers), cache_until, bool(kept_warm))  # type: ignore[arg-type]
+    return Conversation(id_, tenant, client, model, first, last, unflatten(numbers), cache_until, bool(kept_warm))

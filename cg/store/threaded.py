@@ -528,9 +528,9 @@ class ThreadedLedger:
     failed: Callable[[Failure], None]
     days: float = DEFAULT_DAYS
     max_turns: int = DEFAULT_MAX_TURNS
-    _pending: list[Op] = attrs.Factory(list)
-    _timer: IDelayedCall | None = None
-    _closed: bool = False
+    _pending: list[Op] = attrs.field(factory=list, init=False)
+    _timer: IDelayedCall | None = attrs.field(default=None, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
 
     def record(self, turn: Turn, changes: Sequence[Change]) -> None:
         self._add((turn, tuple(changes)))
