@@ -1,6 +1,7 @@
 """The ledger's contract (cg.store.base.ILedger): the in-memory reference (cg.store.ledger), the SQLite
 store's (a file in tmp_path) and the Redis store's (a real redis-server) answer alike."""
 
+import os
 import sqlite3
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ from cg.exchange.ledger import DEFAULT_MAX_TURNS, HOUR, MINUTE, ORDERS, Change, 
 from cg.store import RedisStore, SQLiteStore, StoreError
 from cg.store.base import ILedger
 from cg.store.ledger import MemoryLedger
+from cg.store.sqlite_ledger import ledger_path
 from cg.store.threaded import LEDGER_BATCH_DELAY, ThreadedLedger
 from cg.stream.usage import Usage
 from cg.web.config import Config
@@ -341,7 +343,7 @@ async def test_a_failed_write_loses_its_rows_counts_and_logs_them(tmp_path, clos
     closing(store)
     store.ledger.record(turn(T0, seq=1), [])
     await store.ledger.totals(None, None)
-    conn = sqlite3.connect(path)
+    conn = sqlite3.connect(ledger_path(path))
     conn.execute("DROP TABLE ledger_turns")
     conn.commit()
     conn.close()
@@ -351,6 +353,25 @@ async def test_a_failed_write_loses_its_rows_counts_and_logs_them(tmp_path, clos
     assert store.stats.ledger_write_errors == 1
     assert any("ledger rows lost" in line for line in store_log.texts())
     assert store.stats.healthy  # originals are another matter
+
+
+@pytest_twisted.ensureDeferred
+async def test_another_process_writing_the_ledger_does_not_make_a_store_forget_its_originals(tmp_path, closing):
+    """Two --workers on one SQLite file: each one's ledger commits every second, and the other must
+    still vouch for the originals it stored (a store forgets them when the store's file changes
+    under it); the ledger has a file of its own, beside the store's."""
+    path = str(tmp_path / "store.sqlite3")
+    one, two = SQLiteStore(path), SQLiteStore(path)
+    closing(one)
+    closing(two)
+    await one.put("", {"a": b"original"})
+    two.ledger.record(turn(T0), [])
+    await two.ledger.totals(None, None)  # committed
+    await one.info()  # a job that looks at the file
+    assert one.known("", ["a"]) == {"a"}
+    assert (await one.ledger.totals(None, None)).requests == 1  # and it reads the other's rows
+    assert os.stat(ledger_path(path)).st_mode & 0o777 == 0o600
+    assert ledger_path(path) == str(tmp_path / "store.ledger.sqlite3")
 
 
 @pytest_twisted.ensureDeferred

@@ -431,6 +431,9 @@ async def test_files_are_private(tmp_path, sqlite_store):
         "store.sqlite3": 0o600,
         "store.sqlite3-wal": 0o600,
         "store.sqlite3-shm": 0o600,
+        "store.ledger.sqlite3": 0o600,  # the dashboard's history (cg.store.sqlite_ledger)
+        "store.ledger.sqlite3-wal": 0o600,
+        "store.ledger.sqlite3-shm": 0o600,
     }
     assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
 

@@ -23,9 +23,7 @@ from cg.store.base import (
     StoreInfo,
     as_store_error,
 )
-from cg.store.sqlite_ledger import SCHEMA as LEDGER_SCHEMA
-from cg.store.sqlite_ledger import TABLES as LEDGER_TABLES
-from cg.store.sqlite_ledger import SQLiteLedger
+from cg.store.sqlite_ledger import SQLiteLedger, attach_ledger, ledger_path
 from cg.store.threaded import Connection, ThreadedStore
 
 # Seconds to wait before trying again to open a store that failed to open.
@@ -50,7 +48,7 @@ class SQLiteDB:
         self.clock = clock
         self.total = self._sum()
         self._data_version = self._version()
-        self.ledger = SQLiteLedger(conn)  # the dashboard's tables (cg.store.sqlite_ledger)
+        self.ledger = SQLiteLedger(conn)  # the dashboard's tables, in a file of their own (cg.store.sqlite_ledger)
 
     @classmethod
     def open(
@@ -84,6 +82,7 @@ class SQLiteDB:
                 conn.execute("PRAGMA synchronous = FULL")  # a put's commit survives power loss
                 conn.execute("PRAGMA journal_size_limit = 67108864")
                 _migrate(conn, path)
+                attach_ledger(conn, ledger_path(path), create=create)
                 return cls(conn, max_bytes, clock)
             except Exception as e:
                 if conn is not None:
@@ -316,9 +315,9 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
         raise StoreError(f"{path} has schema version {version}; this cg knows {SCHEMA_VERSION}")
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if version == SCHEMA_VERSION and {"originals", "frozen"} <= tables:
-        if not {"caches", *LEDGER_TABLES} <= tables:  # a store made before cache records or the ledger
+        if "caches" not in tables:  # a store made before cache records: add their table
             try:
-                conn.executescript(f"BEGIN IMMEDIATE; {_CACHES} {LEDGER_SCHEMA} COMMIT;")
+                conn.executescript(f"BEGIN IMMEDIATE; {_CACHES} COMMIT;")
             except sqlite3.OperationalError:  # cg-store, on a file it may not write
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
@@ -336,7 +335,6 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
             last_used REAL NOT NULL, body BLOB NOT NULL, PRIMARY KEY (tenant, key));
         CREATE INDEX IF NOT EXISTS frozen_by_use ON frozen (last_used);
         {_CACHES}
-        {LEDGER_SCHEMA}
         PRAGMA user_version = {SCHEMA_VERSION};
         COMMIT;
         """

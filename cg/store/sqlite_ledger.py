@@ -1,5 +1,11 @@
-"""The ledger (`cg.store.base.ILedger`) in the SQLite store's file: used synchronously, on the store's
-worker thread, over the store's own connection (`cg.store.sqlite.SQLiteDB.ledger`).
+"""The ledger (`cg.store.base.ILedger`) beside the SQLite store's file: used synchronously, on the
+store's worker thread, over the store's own connection (`cg.store.sqlite.SQLiteDB.ledger`).
+
+Its tables live in a file of their own beside the store's (``store.ledger.sqlite3`` for
+``store.sqlite3``), attached to the store's connection as ``ledger``: the store notices another
+connection's commits to its file (``PRAGMA data_version``: another `--workers` process evicted or
+purged) and then forgets which originals it knew were stored; the ledger, written by every process
+every second, must not make them forget.
 
 Tables, each bounded (`trim`):
 
@@ -14,7 +20,9 @@ Tables, each bounded (`trim`):
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,26 +39,49 @@ _SUMS = ", ".join(f"{name} = {name} + excluded.{name}" for name in FLAT)
 _TOTALS = ", ".join(f"sum({name})" for name in FLAT)
 
 SCHEMA = f"""
-    CREATE TABLE IF NOT EXISTS ledger_buckets (
+    CREATE TABLE IF NOT EXISTS ledger.ledger_buckets (
         width REAL NOT NULL, start REAL NOT NULL, tenant TEXT NOT NULL, client TEXT NOT NULL,
         model TEXT NOT NULL, {_NUMBERS}, PRIMARY KEY (width, start, tenant, client, model)) WITHOUT ROWID;
-    CREATE TABLE IF NOT EXISTS ledger_conversations (
+    CREATE TABLE IF NOT EXISTS ledger.ledger_conversations (
         tenant TEXT NOT NULL, id TEXT NOT NULL, client TEXT NOT NULL, model TEXT, first REAL NOT NULL,
         last REAL NOT NULL, {_NUMBERS}, cache_until REAL, kept_warm INTEGER NOT NULL,
         PRIMARY KEY (tenant, id)) WITHOUT ROWID;
-    CREATE TABLE IF NOT EXISTS ledger_turns (
+    CREATE TABLE IF NOT EXISTS ledger.ledger_turns (
         id INTEGER PRIMARY KEY, time REAL NOT NULL, tenant TEXT NOT NULL, conversation TEXT NOT NULL,
         row TEXT NOT NULL);
-    CREATE INDEX IF NOT EXISTS ledger_turns_by_conversation ON ledger_turns (tenant, conversation, time);
-    CREATE INDEX IF NOT EXISTS ledger_turns_by_time ON ledger_turns (time);
+    CREATE INDEX IF NOT EXISTS ledger.ledger_turns_by_conversation ON ledger_turns (tenant, conversation, time);
+    CREATE INDEX IF NOT EXISTS ledger.ledger_turns_by_time ON ledger_turns (time);
 """ + "".join(
     f"""
-    CREATE INDEX IF NOT EXISTS ledger_conversations_by_{column} ON ledger_conversations ({column});
-    CREATE INDEX IF NOT EXISTS ledger_conversations_by_tenant_{column} ON ledger_conversations (tenant, {column});
+    CREATE INDEX IF NOT EXISTS ledger.ledger_conversations_by_{column} ON ledger_conversations ({column});
+    CREATE INDEX IF NOT EXISTS ledger.ledger_conversations_by_tenant_{column} ON ledger_conversations (tenant, {column});
     """
     for column in _ORDER_COLUMNS.values()
 )
-TABLES = ("ledger_buckets", "ledger_conversations", "ledger_turns")
+
+
+def ledger_path(store_path: str) -> str:
+    """The ledger's file beside the store's: ``store.ledger.sqlite3`` for ``store.sqlite3``."""
+    root, ext = os.path.splitext(store_path)
+    return f"{root}.ledger{ext or '.sqlite3'}"
+
+
+def attach_ledger(conn: sqlite3.Connection, path: str, *, create: bool) -> None:
+    """Attach the ledger's file to the store's connection as ``ledger`` (with ``create``: first
+    create it, mode 0600, and its tables; without, only a file that is there: ``cg-store`` never
+    makes one). WAL, like the store's; its commits are not fsynced (synchronous=NORMAL): what a
+    power cut may lose is the last rows, which cost no request."""
+    if create:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    elif not os.path.exists(path):
+        return
+    conn.execute("ATTACH DATABASE ? AS ledger", ("file:" + urllib.request.pathname2url(path) + "?mode=rw",))
+    conn.execute("PRAGMA ledger.auto_vacuum = INCREMENTAL")  # only takes on a new file
+    conn.execute("PRAGMA ledger.journal_mode = WAL")
+    conn.execute("PRAGMA ledger.synchronous = NORMAL")
+    conn.execute("PRAGMA ledger.journal_size_limit = 67108864")
+    if create:
+        conn.executescript(f"BEGIN; {SCHEMA} COMMIT;")
 
 _PLACES = ", ".join("?" * len(FLAT))
 _ADD_BUCKET = (f"INSERT INTO ledger_buckets VALUES (?, ?, ?, ?, ?, {_PLACES})"
@@ -76,11 +107,9 @@ class SQLiteLedger:
 
     def write(self, ops: Sequence[Op], max_turns: int) -> None:
         """One batch of `record`s and `warmed`s, in one transaction, then the turns past `max_turns`
-        (the oldest written) go. Committed without an fsync (synchronous=NORMAL, for this transaction
-        only): what a power cut may lose is the latest rows, which cost no request."""
+        (the oldest written) go. BEGIN, not BEGIN IMMEDIATE: that would lock the store's file too."""
         batch = Batch.of(ops)
-        self.conn.execute("PRAGMA synchronous = NORMAL")
-        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.execute("BEGIN")
         try:
             self.conn.executemany(_ADD_BUCKET, [
                 (width, start, tenant, client, model or "", *flatten(totals))
@@ -101,8 +130,6 @@ class SQLiteLedger:
             with contextlib.suppress(sqlite3.Error):
                 self.conn.execute("ROLLBACK")
             raise
-        finally:
-            self.conn.execute("PRAGMA synchronous = FULL")
 
     def totals(self, tenant: str | None, since: float | None) -> Totals:
         minutes_from, hours_from = spans(since)
@@ -148,7 +175,7 @@ class SQLiteLedger:
 
     def trim(self, now: float, days: float) -> int:
         horizon = now - days * 86400.0
-        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.execute("BEGIN")
         try:
             count = sum(self.conn.execute(sql, args).rowcount for sql, args in (
                 ("DELETE FROM ledger_buckets WHERE width = ? AND start <= ?", (MINUTE, horizon - MINUTE)),
