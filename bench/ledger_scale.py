@@ -8,7 +8,7 @@ store's ledger backend in batches of 2,000 (what the worker thread does with the
 `record()` makes, faster). Then times every query the dashboard's API makes, as the worker thread
 runs it (median of `--runs`): `totals` for 1 h, 24 h, 7 d and all (every tenant, and one), `buckets`
 for 6 h of minutes and 7 d of hours, `conversations` page 0 and the last page (50 rows) for every
-order, and `conversation` of the one with 500 turns. Reports the SQLite file's size and Redis'
+order, and `conversation` of the one with 500 turns. Reports the size of SQLite's ledger file and Redis'
 `used_memory` (less what it used before the fill).
 
 Then, on the reactor thread of this process, `record()` on a SQLite store's ledger against a no-op
@@ -43,6 +43,7 @@ from bench.store import start_redis  # noqa: E402
 from cg.exchange.ledger import DEFAULT_MAX_TURNS, HOUR, MINUTE, ORDERS, Change, Turn  # noqa: E402
 from cg.store import RedisDB, SQLiteDB, SQLiteStore  # noqa: E402
 from cg.store.redis import RedisAddress  # noqa: E402
+from cg.store.sqlite_ledger import ledger_path  # noqa: E402
 from cg.stream.usage import Usage  # noqa: E402
 
 DAYS = 30
@@ -172,9 +173,10 @@ async def main(reactor, count: int, runs: int) -> None:
         path = os.path.join(tmp, "store.sqlite3")
         sqlite = SQLiteDB.open(path)
         seconds = fill(sqlite.ledger, count, now)
-        sqlite.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        size = sum(os.path.getsize(path + s) for s in ("", "-wal") if os.path.exists(path + s))
-        out.append(f"sqlite: filled in {seconds:.0f} s; file {size / 1e6:.1f} MB")
+        sqlite.conn.execute("PRAGMA ledger.wal_checkpoint(TRUNCATE)")
+        ledger = ledger_path(path)
+        size = sum(os.path.getsize(ledger + s) for s in ("", "-wal") if os.path.exists(ledger + s))
+        out.append(f"sqlite: filled in {seconds:.0f} s; the ledger's file {size / 1e6:.1f} MB")
         results = {"sqlite": queries(sqlite.ledger, now, runs)}
         sqlite.close()
         proc, port = start_redis(tmp)
