@@ -434,3 +434,17 @@ async def test_redis_trims_in_batches_until_nothing_is_left(redis_server, closin
     assert (await store.ledger.conversations(None, 0, 10))[1] == 0
     assert await store.ledger.totals(None, None) == Totals()
     assert redis_server.admin.keys("cg:l:[bcs]:*") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_ledger_file_that_cannot_open_leaves_the_store_working(tmp_path, closing, store_log):
+    path = str(tmp_path / "store.sqlite3")
+    os.mkdir(ledger_path(path))  # not a file SQLite can open
+    store = SQLiteStore(path)
+    closing(store)
+    assert await store.put("", {"a": b"original"}) == {"a"}
+    assert await store.get("", "a") == b"original"
+    store.ledger.record(turn(T0), [])
+    with pytest.raises(StoreError):
+        await store.ledger.totals(None, None)
+    assert store.stats.ledger_write_errors == 1 and store.stats.healthy

@@ -70,18 +70,26 @@ def attach_ledger(conn: sqlite3.Connection, path: str, *, create: bool) -> None:
     """Attach the ledger's file to the store's connection as ``ledger`` (with ``create``: first
     create it, mode 0600, and its tables; without, only a file that is there: ``cg-store`` never
     makes one). WAL, like the store's; its commits are not fsynced (synchronous=NORMAL): what a
-    power cut may lose is the last rows, which cost no request."""
-    if create:
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-    elif not os.path.exists(path):
-        return
-    conn.execute("ATTACH DATABASE ? AS ledger", ("file:" + urllib.request.pathname2url(path) + "?mode=rw",))
-    conn.execute("PRAGMA ledger.auto_vacuum = INCREMENTAL")  # only takes on a new file
-    conn.execute("PRAGMA ledger.journal_mode = WAL")
-    conn.execute("PRAGMA ledger.synchronous = NORMAL")
-    conn.execute("PRAGMA ledger.journal_size_limit = 67108864")
-    if create:
-        conn.executescript(f"BEGIN; {SCHEMA} COMMIT;")
+    power cut may lose is the last rows, which cost no request. A ledger that cannot be attached
+    leaves the store as it is: its writes fail, counted (StoreStats.ledger_write_errors)."""
+    try:
+        if create:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        elif not os.path.exists(path):
+            return
+        conn.execute("ATTACH DATABASE ? AS ledger", ("file:" + urllib.request.pathname2url(path) + "?mode=rw",))
+        conn.execute("PRAGMA ledger.auto_vacuum = INCREMENTAL")  # only takes on a new file
+        conn.execute("PRAGMA ledger.journal_mode = WAL")
+        conn.execute("PRAGMA ledger.synchronous = NORMAL")
+        conn.execute("PRAGMA ledger.journal_size_limit = 67108864")
+        if create:
+            conn.executescript(f"BEGIN; {SCHEMA} COMMIT;")
+    except (OSError, sqlite3.Error):
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("DETACH DATABASE ledger")
+
 
 _PLACES = ", ".join("?" * len(FLAT))
 _ADD_BUCKET = (f"INSERT INTO ledger_buckets VALUES (?, ?, ?, ?, ?, {_PLACES})"
