@@ -364,7 +364,10 @@ async def test_another_process_writing_the_ledger_does_not_make_a_store_forget_i
     one, two = SQLiteStore(path), SQLiteStore(path)
     closing(one)
     closing(two)
+    await two.info()  # open (opening the file is a change the other sees, the ledger's writes must not be)
     await one.put("", {"a": b"original"})
+    await one.info()
+    assert one.known("", ["a"]) == {"a"}
     two.ledger.record(turn(T0), [])
     await two.ledger.totals(None, None)  # committed
     await one.info()  # a job that looks at the file
