@@ -224,7 +224,7 @@ class CGService(service.Service):
             {"anthropic": split_base(config.anthropic_upstream), "openai": split_base(config.openai_upstream)},
             rewriter=rewriter,
             store=self.metered_store,
-            ledger=getattr(self.store, "ledger", None),
+            ledger=self.store.ledger,
             tenant_of=parse_tenant(config.tenant),
             observe=config.observe,
             changelog=self.changelog,
