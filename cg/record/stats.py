@@ -69,6 +69,8 @@ class Stats:
     store: attrs.AttrsInstance | None = None  # the store's own counters (cg.store.StoreStats), when there is one
     store_info: attrs.AttrsInstance | None = None  # the store's size (cg.store.StoreInfo), refreshed off the request path
     store_info_as_of: float | None = None  # when store_info was read (Unix time)
+    store_kind: str | None = None  # memory, sqlite or redis: the dashboard's health panel says which
+    store_max_bytes: int | None = None  # --store-max-mb, in bytes
     usage: UsageTotals = attrs.field(factory=UsageTotals)
     expand: "ExpandStats" = attrs.field(factory=lambda: ExpandStats())
     sse: "StreamStats" = attrs.field(factory=lambda: StreamStats())
@@ -125,6 +127,7 @@ class Stats:
             "unexpected_events": dict(self.unexpected_events),
             "compaction": {**self.compaction.snapshot(), "memo": memo_snapshot(self.memo)},
             "store": {
+                **({"kind": self.store_kind, "max_bytes": self.store_max_bytes} if self.store_kind else {}),
                 **(attrs.asdict(self.store) if self.store is not None else {}),
                 **(attrs.asdict(self.store_info) if self.store_info is not None else {}),
                 **({"size_as_of": self.store_info_as_of} if self.store_info is not None else {}),

@@ -25,7 +25,7 @@ from cg.exchange.keepalive import Policy
 from cg.record.changelog import open_changelog
 from cg.record.metrics import Metrics
 from cg.record.stats import Stats
-from cg.store import default_store_url, store_from_url, store_label
+from cg.store import default_store_url, parse_store_url, store_from_url, store_label
 from cg.store.base import ILedger, StoreInfo
 from cg.web import memofile, systemd
 from cg.web.config import Config
@@ -190,6 +190,7 @@ class CGService(service.Service):
             ledger_days=config.ledger_days, ledger_max_turns=config.ledger_max_turns,
         )
         self.stats.store = self.store.stats
+        self.stats.store_kind, self.stats.store_max_bytes = parse_store_url(store_url)[0], config.store_max_mb << 20
         # What the proxy and the size refresh call: the same store, its calls timed for /metrics.
         self.metered_store = MeteredStore(self.store, self.stats.metrics.store_operation)
         self.changelog = open_changelog(config.changelog, reactor)
