@@ -1,7 +1,7 @@
 """The proxy resource: cg's own endpoints, and the routing of every other request to the forwarder.
 
-cg's own endpoints (/healthz, /stats, /metrics, /cg/expand/ID, HEAD /) are answered here. A request
-cg forwards is checked (its request-target, its size, its route) and handed to the
+cg's own endpoints (/healthz, /stats, /metrics, /cg/expand/ID, the dashboard at /cg/, HEAD /) are
+answered here. A request cg forwards is checked (its request-target, its size, its route) and handed to the
 `cg.web.forwarder.Forwarder`, which runs it as one exchange (`cg.exchange`, on Twisted by
 `cg.web.driver`).
 """
@@ -20,6 +20,7 @@ from twisted.web.http_headers import Headers
 from cg.record.stats import Stats
 from cg.store.base import IStore
 from cg.web import metrics
+from cg.web.dashboard import asset_name, dashboard_headers, load_assets
 from cg.web.dashboard_api import (
     PREFIX,
     Access,
@@ -47,6 +48,7 @@ class ProxyResource(resource.Resource):
         self.forwarder = forwarder
         self.access = access or Access()  # who sees what on /cg/ (--tenant, --admin-token-file)
         self.dashboard_api = DashboardAPI(forwarder, self.access)
+        self.assets = load_assets()
 
     @property
     def stats(self) -> Stats:
@@ -83,6 +85,12 @@ class ProxyResource(resource.Resource):
             return body
         if path.startswith(b"/cg/expand/") and request.method == b"GET":
             return self._show_original(request, path[len(b"/cg/expand/") :].decode("latin-1"))
+        if path == b"/cg" and request.method == b"GET":
+            request.redirect(b"/cg/")
+            return b""
+        name = asset_name(path) if request.method == b"GET" else None
+        if name is not None:
+            return self._show_asset(request, name)
         which = dialect.route(request.uri, request.requestHeaders.hasHeader(b"anthropic-version"))
         if which is None:
             message = dialect.not_proxied(path, _url_of_cg(request))
@@ -92,6 +100,16 @@ class ProxyResource(resource.Resource):
             return _error(request, which, 413, "request body is larger than cg's --max-body")
         self.forwarder.forward(request, which)
         return server.NOT_DONE_YET
+
+    def _show_asset(self, request: Request, name: str) -> bytes:
+        """GET /cg/ and /cg/static/NAME: the dashboard, from memory."""
+        for header, value in dashboard_headers(name):
+            request.setHeader(header, value)
+        asset = self.assets.get(name)
+        if asset is None:
+            return _error(request, None, 404, "no such file of the dashboard")
+        request.setHeader(b"content-type", asset.content_type)
+        return asset.body
 
     def _show_original(self, request: Request, ref: str) -> bytes | int:
         """GET /cg/expand/ID[?tenant=T]: an original, to whoever may read it under --tenant (else 404);
