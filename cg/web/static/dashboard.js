@@ -48,6 +48,14 @@
     return "$" + (Math.abs(x) >= 1 ? x.toFixed(2) : Math.abs(x) >= 0.01 ? x.toFixed(3) : x.toFixed(4));
   }
 
+  // An axis tick: 1.5M, 250k, $0.50.
+  function compact(n) {
+    const abs = Math.abs(n);
+    if (abs >= 1e6) return `${+(n / 1e6).toFixed(1)}M`;
+    if (abs >= 1e3) return `${+(n / 1e3).toFixed(1)}k`;
+    return String(+n.toFixed(2));
+  }
+
   function bytes(n) {
     if (n == null) return "—";
     const units = ["B", "KB", "MB", "GB", "TB"];
@@ -58,7 +66,7 @@
 
   function beforeAfter(before, after) {
     if (before == null) return "—";
-    const saved = before > 0 ? ` (−${(100 * (before - after) / before).toFixed(1)}%)` : "";
+    const saved = before > 0 && before !== after ? ` (−${(100 * (before - after) / before).toFixed(1)}%)` : "";
     return `${int(before)} → ${int(after)}${saved}`;
   }
 
@@ -213,9 +221,9 @@
   }
 
   const CHARTS = {
-    "chart-tokens": {columns: [1, 2], series: [["before", "#b5524a"], ["after", "#2f7a4f"]], value: int},
-    "chart-requests": {columns: [3], series: [["requests", "#3a5f9f"]], value: int},
-    "chart-cost": {columns: [4, 5], series: [["via cg", "#2f7a4f"], ["without cg", "#b5524a"]], value: usd},
+    "chart-tokens": {columns: [1, 2], series: [["before", "#b5524a"], ["after", "#2f7a4f"]], tick: compact},
+    "chart-requests": {columns: [3], series: [["requests", "#3a5f9f"]], tick: compact},
+    "chart-cost": {columns: [4, 5], series: [["via cg", "#2f7a4f"], ["without cg", "#b5524a"]], tick: (v) => "$" + compact(v)},
   };
 
   function drawCharts(summary) {
@@ -236,21 +244,39 @@
         legend: {live: false},
         cursor: {drag: {x: false, y: false}},
         scales: {x: {time: true}},
-        axes: [{stroke: "#555"}, {stroke: "#555", size: 70, values: (u, ticks) => ticks.map(spec.value)}],
-        series: [{}, ...spec.series.map(([label, colour]) => ({
-          label, stroke: colour, width: 2, fill: colour + "22", value: (u, v) => spec.value(v)}))],
+        axes: [{stroke: "#555"}, {stroke: "#555", size: 56, values: (u, ticks) => ticks.map(spec.tick)}],
+        series: [{}, ...spec.series.map(([label, colour]) => ({label, stroke: colour, width: 2, fill: colour + "22"}))],
       }, data, box);
     }
   }
 
   // --- Conversations ------------------------------------------------------------------------------
 
+  // [key, heading, the order it sorts by (null: not sortable)]
   const COLUMNS = [
-    ["Conversation", null], ["Tenant", null], ["Client", null], ["Model", null],
-    ["First request", "first"], ["Last request", "last"], ["Turns", "requests"],
-    ["Tokens before", "tokens_before"], ["Tokens after", "tokens_after"], ["Cost", "cost"],
-    ["Expand rounds", null], ["Repairs", null], ["Cache now", null],
+    ["id", "Conversation", null], ["tenant", "Tenant", null], ["client", "Client", null], ["model", "Model", null],
+    ["first", "First request", "first"], ["last", "Last request", "last"], ["requests", "Turns", "requests"],
+    ["tokens_before", "Tokens before", "tokens_before"], ["tokens_after", "Tokens after", "tokens_after"],
+    ["cost", "Cost", "cost"], ["expand_rounds", "Expand rounds", null], ["repairs", "Repairs", null],
+    ["cache", "Cache now", null],
   ];
+
+  const CELLS = {
+    id: (c) => conversationLink(c.id),
+    tenant: (c) => c.tenant || "(none)",
+    client: (c) => c.client,
+    model: (c) => c.model ?? "—",
+    first: (c) => when(c.first_seen),
+    last: (c) => when(c.last_seen),
+    requests: (c) => int(c.requests),
+    tokens_before: (c) => int(c.tokens_before),
+    tokens_after: (c) => int(c.tokens_after),
+    cost: (c) => usd(c.cost_usd),
+    expand_rounds: (c) => int(c.expand_rounds),
+    repairs: (c) => int(c.repairs),
+    cache: (c) => cacheState(c.cache),
+  };
+  const TEXT_COLUMNS = new Set(["id", "tenant", "client", "model", "cache"]);
 
   function conversationLink(id) {
     return el("a", {href: "#/conversation/" + encodeURIComponent(id), title: id, class: "conversation"},
@@ -262,29 +288,15 @@
     if (!reveal("conversations")) return;
     if (!changed("conversations", page)) return;
     const tenants = page.conversations.some((c) => c.tenant !== undefined);
-    const columns = COLUMNS.filter(([label]) => tenants || label !== "Tenant");
-    const head = el("tr", {}, columns.map(([label, order]) => order
-      ? el("th", {class: order === state.order ? "sortable sorted" : "sortable"},
+    const columns = COLUMNS.filter(([key]) => tenants || key !== "tenant");
+    const head = el("tr", {}, columns.map(([key, heading, order]) => order
+      ? el("th", {class: order === state.order ? "sortable sorted num" : "sortable num"},
         el("button", {type: "button", "data-order": order, onclick: () => go({order, offset: 0})},
-          label, order === state.order ? " ▾" : " ▿"))
-      : el("th", {}, label)));
-    const rows = page.conversations.map((c) => el("tr", {"data-id": c.id}, columns.map(([label]) => {
-      switch (label) {
-        case "Conversation": return el("td", {}, conversationLink(c.id));
-        case "Tenant": return el("td", {}, c.tenant || "(none)");
-        case "Client": return el("td", {}, c.client);
-        case "Model": return el("td", {}, c.model ?? "—");
-        case "First request": return el("td", {class: "num"}, when(c.first_seen));
-        case "Last request": return el("td", {class: "num"}, when(c.last_seen));
-        case "Turns": return el("td", {class: "num"}, int(c.requests));
-        case "Tokens before": return el("td", {class: "num"}, int(c.tokens_before));
-        case "Tokens after": return el("td", {class: "num"}, int(c.tokens_after));
-        case "Cost": return el("td", {class: "num"}, usd(c.cost_usd));
-        case "Expand rounds": return el("td", {class: "num"}, int(c.expand_rounds));
-        case "Repairs": return el("td", {class: "num"}, int(c.repairs));
-        default: return el("td", {class: "cache " + c.cache.state}, cacheState(c.cache));
-      }
-    })));
+          heading, order === state.order ? " ▾" : " ▿"))
+      : el("th", {class: TEXT_COLUMNS.has(key) ? null : "num"}, heading)));
+    const rows = page.conversations.map((c) => el("tr", {"data-id": c.id}, columns.map(([key]) =>
+      el("td", {"data-column": key, class: key === "cache" ? "cache " + c.cache.state : TEXT_COLUMNS.has(key) ? null : "num"},
+        CELLS[key](c)))));
     fill($("conversations"), el("thead", {}, head), el("tbody", {},
       rows.length ? rows : el("tr", {}, el("td", {colspan: columns.length, class: "muted"}, "no conversations yet"))));
     const last = Math.min(page.offset + page.conversations.length, page.total);
@@ -335,7 +347,8 @@
         ` · ${when(t.time)} · ${t.model ?? "—"} · ${t.path} · ${t.status ?? "no status"} ${t.outcome}`)),
       el("dl", {},
         el("dt", {}, "Sent → forwarded"), el("dd", {}, beforeAfter(t.tokens_before, t.tokens_after) + " tokens"),
-        el("dt", {}, "Tool results"), el("dd", {}, beforeAfter(t.results_before, t.results_after) + " tokens"),
+        el("dt", {}, "Tool results"),
+        el("dd", {}, t.results_before ? beforeAfter(t.results_before, t.results_after) + " tokens" : "none rewritten"),
         el("dt", {}, "Billed"), el("dd", {}, billed(t.billed)),
         el("dt", {}, "Cost"), el("dd", {}, `via cg ${usd(t.cost_usd.via_cg)} · without cg ${usd(t.cost_usd.direct)}`),
         t.added_ms != null ? [el("dt", {}, "cg added"), el("dd", {}, `${t.added_ms.toFixed(1)} ms to the first byte`)] : null,
@@ -481,6 +494,7 @@
   function route() {
     Object.assign(state, parseHash());
     state.shown = {};
+    for (const view of document.querySelectorAll(".view")) view.hidden = true;  // none shows another's data
     for (const link of document.querySelectorAll("nav a")) {
       link.classList.toggle("current", link.id === "nav-" + (state.route === "conversation" ? "conversations" : state.route));
     }
