@@ -45,7 +45,7 @@
   function usd(x) {
     if (x == null) return "—";
     if (x === 0) return "$0";
-    return "$" + (Math.abs(x) >= 1 ? x.toFixed(2) : Math.abs(x) >= 0.01 ? x.toFixed(3) : x.toFixed(4));
+    return "$" + (Math.abs(x) >= 0.1 ? x.toFixed(2) : Math.abs(x) >= 0.01 ? x.toFixed(3) : x.toFixed(4));
   }
 
   // An axis tick: 1.5M, 250k, $0.50.
@@ -245,7 +245,8 @@
         cursor: {drag: {x: false, y: false}},
         scales: {x: {time: true}},
         axes: [{stroke: "#555"}, {stroke: "#555", size: 56, values: (u, ticks) => ticks.map(spec.tick)}],
-        series: [{}, ...spec.series.map(([label, colour]) => ({label, stroke: colour, width: 2, fill: colour + "22"}))],
+        series: [{}, ...spec.series.map(([label, colour]) => ({
+          label, stroke: colour, width: 2, fill: colour + "22", points: {show: false}}))],
       }, data, box);
     }
   }
@@ -255,9 +256,9 @@
   // [key, heading, the order it sorts by (null: not sortable)]
   const COLUMNS = [
     ["id", "Conversation", null], ["tenant", "Tenant", null], ["client", "Client", null], ["model", "Model", null],
-    ["first", "First request", "first"], ["last", "Last request", "last"], ["requests", "Turns", "requests"],
+    ["first", "First", "first"], ["last", "Last", "last"], ["requests", "Turns", "requests"],
     ["tokens_before", "Tokens before", "tokens_before"], ["tokens_after", "Tokens after", "tokens_after"],
-    ["cost", "Cost", "cost"], ["expand_rounds", "Expand rounds", null], ["repairs", "Repairs", null],
+    ["cost", "Cost", "cost"], ["expand_rounds", "Expands", null], ["repairs", "Repairs", null],
     ["cache", "Cache now", null],
   ];
 
@@ -410,6 +411,7 @@
         ["Healthy", store.healthy === false ? `no: ${store.unhealthy_reason || "failing"}` : "yes", store.healthy === false],
         ["Originals", int(store.entries)],
         ["Size", bytes(store.bytes)],
+        ["Counted at", when(store.size_as_of)],
         ["Cap", bytes(store.max_bytes)],
         ["Reads (hits / misses)", `${int(store.reads)} (${int(store.hits)} / ${int(store.misses)})`],
         ["Write errors", int(store.write_errors), store.write_errors > 0],
