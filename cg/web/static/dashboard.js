@@ -16,7 +16,7 @@
   };
   const CACHE_STATES = {warm: "warm until", kept_warm: "kept warm until", expired: "expired", unknown: "—"};
 
-  const state = {route: "overview", order: "last", offset: 0, id: null, timer: null, shown: {}, charts: {}};
+  const state = {route: "overview", order: "last", offset: 0, id: null, timer: null, generation: 0, shown: {}, charts: {}};
 
   // --- DOM and formatting -------------------------------------------------------------------------
 
@@ -100,13 +100,10 @@
       ? `${words} ${clock(cache.until)}` : words;
   }
 
-  // Shows the view whose data just arrived, and hides the rest and the credential form; false
-  // when the viewer went elsewhere meanwhile (then the data is dropped).
+  // Shows the view whose data just arrived, and hides the rest and the credential form.
   function reveal(route) {
-    if (state.route !== route) return false;
     $("credential").hidden = true;
     for (const view of document.querySelectorAll(".view")) view.hidden = view.id !== "view-" + route;
-    return true;
   }
 
   function status(text, problem) {
@@ -167,7 +164,7 @@
     ["Repairs", (s) => int(s.repairs)],
   ];
 
-  async function showOverview() {
+  async function showOverview(current) {
     const midnight = new Date();
     midnight.setHours(0, 0, 0, 0);
     const window = $("chart-window").value;
@@ -177,7 +174,8 @@
       getJSON("/cg/api/summary?window=7d"),
       getJSON(`/cg/api/summary?window=${encodeURIComponent(window)}`),
     ]);
-    if (!reveal("overview")) return;
+    if (!current()) return;  // the viewer went elsewhere meanwhile
+    reveal("overview");
     const columns = [start, today, week];
     if (changed("overview", {columns: columns.map(({now, series, ...rest}) => rest)})) {
       fill($("overview-figures").tBodies[0], OVERVIEW_ROWS.map(([label, figure], row) =>
@@ -284,9 +282,10 @@
       id.length > 20 ? id.slice(0, 19) + "…" : id);
   }
 
-  async function showConversations() {
+  async function showConversations(current) {
     const page = await getJSON(`/cg/api/conversations?offset=${state.offset}&limit=${PAGE_SIZE}&order=${state.order}`);
-    if (!reveal("conversations")) return;
+    if (!current()) return;  // the viewer went elsewhere meanwhile
+    reveal("conversations");
     if (!changed("conversations", page)) return;
     const tenants = page.conversations.some((c) => c.tenant !== undefined);
     const columns = COLUMNS.filter(([key]) => tenants || key !== "tenant");
@@ -308,9 +307,10 @@
 
   // --- One conversation ---------------------------------------------------------------------------
 
-  async function showConversation() {
+  async function showConversation(current) {
     const data = await getJSON("/cg/api/conversations/" + encodeURIComponent(state.id));
-    if (!reveal("conversation")) return;
+    if (!current()) return;  // the viewer went elsewhere meanwhile
+    reveal("conversation");
     if (!changed("conversation", data)) return;
     const c = data.conversation;
     $("conversation-id").textContent = c.id;
@@ -321,7 +321,7 @@
       ["Expand rounds", int(c.expand_rounds)], ["Repairs", int(c.repairs)], ["Cache now", cacheState(c.cache)],
     ].filter(([, value]) => value !== null);
     fill($("conversation-summary").tBodies[0], facts.map(([label, value]) => el("tr", {}, el("th", {}, label), el("td", {}, value))));
-    fill($("turns"), data.turns.map(turn));
+    fill($("turns"), data.turns.map((t) => turn(t, c.tenant)));
   }
 
   function billed(b) {
@@ -337,7 +337,9 @@
       el("span", {class: "badge"}, name), " ", words, v.detail ? el("span", {class: "detail"}, " (" + v.detail + ")") : null);
   }
 
-  function turn(t) {
+  // `tenant`: the conversation's, given to a viewer who sees every tenant (its originals are read
+  // with ?tenant=), else undefined.
+  function turn(t, tenant) {
     const flags = [
       t.expand_rounds ? `${t.expand_rounds} expand round${t.expand_rounds > 1 ? "s" : ""}` : null,
       t.repairs ? `${t.repairs} repair${t.repairs > 1 ? "s" : ""}` : null,
@@ -355,10 +357,10 @@
         t.added_ms != null ? [el("dt", {}, "cg added"), el("dd", {}, `${t.added_ms.toFixed(1)} ms to the first byte`)] : null,
         flags.length ? [el("dt", {}, "Also"), el("dd", {}, flags.join(" · "))] : null),
       verdict(t.cache_verdict),
-      t.changes.length ? changes(t.changes) : el("p", {class: "muted"}, "cg changed no tool result in this turn."));
+      t.changes.length ? changes(t.changes, tenant) : el("p", {class: "muted"}, "cg changed no tool result in this turn."));
   }
 
-  function changes(list) {
+  function changes(list, tenant) {
     return el("table", {class: "list changes"},
       el("thead", {}, el("tr", {}, el("th", {}, "Where"), el("th", {}, "Tool"), el("th", {}, "What cg did"),
         el("th", {class: "num"}, "Tokens before → after"), el("th", {}, "Original"))),
@@ -368,16 +370,17 @@
         el("td", {}, `${c.lossy ? "offloaded" : "reformatted"} (${c.component})`),
         el("td", {class: "num"}, beforeAfter(c.tokens_before, c.tokens_after)),
         el("td", {}, c.marker ? el("button", {type: "button", class: "marker", "data-marker": c.marker,
-          onclick: () => openOriginal(c.marker)}, `<<cg:${c.marker}>>`) : "—")))));
+          onclick: () => openOriginal(c.marker, tenant)}, `<<cg:${c.marker}>>`) : "—")))));
   }
 
-  async function openOriginal(marker) {
+  async function openOriginal(marker, tenant) {
     $("original").hidden = false;
     $("original-id").textContent = marker;
     const text = $("original-text");
     text.textContent = "reading…";
     try {
-      const response = await get("/cg/expand/" + encodeURIComponent(marker));
+      const whose = tenant === undefined ? "" : "?tenant=" + encodeURIComponent(tenant);
+      const response = await get("/cg/expand/" + encodeURIComponent(marker) + whose);
       text.textContent = response.ok ? await response.text()
         : "cg has no such original for you: unknown, evicted, or another tenant's.";
       text.classList.toggle("problem", !response.ok);
@@ -396,9 +399,10 @@
 
   function ms(value) { return value == null ? "—" : `${value.toFixed(1)} ms`; }
 
-  async function showHealth() {
+  async function showHealth(current) {
     const s = await getJSON("/stats");
-    if (!reveal("health")) return;
+    if (!current()) return;  // the viewer went elsewhere meanwhile
+    reveal("health");
     const uptime = {...s, uptime_s: 0, size_as_of: 0};
     if (!changed("health", uptime)) return;
     const store = s.store || {};
@@ -470,6 +474,8 @@
     location.hash = `#/conversations?order=${encodeURIComponent(next.order)}&offset=${next.offset}`;
   }
 
+  function showForget() { $("forget").hidden = !sessionStorage.getItem(CREDENTIAL_KEY); }
+
   function handle(error) {
     if (error instanceof Unauthorized) {
       $("credential").hidden = false;
@@ -480,17 +486,19 @@
     status(error.message, true);
   }
 
+  // One chain of polls: a refresh started meanwhile (a navigation) ends the older one.
   async function refresh() {
     clearTimeout(state.timer);
-    const route = state.route;
+    const generation = ++state.generation;
     try {
-      await VIEWS[route]();
-      status(`updated ${when(Date.now() / 1000)}`, false);
+      await VIEWS[state.route](() => generation === state.generation);
+      if (generation === state.generation) status(`updated ${when(Date.now() / 1000)}`, false);
     } catch (error) {
+      if (generation !== state.generation) return;
       handle(error);
       if (error instanceof Unauthorized) return;  // until the form is sent
     }
-    state.timer = setTimeout(refresh, POLL_MS);
+    if (generation === state.generation) state.timer = setTimeout(refresh, POLL_MS);
   }
 
   function route() {
@@ -510,8 +518,15 @@
       if (!key) return;
       sessionStorage.setItem(CREDENTIAL_KEY, JSON.stringify({header: $("credential-header").value, key}));
       $("credential-key").value = "";
+      showForget();
       route();
     });
+    $("forget").addEventListener("click", () => {
+      sessionStorage.removeItem(CREDENTIAL_KEY);
+      showForget();
+      route();
+    });
+    showForget();
     $("page-previous").addEventListener("click", () => go({offset: Math.max(0, state.offset - PAGE_SIZE)}));
     $("page-next").addEventListener("click", () => go({offset: state.offset + PAGE_SIZE}));
     $("chart-window").addEventListener("change", () => refresh());
