@@ -41,13 +41,12 @@ def load_assets() -> dict[str, Asset]:
     return assets
 
 
-def dashboard_headers(name: str) -> list[tuple[bytes, bytes]]:
-    """The headers of the page (`name` PAGE) or of one of its assets: never cached (the page
-    shows live figures, and may show a tenant's), never sniffed; the page with its policies."""
-    headers = [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
-    if name == PAGE:
-        headers += [(b"content-security-policy", CONTENT_SECURITY_POLICY), (b"referrer-policy", b"no-referrer")]
-    return headers
+def page_headers(name: str) -> list[tuple[bytes, bytes]]:
+    """What the page (`name` PAGE) carries besides every /cg/ answer's headers
+    (`cg.web.dashboard_api.security_headers`): its policies. An asset carries none."""
+    if name != PAGE:
+        return []
+    return [(b"content-security-policy", CONTENT_SECURITY_POLICY), (b"referrer-policy", b"no-referrer")]
 
 
 def asset_name(path: bytes) -> str | None:

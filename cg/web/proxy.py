@@ -1,9 +1,9 @@
 """The proxy resource: cg's own endpoints, and the routing of every other request to the forwarder.
 
-cg's own endpoints (/healthz, /stats, /metrics, /cg/expand/ID, the dashboard at /cg/, HEAD /) are
-answered here. A request cg forwards is checked (its request-target, its size, its route) and handed to the
-`cg.web.forwarder.Forwarder`, which runs it as one exchange (`cg.exchange`, on Twisted by
-`cg.web.driver`).
+cg's own endpoints (/healthz, /stats, /metrics, /cg/expand/ID, the dashboard at /cg/ and its API at
+/cg/api/, HEAD /) are answered here. A request cg forwards is checked (its request-target, its size,
+its route) and handed to the `cg.web.forwarder.Forwarder`, which runs it as one exchange
+(`cg.exchange`, on Twisted by `cg.web.driver`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from twisted.web.http_headers import Headers
 from cg.record.stats import Stats
 from cg.store.base import IStore
 from cg.web import metrics
-from cg.web.dashboard import asset_name, dashboard_headers, load_assets
+from cg.web.dashboard import asset_name, load_assets, page_headers
 from cg.web.dashboard_api import (
     PREFIX,
     Access,
@@ -103,7 +103,8 @@ class ProxyResource(resource.Resource):
 
     def _show_asset(self, request: Request, name: str) -> bytes:
         """GET /cg/ and /cg/static/NAME: the dashboard, from memory."""
-        for header, value in dashboard_headers(name):
+        security_headers(request)
+        for header, value in page_headers(name):
             request.setHeader(header, value)
         asset = self.assets.get(name)
         if asset is None:
