@@ -181,14 +181,15 @@ def test_overview_equals_the_api_and_stats_and_follows_new_requests(driver, make
 
 
 def ledger_turn(conversation, time_, seq, tenant="", model="claude-opus-4-8", client="claude-code", cost=0.01,
-                verdict=None, detail="", tool_tokens=(0, 0), **extra):
+                verdict=None, detail="", tool_tokens=(0, 0), billed=None, **extra):
     """A turn as cg would record it, for a ledger the test fills itself."""
     results_before, results_after = tool_tokens
     return Turn(time=time_, seq=seq, tenant=tenant, conversation=conversation, client=client, model=model,
                 dialect="anthropic", path="/v1/messages", status=200, outcome="ok",
                 tokens_before=20_000 + results_before, tokens_after=20_000 + results_after,
                 results_before=results_before, results_after=results_after,
-                billed=Usage(input_tokens=40, cache_read_tokens=18_000, cache_write_tokens=2_000, output_tokens=300),
+                billed=billed or Usage(input_tokens=40, cache_read_tokens=18_000, cache_write_tokens=2_000,
+                                       output_tokens=300),
                 cost_via_cg=cost, cost_direct=cost * 2, verdict=verdict, verdict_detail=detail,
                 cache_until=time_ + 300, **extra)
 
@@ -257,21 +258,23 @@ def test_a_conversation_shows_its_offloads_verdicts_and_originals_as_text(driver
     output = command_output().replace("FAIL src/broken.test.ts", "FAIL " + SCRIPT)
     ident = offloaded(running, fake, output)
     now = time.time() - 600
-    verdicts = [(EXPECTED, ""), (EXPIRED, "idle 7m12s"), (CLIENT_PREFIX, "system[0].text"), (CG_PREFIX, "epoch 2"),
-                (KEPT_WARM, "pinged 2 times")]
+    verdicts = [(EXPECTED, "first turn"), (EXPIRED, "idle 7m12s > 5m"), (CLIENT_PREFIX, "system"),
+                (CG_PREFIX, "epoch"), (KEPT_WARM, "idle 12m > 5m, read back")]
     ledger = running.service.store.ledger
     for seq, (verdict, detail) in enumerate(verdicts, 1):
         changes = [Change(seq, 2, 0, "Bash", "offload", True, ident, 19_000, 700)] if seq == 1 else []
         on_the_reactor(ledger.record, ledger_turn("s-verdicts", now + 60 * seq, seq, verdict=verdict, detail=detail,
-                                  tool_tokens=(19_000, 700) if seq == 1 else (0, 0), epoch=verdict == CG_PREFIX),
+                                  tool_tokens=(19_000, 700) if seq == 1 else (0, 0), epoch=verdict == CG_PREFIX,
+                                  billed=Usage(40, 0, 20_000, 300) if verdict in (EXPIRED, CLIENT_PREFIX, CG_PREFIX)
+                                  else None),
                       changes)
     page = Page(driver, running)
     page.open("#/conversation/s-verdicts")
     page.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "article.turn")) == 5)
     badges = page.texts(".verdict .badge")
     assert badges == ["expected", "expired", "client changed the prefix", "cg changed the prefix", "kept warm"]
-    assert "(idle 7m12s)" in page.text("article.turn[data-seq='2'] .verdict")
-    assert "(system[0].text)" in page.text("article.turn[data-seq='3'] .verdict")
+    assert "(idle 7m12s > 5m)" in page.text("article.turn[data-seq='2'] .verdict")
+    assert "(system)" in page.text("article.turn[data-seq='3'] .verdict")
     change = page.texts("article.turn[data-seq='1'] tr.change td")
     assert change == ["messages[2].content[0]", "Bash", "offloaded (offload)", "19,000 → 700 (−96.3%)",
                       f"<<cg:{ident}>>"]
