@@ -104,6 +104,13 @@ class Page:
         """Waits until the element at `css` reads `text`."""
         self.until(lambda d: d.find_element(By.CSS_SELECTOR, css).text == text, timeout)
 
+    def sign_in(self, key):
+        """Answers the credential form (once cg's 401 has shown it) as the anthropic SDK sends its key."""
+        self.until(lambda d: d.find_element(By.ID, "credential").is_displayed())
+        Select(self.driver.find_element(By.ID, "credential-header")).select_by_value("authorization")
+        self.driver.find_element(By.ID, "credential-key").send_keys(key)
+        self.click("#credential-form button")
+
     def script(self, source):
         return self.driver.execute_script(source)
 
@@ -309,12 +316,9 @@ def test_a_viewer_sees_only_its_tenant_and_its_originals(driver, make_cg, fake):
 
     page = Page(driver, running)
     page.open("#/conversations")
-    page.until(lambda d: d.find_element(By.ID, "credential").is_displayed())
-    Select(driver.find_element(By.ID, "credential-header")).select_by_value("authorization")
-    driver.find_element(By.ID, "credential-key").send_keys("sk-alice")
-    page.click("#credential-form button")
+    page.sign_in("sk-alice")
     page.shows("#conversations tbody tr a", "s-alice")
-    assert page.texts("#conversations tbody tr") and len(page.texts("#conversations tbody tr")) == 1
+    assert len(page.texts("#conversations tbody tr")) == 1
     assert page.script("return sessionStorage.getItem('cg-credential')") is not None
     assert "sk-alice" not in page.script("return document.body.innerText")  # never shown
 
@@ -344,10 +348,7 @@ def test_the_operator_sees_every_tenant_and_reads_their_originals(driver, make_c
 
     page = Page(driver, running)
     page.open("#/conversations")
-    page.until(lambda d: d.find_element(By.ID, "credential").is_displayed())
-    Select(driver.find_element(By.ID, "credential-header")).select_by_value("authorization")
-    driver.find_element(By.ID, "credential-key").send_keys("operator-token")
-    page.click("#credential-form button")
+    page.sign_in("operator-token")
     page.shows("#conversations td[data-column='tenant']", bob)  # a column only the operator sees
     page.click("#conversations tbody tr a")
     page.click(f"button.marker[data-marker='{theirs}']")
