@@ -283,7 +283,8 @@ def test_a_conversation_shows_its_offloads_verdicts_and_originals_as_text(driver
     assert "(idle 7m12s > 5m)" in page.text("article.turn[data-seq='2'] .verdict")
     assert "(system)" in page.text("article.turn[data-seq='3'] .verdict")
     change = page.texts("article.turn[data-seq='1'] tr.change td")
-    assert change == ["messages[2].content[0]", "Bash", "offloaded (offload)", "19,000 → 700 (−96.3%)",
+    assert change == ["messages[2].content[0]", "Bash", "offloaded: head, tail and a summary, the rest behind the marker",
+                      "19,000 → 700 (−96.3%)",
                       f"<<cg:{ident}>>"]
     page.screenshot("conversation")
 

@@ -14,6 +14,13 @@
     cg_prefix: ["cg changed the prefix", "cg forwarded different bytes for an earlier part than on the previous turn (an epoch of the cache-aware policy; outside an epoch, a bug)."],
     kept_warm: ["kept warm", "A keep-alive ping bridged the gap, so the turn read the cache the ping kept."],
   };
+  // A change's component (cg.compaction.components), as a person reads what it did.
+  const WHAT_CG_DID = {
+    offload: "offloaded: head, tail and a summary, the rest behind the marker",
+    dedup: "deduplicated: a pointer to the same output earlier in the request",
+    textclean: "reformatted: colour codes and redrawn lines cleaned up",
+    jsonformat: "reformatted: JSON compacted",
+  };
   const CACHE_STATES = {warm: "warm until", kept_warm: "kept warm until", expired: "expired", unknown: "—"};
 
   const state = {route: "overview", order: "last", offset: 0, id: null, timer: null, generation: 0, shown: {}, charts: {}};
@@ -367,7 +374,7 @@
       el("tbody", {}, list.map((c) => el("tr", {class: "change"},
         el("td", {}, `messages[${c.message}]` + (c.block == null ? "" : `.content[${c.block}]`)),
         el("td", {}, c.tool ?? "—"),
-        el("td", {}, `${c.lossy ? "offloaded" : "reformatted"} (${c.component})`),
+        el("td", {}, WHAT_CG_DID[c.component] || `${c.lossy ? "rewrote" : "reformatted"} (${c.component})`),
         el("td", {class: "num"}, beforeAfter(c.tokens_before, c.tokens_after)),
         el("td", {}, c.marker ? el("button", {type: "button", class: "marker", "data-marker": c.marker,
           onclick: () => openOriginal(c.marker, tenant)}, `<<cg:${c.marker}>>`) : "—")))));
