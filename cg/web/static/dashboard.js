@@ -497,6 +497,7 @@
   async function refresh() {
     clearTimeout(state.timer);
     const generation = ++state.generation;
+    if (document.hidden) return;  // a tab nobody looks at asks cg nothing; shown again, it refreshes
     try {
       await VIEWS[state.route](() => generation === state.generation);
       if (generation === state.generation) status(`updated ${when(Date.now() / 1000)}`, false);
@@ -539,6 +540,7 @@
     $("chart-window").addEventListener("change", () => refresh());
     $("original-close").addEventListener("click", () => { $("original").hidden = true; });
     window.addEventListener("hashchange", route);
+    document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
     window.addEventListener("resize", () => { if (state.route === "overview") refresh(); });
     route();
   }
