@@ -29,7 +29,7 @@ from twisted.web.http_headers import Headers
 
 from cg.exchange.ledger import CG_PREFIX, CLIENT_PREFIX, EXPECTED, EXPIRED, KEPT_WARM, Change, Turn
 from cg.stream.usage import Usage
-from cg.testing import command_output
+from cg.testing import JSONReply, anthropic_message, command_output
 from cg.wire.markers import marker_id
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -241,6 +241,9 @@ def test_conversations_sort_newest_first_and_page(driver, make_cg, fake):
     assert page.script("return document.getElementById('page-next').disabled") is True
     assert set(rest).isdisjoint(by_cost)
 
+    usage = {"input_tokens": 40, "cache_read_input_tokens": 9_000, "cache_creation_input_tokens": 1_500,
+             "output_tokens": 300}  # as a provider bills a conversation's next turn
+    fake.enqueue(*(JSONReply(anthropic_message(usage=usage)) for _ in range(3)))
     for output in (command_output(), "short", command_output(700)):  # and some since this cg started
         send(running, output, session="s-now")
     page.open("#/overview")
