@@ -66,3 +66,11 @@ def test_what_is_not_an_asset_is_not_found(cg):
     assert (status, headers[b"location"]) == (302, [b"/cg/"])
     status, _, _ = yield from get(cg, "/cg/", method="POST")  # not the dashboard's
     assert status == 404
+
+
+@inlineCallbacks
+def test_head_is_answered_as_get_without_a_body(cg):
+    status, headers, body = yield from get(cg, "/cg/static/dashboard.js", method="HEAD")
+    assert (status, body) == (200, b"")
+    assert headers[b"content-type"] == [b"text/javascript; charset=utf-8"]
+    assert headers[b"content-length"] == [b"%d" % len(load_assets()["dashboard.js"].body)]

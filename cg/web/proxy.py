@@ -88,7 +88,7 @@ class ProxyResource(resource.Resource):
         if path == b"/cg" and request.method == b"GET":
             request.redirect(b"/cg/")
             return b""
-        name = asset_name(path) if request.method == b"GET" else None
+        name = asset_name(path) if request.method in (b"GET", b"HEAD") else None
         if name is not None:
             return self._show_asset(request, name)
         which = dialect.route(request.uri, request.requestHeaders.hasHeader(b"anthropic-version"))
