@@ -18,7 +18,7 @@ from pathlib import Path
 import anthropic
 import pytest
 import pytest_twisted
-from helpers.bodies import request_with_output
+from helpers.bodies import BASH, request_with_output
 from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
@@ -363,3 +363,25 @@ def test_the_operator_sees_every_tenant_and_reads_their_originals(driver, make_c
     assert page.script("return sessionStorage.getItem('cg-credential')") is None
     errors = page.console_errors()  # the 401s before the form, and nothing else
     assert errors and all(e["source"] == "network" and " 401 " in e["message"] for e in errors), errors
+
+
+@on_a_thread
+def test_a_client_that_edits_its_system_prompt_sees_why_the_bill_moved(driver, make_cg, fake):
+    fake.prompt_cache = True  # billed from a prompt cache, as the provider bills
+    running = make_cg(anthropic_upstream=fake.url)
+    breakpoint_ = {"type": "ephemeral"}
+    system = "You are Claude Code. " + command_output(60)
+    client = anthropic.Anthropic(base_url=running.url, api_key="sk-one", max_retries=0, timeout=WAIT)
+    for n, prompt in enumerate((system, system + " Be brief."), 1):
+        messages = [{"role": "user", "content": [{"type": "text", "text": f"run the tests, take {n}",
+                                                  "cache_control": breakpoint_}]}]
+        client.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=messages, tools=[BASH],
+                               system=[{"type": "text", "text": prompt, "cache_control": breakpoint_}],
+                               extra_headers={"x-claude-code-session-id": "s-edited"})
+    page = Page(driver, running)
+    page.open("#/conversation/s-edited")
+    page.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".verdict")) == 2)
+    assert page.texts(".verdict .badge") == ["expected", "client changed the prefix"]
+    assert page.text(".verdict.expected .detail") == "(first turn)"
+    assert page.text(".verdict.client_prefix .detail") == "(system)"
+    assert page.console_errors() == []
