@@ -175,9 +175,7 @@ def test_overview_equals_the_api_and_stats_and_follows_new_requests(driver, make
     assert page.texts("#by-client tbody td:first-child") == [row["client"] for row in by_client]
 
     send(running, "one more", session="s-overview")
-    started = time.monotonic()
     page.shows(OVERVIEW.format(row=0, column=SINCE_START), "3", timeout=SHOWS_UP_WITHIN)
-    assert time.monotonic() - started <= SHOWS_UP_WITHIN
     assert page.script("return performance.getEntriesByType('navigation').length") == 1  # no reload
 
     page.open("#/health")
