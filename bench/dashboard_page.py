@@ -36,6 +36,7 @@ from twisted.internet.threads import deferToThread  # noqa: E402
 from twisted.python.failure import Failure  # noqa: E402
 
 from cg.exchange.ledger import DEFAULT_MAX_TURNS, Change, Turn  # noqa: E402
+from cg.store import SQLiteDB  # noqa: E402
 from cg.stream.usage import Usage  # noqa: E402
 from cg.web.config import Config  # noqa: E402
 from cg.web.service import CGService  # noqa: E402
@@ -79,8 +80,6 @@ def turns(count: int, now: float):
 def fill_sqlite(path: str, count: int, now: float) -> None:
     """The turns written straight into a SQLite store's ledger tables, in batches (as its worker
     thread writes what `record()` gathers), before cg opens the file."""
-    from cg.store import SQLiteDB  # the SQLite ledger's backend
-
     db = SQLiteDB.open(path)
     batch: list[tuple[Turn, list[Change]]] = []
     for pair in turns(count, now):
