@@ -104,3 +104,8 @@ def test_a_turn_that_wrote_more_than_it_read_says_why():
     assert (turn.verdict, turn.verdict_detail) == (EXPIRED, "idle 7m12s > 5m")
     quiet, _ = Book().turn(SENT, Report(100), record(billed))
     assert (quiet.verdict, quiet.verdict_detail) == (None, "")
+
+
+def test_a_bill_smaller_than_the_expand_tool_is_not_made_smaller_still():
+    turn, _ = Book().turn(SENT, report(), record(Usage(input_tokens=10, output_tokens=1)))
+    assert (turn.tokens_before, turn.tokens_after) == (10, 10)

@@ -165,5 +165,6 @@ def _direct(billed: Usage, removed_new: int, removed_old: int, injected: int) ->
 
     add(removed_new, "w")
     add(removed_old, "rw")
-    add(-injected, "rw")
+    if tokens.prompt > injected:  # else the provider counted less than cg's estimate of its own tool: leave it
+        add(-injected, "rw")
     return Tokens(uncached, read, write_5m, write_1h, tokens.output)
