@@ -24,6 +24,7 @@ from cg.exchange import keepalive
 from cg.record import transcripts
 from cg.record.pricing import Tokens, prices
 from cg.record.replay import DEFAULT_EXPAND_RATE, Sent, Turn, replay
+from cg.record.report import progress, text_table
 
 ASSUMPTIONS = (
     "Requests are rebuilt from the transcripts: the system prompt and tools (which transcripts do not "
@@ -102,29 +103,6 @@ def _checked(check: Any) -> Any:
             raise argparse.ArgumentTypeError(str(error)) from error
 
     return convert
-
-
-class Progress:
-    """A one-line bar on stderr, only when stderr is a terminal."""
-
-    def __init__(self, total: int, stream: TextIO):
-        self.total, self.stream = total, stream
-        self.on = total > 1 and stream.isatty()
-        self.started = time.monotonic()
-
-    def step(self, done: int, label: str) -> None:
-        if not self.on:
-            return
-        width = 30
-        filled = width * done // self.total
-        elapsed = time.monotonic() - self.started
-        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {elapsed:.0f}s {label[:30]:<30}")
-        self.stream.flush()
-
-    def end(self) -> None:
-        if self.on:
-            self.stream.write("\r" + " " * 80 + "\r")
-            self.stream.flush()
 
 
 def _tokens(t: Tokens) -> dict[str, int]:
@@ -210,9 +188,9 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
     sessions: list[dict[str, Any]] = []
     notes: set[str] = set()
     unreadable: list[str] = []
-    progress = Progress(len(files), stderr)
-    for done, (client, path) in enumerate(files, 1):
-        progress.step(done, path.name)
+    bar = progress(files, "transcript", stderr, quiet=args.json)
+    for client, path in bar:
+        bar.set_postfix_str(path.name, refresh=False)
         try:
             found = list(transcripts.read([(client, path)], "1h" if args.ttl == "1h" else None))
         except OSError as error:
@@ -229,7 +207,6 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
                 continue
             notes.update(t.price.note for t in turns if t.price.note)
             sessions.append(summarize(session, turns, args.keepalive))
-    progress.end()
     if not sessions:
         where = ", ".join(str(r) for r in roots)
         what = "matching --since/--project " if args.since is not None or args.project else ""
@@ -288,8 +265,6 @@ def _when(ts: float | None) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    from cg.record.report import text_table
-
     kept = report["total"]["keepalive"] is not None
     rows: list[tuple[str, ...]] = [("client", "session", "started (UTC)", "project", "requests", "input tokens",
                                     "cost direct", "cost via cg", "ratio", "offloads", "expand rounds",

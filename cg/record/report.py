@@ -17,11 +17,12 @@ import datetime
 import gzip
 import math
 import sys
-from collections.abc import Iterable, Iterator
-from typing import Any, BinaryIO, overload
+from collections.abc import Iterator, Sequence
+from typing import Any, BinaryIO, TextIO, TypeVar, overload
 
 import attrs
 import ujson
+from tqdm import tqdm
 
 from cg.record.pricing import OPENAI, Tokens, prices
 from cg.wire.dialect import SHAPES
@@ -291,11 +292,25 @@ def _lines(stream: BinaryIO) -> Iterator[bytes]:
     yield from gzip.GzipFile(fileobj=stream) if head == b"\x1f\x8b" else stream
 
 
-def tally(paths: Iterable[str], stdin: BinaryIO | None = None) -> Tally:
-    """Read change logs (``-`` is standard input). A file that cannot be read, or a gzip
-    file cut short (rotation still compressing it), is noted and the rest still counts."""
+_Item = TypeVar("_Item")
+
+
+def progress(items: Sequence[_Item], unit: str, stream: TextIO, quiet: bool = False) -> tqdm[_Item]:
+    """``items`` with a progress bar on ``stream`` while a command reads them (cg-report's change
+    logs, cg-estimate's transcripts): only when ``stream`` is a terminal and not ``quiet``, and
+    erased when done, so that what stays on the screen is the report."""
+    return tqdm(items, unit=unit, file=stream, disable=True if quiet else None, leave=False, dynamic_ncols=True)
+
+
+def tally(paths: Sequence[str], stdin: BinaryIO | None = None, stderr: TextIO | None = None,
+          quiet: bool = False) -> Tally:
+    """Read change logs (``-`` is standard input), with a progress bar on ``stderr`` if it is a
+    terminal and not ``quiet``. A file that cannot be read, or a gzip file cut short (rotation
+    still compressing it), is noted and the rest still counts."""
     result = Tally()
-    for path in paths:
+    bar = progress(paths, "file", stderr or sys.stderr, quiet)
+    for path in bar:
+        bar.set_postfix_str(str(path), refresh=False)
         result.files += 1
         try:
             if path == "-":
@@ -423,7 +438,8 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     parser = argparse.ArgumentParser(
         prog="cg-report",
         description="What cg saved, from its change logs (--changelog). Reads plain or gzip "
@@ -432,18 +448,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("changelogs", nargs="+", metavar="CHANGELOG")
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable keys)")
     args = parser.parse_args(argv)
-    summary = tally(args.changelogs).summary()
+    summary = tally(args.changelogs, stderr=stderr, quiet=args.json).summary()
     if len(summary["unreadable_files"]) == len(args.changelogs) and not summary["lines"]:
         # Nothing was read: a table of zeros would read as "cg saved nothing".
         for problem in summary["unreadable_files"]:
-            print(f"cg-report: could not read {problem}", file=sys.stderr)
+            print(f"cg-report: could not read {problem}", file=stderr)
         return 1
     if args.json:
-        sys.stdout.write(
+        stdout.write(
             ujson.dumps(summary, ensure_ascii=False, escape_forward_slashes=False, indent=2) + "\n"
         )
     else:
-        sys.stdout.write(render(summary))
+        stdout.write(render(summary))
     for problem in summary["unreadable_files"]:
-        print(f"cg-report: could not read {problem}", file=sys.stderr)
+        print(f"cg-report: could not read {problem}", file=stderr)
     return 1 if summary["unreadable_files"] else 0
