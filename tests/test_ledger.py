@@ -451,3 +451,20 @@ async def test_a_ledger_file_that_cannot_open_leaves_the_store_working(tmp_path,
     with pytest.raises(StoreError):
         await store.ledger.totals(None, None)
     assert store.stats.ledger_write_errors == 1 and store.stats.healthy
+
+
+@pytest_twisted.ensureDeferred
+async def test_turns_are_every_kept_turn_oldest_first_with_their_changes(make_ledger):
+    ledger = make_ledger()
+    offload = Change(1, 2, 0, "Bash", "offload", True, "0123456789abcdef", 800, 200, content_id="0123456789abcdef",
+                     part=None, step=0)
+    reformat = Change(1, 3, 1, "Read", "textclean", False, None, 300, 250, content_id="fedcba9876543210", part=2,
+                      step=1)
+    ledger.record(turn(T0 + 70, seq=2, conversation="-"), [])  # no conversation: no summary, but a turn
+    ledger.record(turn(T0 + 5, seq=1), [offload, reformat])
+    ledger.record(turn(T0 + 90, seq=3, tenant="b:/%"), [])
+    assert [(t.seq, list(c)) for t, c in await ledger.turns(None, None)] == [
+        (1, [offload, reformat]), (2, []), (3, [])]
+    assert [t.seq for t, _ in await ledger.turns(None, T0 + 70)] == [2, 3]
+    assert [t.seq for t, _ in await ledger.turns("b:/%", None)] == [3]
+    assert [t.seq for t, _ in await ledger.turns("", T0 + 6)] == [2]

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import ujson
 
-from cg.record import estimate, report
+from cg.exchange.ledger import Turn
+from cg.record import estimate
 from cg.record.changelog import usage_record
+from cg.store.ledger import MemoryLedger
+from cg.web import report
 
 HOME = Path(__file__).parent / "fixtures" / "transcripts" / "home"
 END = "<end of what the command wrote>"
@@ -71,3 +74,25 @@ def test_cg_report_shows_a_bar_on_a_terminal_only(tmp_path):
     assert code == 0 and ujson.loads(out)["files"] == 3 and terminal == ""
     code, out, err = piped(lambda out, err: report.main(paths, out, err))
     assert code == 0 and out.startswith("3 file(s)") and err == ""
+
+
+def test_reading_a_ledger_shows_a_bar_on_a_terminal_only():
+    ledger = MemoryLedger()
+
+    def tallied(quiet):
+        def run(out, err):
+            result = []
+            report.tally_ledger(ledger, "sqlite:x", err, quiet).addCallback(result.append)
+            return result[0].rows
+
+        return run
+
+    for n in range(4):
+        ledger.record(Turn(time=1_700_000_000.0 + n, seq=n, tenant="", conversation="c", client="sdk", model=None,
+                           dialect="anthropic", path="/v1/messages", status=200, outcome="ok", tokens_before=0,
+                           tokens_after=0, results_before=0, results_after=0, billed=None, cost_via_cg=None,
+                           cost_direct=None), [])
+    rows, _, terminal = on_terminal(tallied(quiet=False))
+    assert rows == 4 and "0/4 [" in terminal and "request/s]" in terminal
+    rows, _, terminal = on_terminal(tallied(quiet=True))
+    assert rows == 4 and terminal == ""

@@ -6,9 +6,13 @@ import io
 import pytest
 import ujson
 
+from cg.exchange.ledger import Change, Turn
 from cg.record.changelog import compaction_record, usage_record
 from cg.record.pricing import Tokens, prices
-from cg.record.report import NOTE, main, tally
+from cg.record.report import NOTE, render, tally
+from cg.store.ledger import MemoryLedger
+from cg.stream.usage import Usage
+from cg.web.report import main, tally_ledger
 
 OFFLOAD = dict(
     tool="Bash",
@@ -246,7 +250,7 @@ JSON_KEYS = [
     "cumulative_deleted_no_marker", "unique_deleted_tokens", "unique_deleted_marker",
     "unique_deleted_no_marker", "cumulative_over_unique", "distinct_markers", "requests",
     "requests_from", "sessions", "results", "results_tokens_before", "results_tokens_after",
-    "results_savings_pct", "components", "usage", "note", "cost",
+    "results_savings_pct", "components", "usage", "note", "cost", "store", "rows", "rows_counted",
 ]  # fmt: skip
 
 
@@ -338,3 +342,94 @@ def test_cache_writes_for_an_hour_are_priced_as_such(tmp_path):
     assert capped["cost"]["usd"] == pytest.approx(price.cost(
         Tokens(input=200, cache_read=2_000, cache_write_5m=1_000, cache_write_1h=100, output=100)))
     assert capped["usage"]["cache_write_1h_tokens"] == 100
+
+
+# cg-report --store: the ledger's rows (cg.exchange.ledger) counted as the change log's lines
+
+
+def ledger_of(records, **options):
+    """A MemoryLedger holding the requests `records` (a change log) describe: a Turn per
+    (session, seq), a Change per compaction line."""
+    ledger = MemoryLedger(**options)
+    requests: dict[tuple[str, int], dict] = {}
+    for r in records:
+        request = requests.setdefault((r["session"], r["seq"]), {"time": r["time"], "changes": [], "usage": None})
+        if r["kind"] == "usage":
+            request["usage"] = r
+        else:
+            request["changes"].append(Change(
+                r["seq"], r["message"], r["block"], r["tool"], r["component"], r["lossy"], r["marker"],
+                r["tokens_before"], r["tokens_after"], content_id=r["hash"], part=r["part"], step=r["step"]))
+    for (session, seq), request in requests.items():
+        used = request["usage"]
+        billed = None if used is None else Usage(used["input_tokens"], used["cache_read_tokens"],
+                                                 used["cache_write_tokens"], used["output_tokens"],
+                                                 used["cache_write_1h_tokens"])
+        ledger.record(Turn(
+            time=request["time"], seq=seq, tenant="", conversation=session, client="claude-code",
+            model=None if used is None else used["model"], dialect="anthropic", path="/v1/messages", status=200,
+            outcome="ok", tokens_before=0, tokens_after=0, results_before=0, results_after=0, billed=billed,
+            cost_via_cg=None, cost_direct=None, expand_rounds=0 if used is None else used["expand_rounds"]),
+            request["changes"])
+    return ledger
+
+
+def fired(d):
+    box = []
+    d.addBoth(box.append)
+    assert box, "the Deferred has not fired"
+    return box[0]
+
+
+# What only a change log has (its files and lines), or only a ledger (its store and rows).
+SOURCE_KEYS = {"files", "lines", "bad_lines", "other_lines", "unreadable_files", "store", "rows", "rows_counted"}
+
+
+def test_a_ledger_reports_what_the_change_log_of_the_same_requests_does(tmp_path):
+    records = [*history(), u("s1", 5, model=OPUS)]
+    from_log = tally([write_log(tmp_path / "log", records)]).summary()
+    from_ledger = fired(tally_ledger(ledger_of(records), "sqlite:/var/lib/cg/store.sqlite3")).summary()
+    assert from_ledger["unique_deleted_tokens"] == 23_050 and from_ledger["cost"]["usd"] > 0
+    assert {k: v for k, v in from_ledger.items() if k not in SOURCE_KEYS} == {
+        k: v for k, v in from_log.items() if k not in SOURCE_KEYS}
+    assert (from_ledger["store"], from_ledger["rows"], from_ledger["rows_counted"]) == (
+        "sqlite:/var/lib/cg/store.sqlite3", 8, 8)
+    text = render(from_ledger)
+    assert text.startswith("sqlite:/var/lib/cg/store.sqlite3: the ledger's 8 request(s) from 2023-11-14 22:13 UTC")
+    assert "rollups" not in text  # every request it counted, it kept
+    assert render(from_log).split("\n", 2)[2] == text.split("\n", 2)[2]  # the same table below
+
+
+def test_a_ledger_that_kept_fewer_rows_than_it_counted_says_so():
+    summary = fired(tally_ledger(ledger_of(history(), max_turns=3), "redis://cache:6379/0")).summary()
+    assert (summary["rows"], summary["rows_counted"]) == (3, 7)
+    assert "(its rollups count 7 requests; it keeps the rows of the newest 3, and these figures are theirs)" in (
+        render(summary))
+
+
+def test_a_change_without_a_marker_or_content_id_is_skipped_and_said():
+    ledger = ledger_of(history())
+    ledger.record(Turn(time=1_700_000_100.0, seq=99, tenant="", conversation="s9", client="sdk", model=None,
+                       dialect="openai", path="/v1/chat/completions", status=200, outcome="ok", tokens_before=0,
+                       tokens_after=0, results_before=0, results_after=0, billed=None, cost_via_cg=None,
+                       cost_direct=None), [Change(99, 1, None, "Bash", "textclean", False, None, 100, 50)])
+    summary = fired(tally_ledger(ledger, "sqlite:x")).summary()
+    assert summary["bad_lines"] == 1 and summary["rows"] == 8
+    assert "skipped 1 unreadable change(s) kept without a marker or content id" in render(summary)
+
+
+def test_store_options_are_refused_in_one_line(tmp_path, capsys):
+    for argv, code, said in (
+        (["--store", "memory:"], 2, "cg-report: a memory: store dies with its cg: give sqlite:PATH or a Redis URL"),
+        (["--store", "nosuch:x"], 2, "cg-report: unknown store URL 'nosuch:x'"),
+        (["--store", f"sqlite:{tmp_path / 'none.sqlite3'}"], 1, f"cg-report: no store at {tmp_path / 'none.sqlite3'}"),
+        (["--store", "sqlite:x", "--store-password-file", "pw"], 2, "cg-report: a password file is for a Redis store"),
+    ):
+        assert main(argv) == code
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(said) and err.count("\n") == 1, err
+    assert not (tmp_path / "none.sqlite3").exists()
+    for argv in ([], ["log", "--store", "sqlite:x"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2

@@ -81,6 +81,12 @@ class Change:
     marker: str | None  # the marker ID behind which the original is stored, for a lossy one
     tokens_before: int
     tokens_after: int
+    # What cg-report needs to count as it does from the change log (cg.compaction.pipeline.Change):
+    # the result's content ID (a reformat is counted once by it), the text part's index, and the
+    # step among the components that rewrote the result (step 0's tokens_before is its size as sent).
+    content_id: str | None = None
+    part: int | None = None
+    step: int | None = None
 
 
 @attrs.frozen

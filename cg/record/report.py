@@ -1,4 +1,6 @@
-"""``cg-report CHANGELOG… [--json]``: what cg saved, from its change logs (cg/changelog.py).
+"""``cg-report CHANGELOG… [--json]``: what cg saved, from its change logs (cg/changelog.py), or from
+the ledger of its store (``--store URL``: cg.web.report reads it, `Tally.add_turn` counts its rows
+as the change log's lines for the same requests).
 
 The cumulative figure sums every compaction line, and a decision is logged again on every
 turn that re-sends it: it counts re-sends (an earlier proxy found such a figure overstated savings 8-21x).
@@ -24,6 +26,7 @@ import attrs
 import ujson
 from tqdm import tqdm
 
+from cg.exchange.ledger import Change, Turn
 from cg.record.pricing import OPENAI, Tokens, prices
 from cg.wire.dialect import SHAPES
 
@@ -91,6 +94,11 @@ class Tally:
 
     files: int = 0
     lines: int = 0
+    # Read from a store's ledger instead (cg-report --store): which, the rows read, and how many
+    # requests its rollups count (more when it keeps rows for fewer requests than it counted).
+    store: str | None = None
+    rows: int = 0
+    rows_counted: int | None = None
     bad_lines: int = 0
     other_lines: int = 0
     unreadable_files: list[str] = attrs.Factory(list)
@@ -139,7 +147,27 @@ class Tally:
         except (ValueError, TypeError, OverflowError):
             self.bad_lines += 1
             return
-        when = _time(record)
+        self._seen(_time(record))
+
+    def add_turn(self, turn: Turn, changes: Sequence[Change]) -> None:
+        """A ledger's row (cg.exchange.ledger), counted as the change log's lines for the same
+        request are: a compaction line per change, and a usage line if its usage was read."""
+        self.rows += 1
+        for change in changes:
+            key = change.marker or change.content_id
+            if key is None:  # a change a ledger kept without its content ID: it cannot be counted once
+                self.bad_lines += 1
+                continue
+            self._count_compaction(turn.conversation, turn.seq, change.component, change.marker, key,
+                                   change.tokens_before - change.tokens_after, change.tokens_before, change.step,
+                                   change.lossy, (turn.conversation, turn.seq, change.message, change.block,
+                                                  change.part))
+        if turn.billed is not None:
+            self._count_usage(turn.conversation, turn.seq, dict(turn.billed.as_dict(), expand_rounds=turn.expand_rounds),
+                              turn.model, turn.dialect)
+        self._seen(turn.time)
+
+    def _seen(self, when: float | None) -> None:
         if when is not None:
             self.first_time = when if self.first_time is None else min(self.first_time, when)
             self.last_time = when if self.last_time is None else max(self.last_time, when)
@@ -152,15 +180,18 @@ class Tally:
         deleted = _int(record, "tokens_deleted")
         before = None if record.get("tokens_before") is None else _int(record, "tokens_before")
         step = None if record.get("step") is None else _int(record, "step")
-        if marker is not None:
-            key = (marker, component)
-        elif content_hash is not None:
-            key = (content_hash, component)
-        else:
+        key = marker if marker is not None else content_hash
+        if key is None:
             raise BadRecord("neither marker nor hash")
-        lossy = record.get("lossy") is True
-        location: _Location = (session, seq, record.get("message"), record.get("block"), record.get("part"))
+        self._count_compaction(session, seq, component, marker, key, deleted, before, step,
+                               record.get("lossy") is True,
+                               (session, seq, record.get("message"), record.get("block"), record.get("part")))
 
+    def _count_compaction(self, session: str, seq: int, component: str, marker: str | None, key_id: str,
+                          deleted: int, before: int | None, step: int | None, lossy: bool,
+                          location: _Location) -> None:
+        """One component's step on one result; ``key_id`` is its marker id, else its content hash."""
+        key = (key_id, component)
         self.compactions += 1
         self.cumulative += deleted
         self.sessions.add(session)
@@ -196,6 +227,11 @@ class Tally:
     def _usage(self, record: dict[str, object]) -> None:
         session, seq = _str(record, "session"), _int(record, "seq")
         counts = {key: _int(record, key, default=0) for key in _USAGE_FIELDS}
+        model = record.get("model")
+        self._count_usage(session, seq, counts, model if isinstance(model, str) else None, str(record.get("dialect")))
+
+    def _count_usage(self, session: str, seq: int, counts: dict[str, int], model: str | None, dialect: str) -> None:
+        """One request's billed usage (``counts`` by _USAGE_FIELDS), priced by its model and dialect."""
         # Lines written before cg split cache writes by lifetime have none written for an hour.
         tokens = Tokens.billed(counts["input_tokens"], counts["cache_read_tokens"], counts["cache_write_tokens"],
                                counts["cache_write_1h_tokens"], counts["output_tokens"])
@@ -205,12 +241,11 @@ class Tally:
         self.usage_requests.add((session, seq))
         for key, value in counts.items():
             self.usage[key] += value
-        model = record.get("model")
         # The provider is the route of the line's dialect (cg.record.pricing keys its providers by
         # the route's name); a line of no dialect cg knows is priced as OpenAI's, as it always was.
-        shape = SHAPES.get(str(record.get("dialect")))
+        shape = SHAPES.get(dialect)
         provider = shape.route if shape is not None else OPENAI
-        priced_by = (model if isinstance(model, str) else None, provider)
+        priced_by = (model, provider)
         self.billed[priced_by] = self.billed.get(priced_by, Tokens()) + tokens
 
     def cost(self) -> dict[str, Any]:
@@ -283,6 +318,9 @@ class Tally:
             },
             "note": NOTE,
             "cost": self.cost(),
+            "store": self.store,
+            "rows": self.rows,
+            "rows_counted": self.rows_counted,
         }
 
 
@@ -345,11 +383,17 @@ def text_table(rows: list[tuple[str, ...]], align: str) -> list[str]:
 
 def render(s: dict[str, Any]) -> str:
     """The summary as a plain text table."""
-    out = [
-        f"{s['files']} file(s), {s['lines']:,} lines from {_when(s['first_time'])} to {_when(s['last_time'])}"
-    ]
+    span = f"from {_when(s['first_time'])} to {_when(s['last_time'])}"
+    if s["store"] is None:
+        out = [f"{s['files']} file(s), {s['lines']:,} lines {span}"]
+    else:
+        out = [f"{s['store']}: the ledger's {s['rows']:,} request(s) {span}"]
+        if s["rows_counted"] is not None and s["rows_counted"] > s["rows"]:
+            out.append(f"(its rollups count {s['rows_counted']:,} requests; it keeps the rows of the newest "
+                       f"{s['rows']:,}, and these figures are theirs)")
     if s["bad_lines"]:
-        out.append(f"skipped {s['bad_lines']:,} unreadable line(s)")
+        what = "line(s)" if s["store"] is None else "change(s) kept without a marker or content id"
+        out.append(f"skipped {s['bad_lines']:,} unreadable {what}")
     for problem in s["unreadable_files"]:
         out.append(f"could not read {problem}")
     out.append("")
@@ -438,28 +482,44 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
-    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+def arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """cg-report's command line (run by cg.web.report, which can open a store)."""
     parser = argparse.ArgumentParser(
         prog="cg-report",
-        description="What cg saved, from its change logs (--changelog). Reads plain or gzip "
-        "files (rotated ones too); - reads standard input.",
+        description="What cg saved, from its change logs (--changelog) or from the ledger of its store "
+        "(--store). Reads plain or gzip files (rotated ones too); - reads standard input.",
     )
-    parser.add_argument("changelogs", nargs="+", metavar="CHANGELOG")
+    parser.add_argument("changelogs", nargs="*", metavar="CHANGELOG")
+    parser.add_argument("--store", metavar="URL",
+                        help="read the ledger of the store at URL instead: sqlite:PATH or a Redis URL, as twistd "
+                        "cg --store takes it")
+    parser.add_argument("--store-password-file", metavar="FILE",
+                        help="a Redis store's password, from this file (else $CG_STORE_PASSWORD, when the URL "
+                        "has none)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable keys)")
     args = parser.parse_args(argv)
+    if bool(args.changelogs) == (args.store is not None):
+        parser.error("give CHANGELOG files or --store URL" if not args.changelogs
+                     else "give CHANGELOG files or --store URL, not both")
+    return args
+
+
+def report_changelogs(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    """The report of the change logs ``args`` names."""
     summary = tally(args.changelogs, stderr=stderr, quiet=args.json).summary()
     if len(summary["unreadable_files"]) == len(args.changelogs) and not summary["lines"]:
         # Nothing was read: a table of zeros would read as "cg saved nothing".
         for problem in summary["unreadable_files"]:
             print(f"cg-report: could not read {problem}", file=stderr)
         return 1
-    if args.json:
-        stdout.write(
-            ujson.dumps(summary, ensure_ascii=False, escape_forward_slashes=False, indent=2) + "\n"
-        )
-    else:
-        stdout.write(render(summary))
+    show(summary, args.json, stdout)
     for problem in summary["unreadable_files"]:
         print(f"cg-report: could not read {problem}", file=stderr)
     return 1 if summary["unreadable_files"] else 0
+
+
+def show(summary: dict[str, Any], as_json: bool, stdout: TextIO) -> None:
+    if as_json:
+        stdout.write(ujson.dumps(summary, ensure_ascii=False, escape_forward_slashes=False, indent=2) + "\n")
+    else:
+        stdout.write(render(summary))

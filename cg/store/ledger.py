@@ -95,6 +95,13 @@ class MemoryLedger:
         turns.sort(key=lambda pair: (pair[0].time, pair[0].seq))
         return succeed((summary, [turn for turn, _ in turns], [c for _, changes in turns for c in changes]))
 
+    def turns(self, tenant: str | None, since: float | None) -> Deferred[list[tuple[Turn, Sequence[Change]]]]:
+        rows: list[tuple[Turn, Sequence[Change]]] = [
+            (turn, changes) for turn, changes in self._turns
+            if (tenant is None or turn.tenant == tenant) and (since is None or turn.time >= since)]
+        rows.sort(key=lambda pair: (pair[0].time, pair[0].seq))
+        return succeed(rows)
+
     def trim(self, now: float) -> Deferred[int]:
         horizon = now - self.days * 86400.0
         gone = [key for key in self._buckets if key[0] + key[1] <= horizon]

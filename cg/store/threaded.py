@@ -62,6 +62,8 @@ class LedgerBackend(Protocol):
 
     def conversation(self, tenant: str | None, id_: str) -> tuple[Conversation, list[Turn], list[Change]] | None: ...
 
+    def turns(self, tenant: str | None, since: float | None) -> list[tuple[Turn, Sequence[Change]]]: ...
+
     def trim(self, now: float, days: float) -> int: ...
 
 
@@ -575,6 +577,9 @@ class ThreadedLedger:
 
     def conversation(self, tenant: str | None, id: str) -> Deferred[tuple[Conversation, list[Turn], list[Change]] | None]:
         return self._read("conversation", tenant, id)
+
+    def turns(self, tenant: str | None, since: float | None) -> Deferred[list[tuple[Turn, Sequence[Change]]]]:
+        return self._read("turns", tenant, since)
 
     def trim(self, now: float) -> Deferred[int]:
         return self._read("trim", now, self.days)
