@@ -22,6 +22,7 @@ from cg.testing import (
     openai_stream_events,
     sse_event,
 )
+from cg.web.report import tally_ledger
 
 REQUEST = {"model": "claude-opus-4-8", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 USAGE = {"input_tokens": 12, "cache_read_input_tokens": 3000, "cache_creation_input_tokens": 40, "output_tokens": 7}
@@ -106,6 +107,28 @@ def test_change_log_and_report(make_cg, fake, tmp_path):
     yield client.closed
     yield cg.service.changelog.flush()
     assert path.exists() and '"kind":"usage"' in path.read_text()
+
+
+@inlineCallbacks
+def test_the_ledger_gives_the_report_the_change_log_gives(make_cg, fake, tmp_path):
+    """cg-report --store counts the ledger's rows as the change log's lines of the same requests."""
+    path = tmp_path / "changes.jsonl"
+    cg = make_cg(anthropic_upstream=fake.url, expand=True, changelog=str(path))
+    first = history("\x1b[1m" + command_output(), "x")
+    for session, body in (("s1", first), ("s1", first), ("s2", history(command_output(), "y"))):
+        fake.enqueue(JSONReply(anthropic_message("ok", usage=USAGE)))
+        client = yield connect(cg.port, http_request("POST", "/v1/messages", claude_code_bytes(body),
+                                                     [("x-claude-code-session-id", session)]))
+        yield client.closed
+    yield cg.service.changelog.flush()
+    from_log = report.tally([str(path)]).summary()
+    from_ledger = (yield tally_ledger(cg.service.forwarder.ledger, "memory:")).summary()
+    assert from_ledger["rows"] == from_ledger["requests"] == 3 and from_ledger["unique_deleted_tokens"] > 0
+    assert from_ledger["unique_deleted_no_marker"] > 0 and from_ledger["results"] == 3  # a reformat, counted once
+    mine = {"files", "lines", "bad_lines", "other_lines", "unreadable_files", "store", "rows", "rows_counted",
+            "first_time", "last_time"}  # times: the ledger's is the request's arrival, the log's when it was written
+    assert {k: v for k, v in from_ledger.items() if k not in mine} == {
+        k: v for k, v in from_log.items() if k not in mine}
 
 
 @inlineCallbacks

@@ -109,7 +109,8 @@ class Book:
             cache_until=None if billed is None or sent.lifetime is None else sent.time + sent.lifetime,
         )
         changes = [ledger.Change(record.seq, c.message_index, c.block_index, c.tool_name, c.component, c.lossy,
-                                 c.marker_id, c.tokens_before, c.tokens_after) for c in compactions]
+                                 c.marker_id, c.tokens_before, c.tokens_after, content_id=c.content_id,
+                                 part=c.part_index, step=c.step) for c in compactions]
         return turn, changes
 
     def _removed(self, tenant: str, conversation: str, compactions: list[Compaction]) -> tuple[int, int]:
