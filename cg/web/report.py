@@ -44,7 +44,13 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         return 1
     from twisted.internet import task
 
-    task.react(_report_store, (args, store_label(args.store), password, stdout, stderr))
+    task.react(_exit_with, (args, store_label(args.store), password, stdout, stderr))
+
+
+async def _exit_with(reactor: IReactorFromThreads, args: argparse.Namespace, label: str, password: str | None,
+                     stdout: TextIO, stderr: TextIO) -> None:
+    """react exits 0 whatever its coroutine returns: the status goes out as SystemExit's."""
+    raise SystemExit(await _report_store(reactor, args, label, password, stdout, stderr))
 
 
 async def _report_store(reactor: IReactorFromThreads, args: argparse.Namespace, label: str, password: str | None,
@@ -80,3 +86,7 @@ def tally_ledger(ledger: ILedger, label: str, stderr: TextIO | None = None, quie
         return tally
 
     return Deferred.fromCoroutine(read())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
