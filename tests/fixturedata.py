@@ -30,3 +30,20 @@ def codex_request(name: str) -> dict:
 def codex_body(name: str) -> dict:
     """The body of a recorded Codex CLI request, by file stem (None for the WebSocket GET)."""
     return codex_request(name)["body"]
+
+
+FEATURES = FIXTURES / "features"
+
+
+def feature_names() -> list[str]:
+    """The shapes of the providers' newer features (tests/fixtures/features/), by file stem."""
+    return sorted(path.stem for path in FEATURES.glob("*.json"))
+
+
+def feature(name: str) -> dict:
+    """One feature's shapes: {"source", "path", "headers", "request", "response"}, and "stream" (the
+    raw SSE bytes, when the feature streams)."""
+    shape = _request(FEATURES, name)
+    stream = FEATURES / f"{name}.sse"
+    shape["stream"] = stream.read_bytes() if stream.exists() else None
+    return shape
