@@ -11,20 +11,34 @@ spliced into one stream the SDK accumulates, the continuation carrying those blo
 provider requires.
 """
 
+import copy
 import json
+import re
 
 import anthropic
 import openai
 import pytest
 from fixturedata import feature, feature_names
 from helpers.drive import TIMEOUT
+from helpers.replies import continuation
+from helpers.streams import is_insertion
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from cg.compaction.expand import ANTHROPIC_TOOL, OPENAI_TOOL, RESPONSES_TOOL
-from cg.testing import JSONReply, SSEReply
+from cg.testing import (
+    JSONReply,
+    SSEReply,
+    anthropic_expand_block,
+    anthropic_message,
+    responses_function_call,
+    responses_message,
+    responses_stream_events,
+    sse_event,
+)
+from cg.wire.markers import EXPAND_TOOL
 
 # The tool results compaction rewrites in the corpus (a 900-line test log; the images and documents
 # beside it, and the code execution output in an assistant turn, are not tool results it may touch).
@@ -192,3 +206,178 @@ def test_the_official_sdk_accumulates_each_stream(cg, fake, fake_openai, name):
     upstream_of(shape, fake, fake_openai).enqueue(SSEReply([shape["stream"]]))
     final = yield sdk_final(cg, shape)
     assert summary(shape, final.to_dict(mode="json", exclude_unset=True)) == summary(shape, shape["response"])
+
+
+# ---------------------------------------------------------------------------------------------
+# An expand call after a thinking block, a server-tool block or a reasoning item
+
+# A tool result cg offloads (900 lines, well past the offload threshold), and the marker it becomes.
+LOG = "".join(f"PASS src/module_{i:04d}.test.ts (0.{i % 97:02d} s) — ✓ renders héllo/world\n" for i in range(900))
+MARKER = re.compile(rb"<<cg:([0-9a-f]{16})>>")
+
+
+def split_events(stream: bytes) -> list[bytes]:
+    return [event + b"\n\n" for event in stream.split(b"\n\n") if event]
+
+
+def with_log(messages: list[dict]) -> list[dict]:
+    """`messages` with LOG as the answer to a Bash call: in the last tool_result when there is
+    one, else in a new assistant call and its result."""
+    messages = copy.deepcopy(messages)
+    for block in messages[-1]["content"] if isinstance(messages[-1]["content"], list) else ():
+        if block.get("type") == "tool_result":
+            block["content"] = LOG
+            return messages
+    return messages + [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01Log", "name": "Bash",
+                                           "input": {"command": "npm test"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01Log", "content": LOG}]},
+    ]
+
+
+def ref_in(received) -> str:
+    [ref] = MARKER.findall(received.body)
+    return ref.decode()
+
+
+def anthropic_round_with_expand(shape: dict, ref: str) -> list[bytes]:
+    """The shape's stream with a `context_guru_expand` call after its blocks, ending in tool_use."""
+    events = split_events(shape["stream"])[:-2]  # without its message_delta and message_stop
+    index = sum(event.startswith(b"event: content_block_start") for event in events)
+    return [*events, *anthropic_expand_block(index, ref=ref),
+            sse_event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use",
+                                                                          "stop_sequence": None},
+                                        "usage": {"output_tokens": 90}}),
+            sse_event("message_stop", {"type": "message_stop"})]
+
+
+ANTHROPIC_BEFORE_EXPAND = ["anthropic_thinking", "anthropic_web_search", "anthropic_code_execution",
+                           "anthropic_web_fetch", "anthropic_compaction"]
+
+
+@pytest.mark.parametrize("name", ANTHROPIC_BEFORE_EXPAND)
+@inlineCallbacks
+def test_an_expand_call_after_thinking_or_a_server_tool_is_spliced_into_the_sdks_stream(make_cg, fake, name):
+    """The Messages API requires the assistant turn of a tool loop sent back as returned: "During
+    tool use, you must pass thinking blocks back to the API, and you must include the complete
+    unmodified block back to the API" (docs, extended thinking > preserving thinking blocks: text
+    and signature; redacted_thinking's data), the server tool blocks with their encrypted fields
+    (docs, web search tool; pause_turn), a compaction block "round-tripped verbatim"
+    (BetaCompactionBlock). The continuation carries round 1's blocks as the fixture's JSON response
+    holds them (the stream's deltas joined, the signature from its signature_delta), which the
+    strict fake checks against the thinking it sent; the SDK gets one message without the call."""
+    cg = make_cg(anthropic_upstream=fake.url)
+    shape = feature(name)
+    request = dict(shape["request"], messages=with_log(shape["request"]["messages"]))
+    betas = [beta for beta in shape["headers"].get("anthropic-beta", "").split(",") if beta]
+    blocks = shape["response"]["content"]
+
+    def run():
+        client = anthropic.Anthropic(base_url=cg.url, api_key="k", max_retries=0, timeout=TIMEOUT)
+        with client.beta.messages.stream(**request, betas=betas) as stream:
+            return stream.get_final_message()
+
+    # A first pass: the marker's ID (the original's, the same on every request), and the fake
+    # answering with the history's assistant blocks, as the model wrote them earlier in the
+    # conversation (its strict mode accepts only thinking it sent).
+    history = [block for message in request["messages"] if message["role"] == "assistant"
+               for block in message["content"]]
+    fake.enqueue(JSONReply(anthropic_message(content=history)))
+    status, _, _ = yield post(cg, dict(shape, request=request), client_bytes(dict(shape, request=request), False))
+    assert status == 200
+    ref = ref_in(fake.received[0])
+    fake.strict = True
+    fake.enqueue(SSEReply(anthropic_round_with_expand(shape, ref)), SSEReply(continuation(["Line 450 ", "fails."])))
+    message = yield deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
+
+    assert fake.rejections == []
+    first, again = fake.received[1:]
+    assistant, answers = again.json()["messages"][-2:]
+    assert assistant == {"role": "assistant", "content": [*blocks, {
+        "type": "tool_use", "id": f"toolu_expand_{len(blocks)}", "name": EXPAND_TOOL, "input": {"id": ref}}]}
+    assert answers == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": f"toolu_expand_{len(blocks)}", "content": LOG}]}
+    assert is_insertion(first.body, again.body)  # every byte of round 1's request kept
+    final = message.to_dict(mode="json", exclude_unset=True)
+    assert final["content"] == [*blocks, {"type": "text", "text": "Line 450 fails."}]
+    assert final["stop_reason"] == "end_turn"
+
+
+def responses_round_with_expand(shape: dict, ref: str) -> tuple[list[bytes], dict]:
+    """The shape's stream with a `context_guru_expand` call after its items (its `response.completed`
+    listing it too), and the call."""
+    events = [json.loads(event.split(b"data: ", 1)[1]) for event in split_events(shape["stream"])]
+    completed = events.pop()
+    output = completed["response"]["output"]
+    arguments = json.dumps({"id": ref})
+    call = responses_function_call(EXPAND_TOOL, arguments, call_id="call_expand", id="fc_expand")
+    at = len(output)
+    events += [
+        {"type": "response.output_item.added", "output_index": at, "item": dict(call, status="in_progress",
+                                                                                arguments="")},
+        {"type": "response.function_call_arguments.delta", "item_id": "fc_expand", "output_index": at,
+         "delta": arguments},
+        {"type": "response.function_call_arguments.done", "item_id": "fc_expand", "output_index": at,
+         "arguments": arguments},
+        {"type": "response.output_item.done", "output_index": at, "item": call},
+        {**completed, "response": dict(completed["response"], output=[*output, call])},
+    ]
+    return [sse_event(event["type"], dict(event, sequence_number=n)) for n, event in enumerate(events)], call
+
+
+def with_responses_log(items: list[dict]) -> list[dict]:
+    """`items` with LOG as the output of an exec_command call: the last function_call_output's
+    when there is one, else a new call and its output."""
+    items = copy.deepcopy(items)
+    for item in items:
+        if item.get("type") == "function_call_output":
+            item["output"] = LOG
+            return items
+    return items + [
+        {"type": "function_call", "call_id": "call_Log", "name": "exec_command", "arguments": '{"cmd":"npm test"}'},
+        {"type": "function_call_output", "call_id": "call_Log", "output": LOG},
+    ]
+
+
+@pytest.mark.parametrize("name", ["responses_reasoning", "responses_web_search"])
+@inlineCallbacks
+def test_an_expand_call_after_a_reasoning_item_or_a_web_search_is_spliced_into_the_sdks_stream(
+        make_cg, fake_openai, name):
+    """The Responses API, with `store: false`, needs the reasoning items back with their
+    `encrypted_content`, each before the call it led to ("Item 'fc_…' of type 'function_call' was
+    provided without its required 'reasoning' item"; docs, reasoning > keeping reasoning items in
+    context), and built-in tool calls back as returned. The continuation appends every output item
+    of round 1 as its `output_item.done` gave it, in order, then the answer; the SDK's
+    `get_final_response()` gets one response (round 1's id) without the call."""
+    fake_openai.strict = True
+    cg = make_cg(openai_upstream=fake_openai.url)
+    shape = feature(name)
+    request = dict(shape["request"], input=with_responses_log(shape["request"]["input"]))
+
+    def run():
+        client = openai.OpenAI(base_url=cg.url + "/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
+        with client.responses.stream(**request) as stream:
+            return stream.get_final_response()
+
+    fake_openai.enqueue(JSONReply(dumps(shape["response"])))
+    status, _, _ = yield post(cg, dict(shape, request=request), client_bytes(dict(shape, request=request), False))
+    assert status == 200
+    ref = ref_in(fake_openai.received[0])
+    round1, call = responses_round_with_expand(shape, ref)
+    reply = responses_message("Line 450 fails.", id="msg_cont")
+    fake_openai.enqueue(SSEReply(round1), SSEReply(responses_stream_events([reply], id="resp_cont")))
+    response = yield deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
+
+    assert fake_openai.rejections == []
+    first, again = fake_openai.received[1:]
+    output = shape["response"]["output"]
+    assert again.json()["input"][len(request["input"]):] == [
+        *output, call, {"type": "function_call_output", "call_id": "call_expand", "output": LOG}]
+    assert is_insertion(first.body, again.body)  # every byte of round 1's request kept
+    final = response.to_dict(mode="json", exclude_unset=True)
+    assert final["id"] == shape["response"]["id"] and final["status"] == "completed"
+    for item in final["output"]:
+        for part in item.get("content") or ():
+            part.pop("parsed", None)
+    assert final["output"] == [*output, reply]
+
