@@ -83,6 +83,19 @@ def test_a_lone_expand_call_is_held_and_decided_at_done():
         {"id": "call_x", "type": "function", "function": {"name": EXPAND_TOOL, "arguments": ARGS}}]}
 
 
+
+def test_the_rounds_reasoning_content_goes_back_with_the_call():
+    """An OpenAI-compatible thinking server (DeepSeek, Kimi) answers 400 to a tool-call turn sent
+    back without its reasoning_content; a round without any sends none."""
+    thinking = {"content": None, "reasoning_content": "The log "}
+    events = turn(thinking, {**thinking, "reasoning_content": "matters."}, *expanding(), finish="tool_calls")
+    insp = ChatInspector()
+    _, action = feed_round(insp, [b"".join(events)])
+    assert action == EXPAND
+    assert insp.assistant_message() == {"role": "assistant", "content": None, "reasoning_content": "The log matters.",
+                                        "tool_calls": [{"id": "call_x", "type": "function",
+                                                        "function": {"name": EXPAND_TOOL, "arguments": ARGS}}]}
+
 def test_an_expand_call_opening_the_turn_is_held_and_the_client_gets_one_role():
     data, action, insp = run([opening_call(), ROUND2])
     assert action == DONE and insp.calls == [ExpandCall("call_x", ARGS, REF)]

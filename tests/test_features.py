@@ -20,7 +20,8 @@ import openai
 import pytest
 from fixturedata import feature, feature_names
 from helpers.drive import TIMEOUT
-from helpers.replies import continuation
+from helpers.replies import DONE_EVENT, continuation, frag, start, turn
+from helpers.replies import chunk as reply_chunk
 from helpers.streams import is_insertion
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
@@ -381,3 +382,48 @@ def test_an_expand_call_after_a_reasoning_item_or_a_web_search_is_spliced_into_t
             part.pop("parsed", None)
     assert final["output"] == [*output, reply]
 
+
+@inlineCallbacks
+def test_an_expand_call_after_reasoning_content_is_continued_with_it(make_cg, fake_openai):
+    """OpenAI-compatible servers that think (DeepSeek, Kimi) need the turn's `reasoning_content`
+    back while its tool calls are answered: "if the model performed a tool call, the intermediate
+    assistant's reasoning_content must participate in the context concatenation and must be passed
+    back to the API" (DeepSeek API docs, thinking mode; 400 "Missing `reasoning_content` field in
+    the assistant message" otherwise). Streamed, the continuation's assistant message carries the
+    round's reasoning text as the deltas gave it, beside its content and the call; the SDK gets one
+    completion without the call."""
+    fake_openai.strict = True
+    cg = make_cg(openai_upstream=fake_openai.url)
+    shape = feature("chat_reasoning_content")
+    messages = [*shape["request"]["messages"],
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_Log", "type": "function", "function": {"name": "run", "arguments": '{"cmd":"npm test"}'}}]},
+                {"role": "tool", "tool_call_id": "call_Log", "content": LOG}]
+    request = dict(shape["request"], messages=messages)
+    fake_openai.enqueue(JSONReply(dumps(shape["response"])))
+    status, _, _ = yield post(cg, dict(shape, request=request), client_bytes(dict(shape, request=request), False))
+    assert status == 200
+    ref = ref_in(fake_openai.received[0])
+    chunks = split_events(shape["stream"])[:-2]  # without the finish chunk and [DONE]
+    head = {key: shape["response"][key] for key in ("id", "created", "model")}
+    arguments = json.dumps({"id": ref})
+    round1 = [*chunks, reply_chunk(start(0, "call_expand"), head=head),
+              reply_chunk(frag(0, arguments), head=head), reply_chunk({}, "tool_calls", head=head), DONE_EVENT]
+    fake_openai.enqueue(SSEReply(round1), SSEReply(turn({"content": "Line 450 fails."}, finish="stop", head=head)))
+
+    def run():
+        client = openai.OpenAI(base_url=cg.url + "/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
+        with client.chat.completions.stream(**request) as stream:
+            return stream.get_final_completion()
+
+    completion = yield deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
+    assert fake_openai.rejections == []
+    message = shape["response"]["choices"][0]["message"]
+    assistant, answer = fake_openai.received[2].json()["messages"][-2:]
+    assert assistant == {"role": "assistant", "content": message["content"],
+                         "reasoning_content": message["reasoning_content"],
+                         "tool_calls": [{"id": "call_expand", "type": "function",
+                                         "function": {"name": EXPAND_TOOL, "arguments": arguments}}]}
+    assert answer == {"role": "tool", "tool_call_id": "call_expand", "content": LOG}
+    final = completion.choices[0].message
+    assert final.tool_calls is None and final.content == message["content"] + "Line 450 fails."

@@ -187,6 +187,7 @@ class ChatInspector(RoundInspector):
         self._held_bytes = 0
         self._expands: dict[object, _Call] = {}  # by tool-call index
         self._text: list[str] = []
+        self._reasoning: list[str] = []  # ``reasoning_content`` deltas (OpenAI-compatible thinking servers)
         self._decided = False
         self._saw_end = False  # [DONE] or an error chunk
         self._committed = self._round == 0
@@ -198,14 +199,18 @@ class ChatInspector(RoundInspector):
     # Public API (``cg.exchange.dialects.StreamInspector``; the rest is RoundInspector's)
 
     def assistant_message(self) -> dict[str, object]:
-        """The decided round's assistant message, for the continuation request."""
-        return {
-            "role": "assistant",
-            "content": "".join(self._text) or None,
-            "tool_calls": [{"id": call.id, "type": "function",
-                            "function": {"name": EXPAND_TOOL, "arguments": cast(str, call.raw_input)}}
-                           for call in self.calls],
-        }
+        """The decided round's assistant message, for the continuation request.
+
+        With the round's ``reasoning_content`` when it had any: a server that thinks (DeepSeek,
+        Kimi) answers 400 to a tool-call turn sent back without it, as the JSON loop sends the
+        message it got (``cg.stream.continuation``)."""
+        message: dict[str, object] = {"role": "assistant", "content": "".join(self._text) or None}
+        if self._reasoning:
+            message["reasoning_content"] = "".join(self._reasoning)
+        message["tool_calls"] = [{"id": call.id, "type": "function",
+                                  "function": {"name": EXPAND_TOOL, "arguments": cast(str, call.raw_input)}}
+                                 for call in self.calls]
+        return message
 
     def feed(self, event: Event) -> Step:
         state = self._state
@@ -244,6 +249,9 @@ class ChatInspector(RoundInspector):
                 content = delta.get("content")
                 if isinstance(content, str):
                     self._text.append(content)
+                reasoning = delta.get("reasoning_content")
+                if isinstance(reasoning, str):
+                    self._reasoning.append(reasoning)
                 starts = [call for call in _tool_calls(delta) if _name(call) is not None]
                 if starts:
                     if _pure(choice) and all(_name(call) == EXPAND_TOOL for call in starts):
