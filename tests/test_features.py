@@ -34,8 +34,10 @@ from cg.testing import (
     SSEReply,
     anthropic_expand_block,
     anthropic_message,
+    openai_completion,
     responses_function_call,
     responses_message,
+    responses_response,
     responses_stream_events,
     sse_event,
 )
@@ -256,9 +258,11 @@ ANTHROPIC_BEFORE_EXPAND = ["anthropic_thinking", "anthropic_web_search", "anthro
                            "anthropic_web_fetch", "anthropic_compaction"]
 
 
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
 @pytest.mark.parametrize("name", ANTHROPIC_BEFORE_EXPAND)
 @inlineCallbacks
-def test_an_expand_call_after_thinking_or_a_server_tool_is_spliced_into_the_sdks_stream(make_cg, fake, name):
+def test_an_expand_call_after_thinking_or_a_server_tool_is_spliced_into_the_sdks_stream(make_cg, fake, name,
+                                                                                      streamed):
     """The Messages API requires the assistant turn of a tool loop sent back as returned: "During
     tool use, you must pass thinking blocks back to the API, and you must include the complete
     unmodified block back to the API" (docs, extended thinking > preserving thinking blocks: text
@@ -266,7 +270,8 @@ def test_an_expand_call_after_thinking_or_a_server_tool_is_spliced_into_the_sdks
     (docs, web search tool; pause_turn), a compaction block "round-tripped verbatim"
     (BetaCompactionBlock). The continuation carries round 1's blocks as the fixture's JSON response
     holds them (the stream's deltas joined, the signature from its signature_delta), which the
-    strict fake checks against the thinking it sent; the SDK gets one message without the call."""
+    strict fake checks against the thinking it sent; the SDK gets one message without the call
+    (JSON: the merged message)."""
     cg = make_cg(anthropic_upstream=fake.url)
     shape = feature(name)
     request = dict(shape["request"], messages=with_log(shape["request"]["messages"]))
@@ -275,6 +280,8 @@ def test_an_expand_call_after_thinking_or_a_server_tool_is_spliced_into_the_sdks
 
     def run():
         client = anthropic.Anthropic(base_url=cg.url, api_key="k", max_retries=0, timeout=TIMEOUT)
+        if not streamed:
+            return client.beta.messages.create(**request, betas=betas)
         with client.beta.messages.stream(**request, betas=betas) as stream:
             return stream.get_final_message()
 
@@ -288,14 +295,19 @@ def test_an_expand_call_after_thinking_or_a_server_tool_is_spliced_into_the_sdks
     assert status == 200
     ref = ref_in(fake.received[0])
     fake.strict = True
-    fake.enqueue(SSEReply(anthropic_round_with_expand(shape, ref)), SSEReply(continuation(["Line 450 ", "fails."])))
+    expand_use = {"type": "tool_use", "id": f"toolu_expand_{len(blocks)}", "name": EXPAND_TOOL, "input": {"id": ref}}
+    if streamed:
+        fake.enqueue(SSEReply(anthropic_round_with_expand(shape, ref)),
+                     SSEReply(continuation(["Line 450 ", "fails."])))
+    else:
+        fake.enqueue(JSONReply(dict(shape["response"], content=[*blocks, expand_use], stop_reason="tool_use")),
+                     JSONReply(anthropic_message("Line 450 fails.")))
     message = yield deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
 
     assert fake.rejections == []
     first, again = fake.received[1:]
     assistant, answers = again.json()["messages"][-2:]
-    assert assistant == {"role": "assistant", "content": [*blocks, {
-        "type": "tool_use", "id": f"toolu_expand_{len(blocks)}", "name": EXPAND_TOOL, "input": {"id": ref}}]}
+    assert assistant == {"role": "assistant", "content": [*blocks, expand_use]}
     assert answers == {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": f"toolu_expand_{len(blocks)}", "content": LOG}]}
     assert is_insertion(first.body, again.body)  # every byte of round 1's request kept
@@ -340,16 +352,18 @@ def with_responses_log(items: list[dict]) -> list[dict]:
     ]
 
 
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
 @pytest.mark.parametrize("name", ["responses_reasoning", "responses_web_search"])
 @inlineCallbacks
 def test_an_expand_call_after_a_reasoning_item_or_a_web_search_is_spliced_into_the_sdks_stream(
-        make_cg, fake_openai, name):
+        make_cg, fake_openai, name, streamed):
     """The Responses API, with `store: false`, needs the reasoning items back with their
     `encrypted_content`, each before the call it led to ("Item 'fc_…' of type 'function_call' was
     provided without its required 'reasoning' item"; docs, reasoning > keeping reasoning items in
     context), and built-in tool calls back as returned. The continuation appends every output item
     of round 1 as its `output_item.done` gave it, in order, then the answer; the SDK's
-    `get_final_response()` gets one response (round 1's id) without the call."""
+    `get_final_response()` gets one response (round 1's id) without the call (JSON: the merged
+    response)."""
     fake_openai.strict = True
     cg = make_cg(openai_upstream=fake_openai.url)
     shape = feature(name)
@@ -357,6 +371,8 @@ def test_an_expand_call_after_a_reasoning_item_or_a_web_search_is_spliced_into_t
 
     def run():
         client = openai.OpenAI(base_url=cg.url + "/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
+        if not streamed:
+            return client.responses.create(**request)
         with client.responses.stream(**request) as stream:
             return stream.get_final_response()
 
@@ -366,7 +382,11 @@ def test_an_expand_call_after_a_reasoning_item_or_a_web_search_is_spliced_into_t
     ref = ref_in(fake_openai.received[0])
     round1, call = responses_round_with_expand(shape, ref)
     reply = responses_message("Line 450 fails.", id="msg_cont")
-    fake_openai.enqueue(SSEReply(round1), SSEReply(responses_stream_events([reply], id="resp_cont")))
+    if streamed:
+        fake_openai.enqueue(SSEReply(round1), SSEReply(responses_stream_events([reply], id="resp_cont")))
+    else:
+        fake_openai.enqueue(JSONReply(dict(shape["response"], output=[*shape["response"]["output"], call])),
+                            JSONReply(responses_response([reply], id="resp_cont")))
     response = yield deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
 
     assert fake_openai.rejections == []
@@ -383,15 +403,16 @@ def test_an_expand_call_after_a_reasoning_item_or_a_web_search_is_spliced_into_t
     assert final["output"] == [*output, reply]
 
 
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
 @inlineCallbacks
-def test_an_expand_call_after_reasoning_content_is_continued_with_it(make_cg, fake_openai):
+def test_an_expand_call_after_reasoning_content_is_continued_with_it(make_cg, fake_openai, streamed):
     """OpenAI-compatible servers that think (DeepSeek, Kimi) need the turn's `reasoning_content`
     back while its tool calls are answered: "if the model performed a tool call, the intermediate
     assistant's reasoning_content must participate in the context concatenation and must be passed
     back to the API" (DeepSeek API docs, thinking mode; 400 "Missing `reasoning_content` field in
     the assistant message" otherwise). Streamed, the continuation's assistant message carries the
-    round's reasoning text as the deltas gave it, beside its content and the call; the SDK gets one
-    completion without the call."""
+    round's reasoning text as the deltas gave it, beside its content and the call (JSON: the message
+    as returned); the SDK gets one completion without the call."""
     fake_openai.strict = True
     cg = make_cg(openai_upstream=fake_openai.url)
     shape = feature("chat_reasoning_content")
@@ -407,23 +428,31 @@ def test_an_expand_call_after_reasoning_content_is_continued_with_it(make_cg, fa
     chunks = split_events(shape["stream"])[:-2]  # without the finish chunk and [DONE]
     head = {key: shape["response"][key] for key in ("id", "created", "model")}
     arguments = json.dumps({"id": ref})
-    round1 = [*chunks, reply_chunk(start(0, "call_expand"), head=head),
-              reply_chunk(frag(0, arguments), head=head), reply_chunk({}, "tool_calls", head=head), DONE_EVENT]
-    fake_openai.enqueue(SSEReply(round1), SSEReply(turn({"content": "Line 450 fails."}, finish="stop", head=head)))
+    message = shape["response"]["choices"][0]["message"]
+    expand_call = {"id": "call_expand", "type": "function", "function": {"name": EXPAND_TOOL, "arguments": arguments}}
+    if streamed:
+        round1 = [*chunks, reply_chunk(start(0, "call_expand"), head=head),
+                  reply_chunk(frag(0, arguments), head=head), reply_chunk({}, "tool_calls", head=head), DONE_EVENT]
+        fake_openai.enqueue(SSEReply(round1),
+                            SSEReply(turn({"content": "Line 450 fails."}, finish="stop", head=head)))
+    else:
+        response = copy.deepcopy(shape["response"])
+        response["choices"][0].update(message=dict(message, tool_calls=[expand_call]), finish_reason="tool_calls")
+        fake_openai.enqueue(JSONReply(response), JSONReply(openai_completion("Line 450 fails.", model=head["model"])))
 
     def run():
         client = openai.OpenAI(base_url=cg.url + "/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
+        if not streamed:
+            return client.chat.completions.create(**request)
         with client.chat.completions.stream(**request) as stream:
             return stream.get_final_completion()
 
     completion = yield deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
     assert fake_openai.rejections == []
-    message = shape["response"]["choices"][0]["message"]
     assistant, answer = fake_openai.received[2].json()["messages"][-2:]
     assert assistant == {"role": "assistant", "content": message["content"],
-                         "reasoning_content": message["reasoning_content"],
-                         "tool_calls": [{"id": "call_expand", "type": "function",
-                                         "function": {"name": EXPAND_TOOL, "arguments": arguments}}]}
+                         "reasoning_content": message["reasoning_content"], "tool_calls": [expand_call]}
     assert answer == {"role": "tool", "tool_call_id": "call_expand", "content": LOG}
     final = completion.choices[0].message
-    assert final.tool_calls is None and final.content == message["content"] + "Line 450 fails."
+    joined = "\n\n" if not streamed else ""  # the JSON merge joins the rounds' texts as paragraphs
+    assert final.tool_calls is None and final.content == message["content"] + joined + "Line 450 fails."
