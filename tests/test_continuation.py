@@ -237,6 +237,24 @@ def test_no_cache_control_is_added():
     assert out.count(b'"cache_control"') == forwarded.count(b'"cache_control"') > 0
 
 
+
+@pytest.mark.parametrize("given", [None, '"container_given"', '{"id":"container_given"}'])
+def test_the_continuation_names_the_container_the_round_ran_code_in(given):
+    """A request without a container got a new one (the response's `container`): the continuation
+    names it, added last, every other byte kept; a request that names its own keeps it as it was."""
+    forwarded = claude_code_request()
+    if given is not None:
+        forwarded = forwarded[:-1] + b',"container":' + given.encode() + b"}"
+    response = dict(anthropic_response([tool_use("toolu_1")]),
+                    container={"id": "container_011CPR5C", "expires_at": "2025-10-01T12:34:56Z"})
+    calls = MESSAGES_LOOP.lone_expand_calls(response)
+    out = MESSAGES_LOOP.continuation_body(forwarded, response, calls, {})
+    without = MESSAGES_LOOP.continuation_body(forwarded, anthropic_response([tool_use("toolu_1")]), calls, {})
+    if given is None:
+        assert out == without[:-1] + b',"container":"container_011CPR5C"}'
+    else:
+        assert out == without
+
 @pytest.mark.parametrize("name", ["p_first_request", "p_unknown_tool_followup", "nonstreaming_fallback_request"])
 @pytest.mark.parametrize("stream", [None, True, False])
 def test_stream_is_forced_as_asked(name, stream):

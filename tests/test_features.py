@@ -244,13 +244,15 @@ def ref_in(received) -> str:
 
 
 def anthropic_round_with_expand(shape: dict, ref: str) -> list[bytes]:
-    """The shape's stream with a `context_guru_expand` call after its blocks, ending in tool_use."""
-    events = split_events(shape["stream"])[:-2]  # without its message_delta and message_stop
+    """The shape's stream with a `context_guru_expand` call after its blocks, ending in tool_use
+    (its message_delta's other fields, such as the container, kept)."""
+    events = split_events(shape["stream"])
+    final = json.loads(events[-2].split(b"data: ", 1)[1])
+    final["delta"]["stop_reason"] = "tool_use"
+    final["usage"]["output_tokens"] += 20
+    events = events[:-2]
     index = sum(event.startswith(b"event: content_block_start") for event in events)
-    return [*events, *anthropic_expand_block(index, ref=ref),
-            sse_event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "tool_use",
-                                                                          "stop_sequence": None},
-                                        "usage": {"output_tokens": 90}}),
+    return [*events, *anthropic_expand_block(index, ref=ref), sse_event("message_delta", final),
             sse_event("message_stop", {"type": "message_stop"})]
 
 
@@ -456,3 +458,36 @@ def test_an_expand_call_after_reasoning_content_is_continued_with_it(make_cg, fa
     final = completion.choices[0].message
     joined = "\n\n" if not streamed else ""  # the JSON merge joins the rounds' texts as paragraphs
     assert final.tool_calls is None and final.content == message["content"] + joined + "Line 450 fails."
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
+@inlineCallbacks
+def test_an_expand_continuation_runs_in_the_container_round_1_ran_code_in(make_cg, fake, streamed):
+    """A request without a `container` gets a new one, named in the response (`container.id`;
+    streamed, in `message_delta.delta.container`). Continuing the turn elsewhere loses what the
+    code wrote: a continuation names the container of the turn it continues, as a pause_turn's
+    must (docs, code execution tool > containers: reuse one by passing the ID from a previous
+    response; handling stop reasons > pause_turn). cg adds `"container":"<id>"` to a continuation
+    whose request has none, every other byte kept."""
+    cg = make_cg(anthropic_upstream=fake.url)
+    shape = feature("anthropic_code_execution")
+    request = {key: value for key, value in shape["request"].items() if key != "container"}
+    request["messages"] = with_log(request["messages"])
+    fake.enqueue(JSONReply(anthropic_message("ok")))
+    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=request), False))
+    assert status == 200
+    ref = ref_in(fake.received[0])
+    blocks = shape["response"]["content"]
+    if streamed:
+        fake.enqueue(SSEReply(anthropic_round_with_expand(shape, ref)), SSEReply(continuation(["Done."])))
+    else:
+        expand_use = {"type": "tool_use", "id": "toolu_expand_5", "name": EXPAND_TOOL, "input": {"id": ref}}
+        fake.enqueue(JSONReply(dict(shape["response"], content=[*blocks, expand_use], stop_reason="tool_use")),
+                     JSONReply(anthropic_message("Done.")))
+    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=request), streamed))
+    assert status == 200
+    first, again = fake.received[1:]
+    assert "container" not in first.json()
+    assert again.json()["container"] == shape["response"]["container"]["id"]
+    added = b',"container":"' + shape["response"]["container"]["id"].encode() + b'"'
+    assert again.body.count(added) == 1 and is_insertion(first.body, again.body.replace(added, b""))

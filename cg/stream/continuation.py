@@ -22,7 +22,8 @@ Decisions:
 - The continuation appends to the request cg forwarded, never rewriting a byte of it (so each
   round reads the previous round's cache): pass the previous continuation as `forwarded` for the
   next round. New JSON is written the way the body's client writes it (`ClientStyle`). No
-  `cache_control` is added.
+  `cache_control` is added. A Messages request without a `container` whose round ran code in a
+  new one gets `"container":"<id>"` added last, so the turn goes on where its code ran.
 """
 
 import abc
@@ -175,7 +176,12 @@ class _MessageLoop(abc.ABC):
         end = spans[("messages",)][1] - 1  # the closing bracket
         lead = "," if value["messages"] else ""
         edits = [((end, end), lead + ",".join(style.dumps(message) for message in new))]
-        return body.apply(edits + stream_edit(body, stream))
+        return body.apply(edits + self.round_state(body, assistant, style) + stream_edit(body, stream))
+
+    def round_state(self, body: ParsedBody, assistant: dict[str, object],
+                    style: "ClientStyle") -> list[tuple[jsonbytes.Span, str]]:
+        """Edits beside the turn that keep the continuation where the round ran (none by default)."""
+        return []
 
     @abc.abstractmethod
     def turn(self, assistant: dict[str, object], replies: list[Answer]) -> list[dict[str, object]]:
@@ -214,6 +220,19 @@ class _AnthropicLoop(_MessageLoop):
             if isinstance(block, dict) and block.get("type") == "tool_use":
                 raw = block.get("input")
                 yield block.get("id"), block.get("name"), raw, raw if isinstance(raw, dict) else None
+
+    def round_state(self, body: ParsedBody, assistant: dict[str, object],
+                    style: "ClientStyle") -> list[tuple[jsonbytes.Span, str]]:
+        """``"container":"<id>"`` added to a request without one whose round ran code in a container
+        (the response's ``container``): the API gave that request a new container, and the turn
+        must go on in it, as a pause_turn's continuation does (docs, code execution tool >
+        containers), or it loses what the code wrote. A request naming its container keeps it."""
+        container = assistant.get("container")
+        ident = container.get("id") if isinstance(container, dict) else None
+        if not isinstance(ident, str) or "container" in body.value:
+            return []
+        close = len(body.doc.rstrip()) - 1  # the object's closing brace
+        return [((close, close), ',"container":' + style.dumps(ident))]
 
     def turn(self, assistant: dict[str, object], replies: list[Answer]) -> list[dict[str, object]]:
         return [

@@ -448,6 +448,7 @@ class Inspector(RoundInspector):
         self.capped = False  # an expand call went to the client because of the round cap
         # What an EXPAND decision exposes, beside ``calls``.
         self.content: list[dict[str, object]] = []
+        self.container: dict[str, object] | None = None  # the decided round's (its message_delta's)
         self.message_start: dict[str, object] | None = None  # round 1's ``message`` object
         # Across rounds.
         self._next_index = 0  # the client's next block index
@@ -476,8 +477,13 @@ class Inspector(RoundInspector):
     # Public API
 
     def assistant_message(self) -> dict[str, object]:
-        """The decided round's assistant message, for the continuation request."""
-        return {"role": "assistant", "content": self.content}
+        """The decided round's assistant message, for the continuation request, with the code
+        execution container it ran in when it named one (`cg.stream.continuation` reads it as a
+        JSON response's)."""
+        message: dict[str, object] = {"role": "assistant", "content": self.content}
+        if self.container is not None:
+            message["container"] = self.container
+        return message
 
     def feed(self, event: Event) -> Step:
         """One complete upstream event in; what to send the client now out."""
@@ -571,6 +577,8 @@ class Inspector(RoundInspector):
             doc = json_object(event)
             delta = doc.get("delta") if doc is not None else None
             stop = delta.get("stop_reason") if isinstance(delta, dict) else None
+            if isinstance(delta, dict) and isinstance(delta.get("container"), dict):
+                self.container = delta["container"]
             if stop != "tool_use":
                 return self._release_with("stop_reason", event, kind)
             if self._unfinished:
