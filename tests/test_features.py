@@ -355,14 +355,14 @@ def with_responses_log(items: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
-@pytest.mark.parametrize("name", ["responses_reasoning", "responses_web_search"])
+@pytest.mark.parametrize("name", ["responses_reasoning", "responses_web_search", "responses_context_compaction"])
 @inlineCallbacks
-def test_an_expand_call_after_a_reasoning_item_or_a_web_search_is_spliced_into_the_sdks_stream(
+def test_an_expand_call_after_a_reasoning_item_a_web_search_or_compaction_is_spliced_into_the_sdks_stream(
         make_cg, fake_openai, name, streamed):
     """The Responses API, with `store: false`, needs the reasoning items back with their
     `encrypted_content`, each before the call it led to ("Item 'fc_…' of type 'function_call' was
     provided without its required 'reasoning' item"; docs, reasoning > keeping reasoning items in
-    context), and built-in tool calls back as returned. The continuation appends every output item
+    context), built-in tool calls and compaction items back as returned. The continuation appends every output item
     of round 1 as its `output_item.done` gave it, in order, then the answer; the SDK's
     `get_final_response()` gets one response (round 1's id) without the call (JSON: the merged
     response)."""

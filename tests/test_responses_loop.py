@@ -30,7 +30,8 @@ def expand_item(call_id="call_e", ref=REF, id="fc_e"):
 def test_a_finished_response_of_expand_calls_reasoning_and_text_is_cgs():
     response = responses_response([responses_reasoning(), responses_message("Let me look."),
                                    expand_item("a"), expand_item("b", f"<<cg:{REF}>>"),
-                                   {"type": "web_search_call", "id": "ws", "status": "completed"}])
+                                   {"type": "web_search_call", "id": "ws", "status": "completed"},
+                                   {"type": "compaction", "id": "cmp", "encrypted_content": "gAAA=="}])
     assert responses.lone_expand_calls(response) == [
         ExpandCall("a", json.dumps({"id": REF}), REF), ExpandCall("b", json.dumps({"id": f"<<cg:{REF}>>"}), REF)]
 

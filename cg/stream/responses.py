@@ -5,7 +5,8 @@ shares). A Responses answer is a list of output items, not a message:
 
 - A response is cg's to answer (`lone_expand_calls`) when it finished (``status: "completed"``),
   holds at least one ``function_call`` named ``context_guru_expand`` and nothing the client must
-  run: every other item is a ``message``, a ``reasoning`` item or a call the provider ran itself
+  run: every other item is a ``message``, a ``reasoning`` item, a ``compaction`` item (the
+  provider compacted the context, ``context_management``) or a call the provider ran itself
   (web or file search, code interpreter, image generation, MCP). Any other item, known or not, is
   taken for the client's: the whole response goes to it, and repair answers the expand call
   next turn.
@@ -37,6 +38,7 @@ from cg.wire.body import ParsedBody
 from cg.wire.markers import EXPAND_TOOL, parse_marker_ref
 
 __all__ = [
+    "NOT_CALLS",
     "RESPONSES_LOOP",
     "SERVER_CALLS",
     "continuation_body",
@@ -53,7 +55,9 @@ SERVER_CALLS = frozenset({
     "web_search_call", "file_search_call", "code_interpreter_call", "image_generation_call",
     "mcp_call", "mcp_list_tools",
 })
-_NOT_CALLS = frozenset({"message", "reasoning"})
+# Output items that ask the client for nothing: what the model said or thought, what the provider
+# compacted, what it ran itself.
+NOT_CALLS = frozenset({"message", "reasoning", "compaction"}) | SERVER_CALLS
 _SPINE: jsonbytes.Spine = {"input": {}, "stream": {}}
 
 
@@ -96,7 +100,7 @@ def lone_expand_calls(response: object) -> list[ExpandCall] | None:
             if call is None:
                 return None
             calls.append(call)
-        elif not isinstance(item, dict) or item.get("type") not in _NOT_CALLS | SERVER_CALLS:
+        elif not isinstance(item, dict) or item.get("type") not in NOT_CALLS:
             return None
     return calls or None
 

@@ -9,8 +9,9 @@ line. Pure code: no Twisted, no I/O.
 Round 1 is forwarded **byte for byte**, each event the moment it is fed, except from a
 ``response.output_item.added`` whose item is a ``function_call`` named ``context_guru_expand`` (with
 no client-owned item before it in the response): that event and every later one are held. An item is
-the client's unless it is a ``message``, a ``reasoning`` item or a call the provider ran itself
-(``cg.stream.responses.SERVER_CALLS``), as ``lone_expand_calls`` reads a JSON response.
+the client's unless it asks the client for nothing (``cg.stream.responses.NOT_CALLS``: a
+``message``, a ``reasoning`` or ``compaction`` item, a call the provider ran itself), as
+``lone_expand_calls`` reads a JSON response.
 
 ==========  ======================================================  ===================================
 state       event                                                   action
@@ -97,7 +98,7 @@ from cg.stream.inspector import (
     frame,
     json_object,
 )
-from cg.stream.responses import SERVER_CALLS, expand_call, is_expand_call
+from cg.stream.responses import NOT_CALLS, SERVER_CALLS, expand_call, is_expand_call
 from cg.stream.usage import StreamUsage
 from cg.wire.dialect import RESPONSES_SHAPE
 from cg.wire.sse import Event
@@ -113,7 +114,6 @@ _TERMINAL = frozenset({_COMPLETED, "response.incomplete", "response.failed"})
 _ENDS = _TERMINAL | {"error"}  # what makes round 1 complete
 _FAILURES = _ENDS - {_COMPLETED}  # before a continuation commits: the previous round's release
 _OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
-_NOT_CLIENTS = frozenset({"message", "reasoning"}) | SERVER_CALLS
 _BROKEN = {"code": "server_error", "message": "cg: the upstream stream broke during an expand continuation"}
 
 
@@ -133,7 +133,7 @@ def _type(item: object) -> object:
 
 def _clients(item: object) -> bool:
     """An item the client acts on (or one cg does not know): the response is not cg's to answer."""
-    return _type(item) not in _NOT_CLIENTS and not is_expand_call(item)
+    return _type(item) not in NOT_CALLS and not is_expand_call(item)
 
 
 def _client_call(item: object) -> bool:
