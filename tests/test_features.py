@@ -6,9 +6,11 @@ SDKs' accumulators. For each shape: the fake receives what the client sent, byte
 the expand tool cg appends to a declared `tools` array, the `stream_options` it adds to a streamed
 chat request, and tool results compaction rewrote; the client receives what the fake sent, byte for
 byte (the inspectors neither hold nor re-frame a shape that holds no expand call); the SDK
-accumulates it. Then an expand call after a thinking block, a server-tool block or a reasoning item:
-spliced into one stream the SDK accumulates, the continuation carrying those blocks back as the
-provider requires.
+accumulates it. Then an expand call after a thinking block, a server-tool block, a compaction block
+or item, a reasoning item or a chat round's reasoning_content, JSON and streamed: spliced into one
+message or response the SDK accumulates, the continuation carrying those blocks back as the
+provider requires (each test's docstring says what and where the provider says so), in the code
+execution container the round ran in.
 """
 
 import copy
@@ -355,7 +357,8 @@ def with_responses_log(items: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
-@pytest.mark.parametrize("name", ["responses_reasoning", "responses_web_search", "responses_context_compaction"])
+@pytest.mark.parametrize("name", ["responses_reasoning", "responses_web_search", "responses_builtin_tools",
+                                  "responses_context_compaction"])
 @inlineCallbacks
 def test_an_expand_call_after_a_reasoning_item_a_web_search_or_compaction_is_spliced_into_the_sdks_stream(
         make_cg, fake_openai, name, streamed):
