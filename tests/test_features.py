@@ -46,7 +46,8 @@ from cg.testing import (
 from cg.wire.markers import EXPAND_TOOL
 
 # The tool results compaction rewrites in the corpus (a 900-line test log; the images and documents
-# beside it, and the code execution output in an assistant turn, are not tool results it may touch).
+# beside it, the search results' text, and the code execution output in an assistant turn, are not
+# tool results it may touch).
 REWRITTEN = {"anthropic_tool_result_media": ["toolu_01Tests"]}
 STREAMED = [name for name in feature_names() if feature(name)["stream"] is not None]
 
