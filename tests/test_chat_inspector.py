@@ -96,6 +96,24 @@ def test_the_rounds_reasoning_content_goes_back_with_the_call():
                                         "tool_calls": [{"id": "call_x", "type": "function",
                                                         "function": {"name": EXPAND_TOOL, "arguments": ARGS}}]}
 
+
+def test_openrouters_empty_reasoning_fields_still_hold_the_call_and_its_details_go_back_merged():
+    """OpenRouter writes `"reasoning":null,"reasoning_details":[]` in every delta: the call's
+    chunks are still pure. A detail streamed in fragments (its text, then its signature) goes back
+    as one entry per index, as the JSON message has it."""
+    quiet = {"content": "", "reasoning": None, "reasoning_details": []}
+    detail = {"type": "reasoning.text", "format": "anthropic-claude-v1", "index": 0}
+    events = turn({**quiet, "reasoning": "I should ", "reasoning_details": [{**detail, "text": "I should ", "signature": ""}]},
+                  {**quiet, "reasoning": "look.", "reasoning_details": [{**detail, "text": "look."}]},
+                  {**quiet, "reasoning_details": [{**detail, "signature": "EqQBsig=="}]},
+                  *({**quiet, **delta} for delta in expanding()), finish="tool_calls")
+    insp = ChatInspector()
+    _, action = feed_round(insp, [b"".join(events)])
+    assert action == EXPAND
+    message = insp.assistant_message()
+    assert message["reasoning"] == "I should look."
+    assert message["reasoning_details"] == [{**detail, "text": "I should look.", "signature": "EqQBsig=="}]
+
 def test_an_expand_call_opening_the_turn_is_held_and_the_client_gets_one_role():
     data, action, insp = run([opening_call(), ROUND2])
     assert action == DONE and insp.calls == [ExpandCall("call_x", ARGS, REF)]

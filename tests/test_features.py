@@ -14,6 +14,7 @@ execution container the round ran in.
 """
 
 import copy
+import inspect
 import json
 import re
 
@@ -184,10 +185,18 @@ def sdk_final(cg, shape: dict):
         if shape["path"] == "/v1/responses":
             with client.responses.stream(**request) as stream:
                 return stream.get_final_response()
-        with client.chat.completions.stream(**request) as stream:
+        with client.chat.completions.stream(**sdk_kwargs(client.chat.completions.create, request)) as stream:
             return stream.get_final_completion()
 
     return deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
+
+
+def sdk_kwargs(method, request: dict) -> dict:
+    """`request` as keyword arguments of an SDK `method`: what it does not take (a router's own
+    fields, such as OpenRouter's `reasoning`) in `extra_body`."""
+    known = inspect.signature(method).parameters
+    extra = {key: value for key, value in request.items() if key not in known}
+    return {**{key: value for key, value in request.items() if key in known}, "extra_body": extra}
 
 
 def summary(shape: dict, final: dict) -> object:
@@ -409,19 +418,31 @@ def test_an_expand_call_after_a_reasoning_item_a_web_search_or_compaction_is_spl
     assert final["output"] == [*output, reply]
 
 
+# What each chat shape's server writes in a delta without reasoning (the expand call's chunks).
+QUIET = {"chat_reasoning_content": {"content": None, "reasoning_content": None},
+         "chat_openrouter_reasoning": {"content": "", "reasoning": None, "reasoning_details": []}}
+REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details")
+
+
 @pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
+@pytest.mark.parametrize("name", sorted(QUIET))
 @inlineCallbacks
-def test_an_expand_call_after_reasoning_content_is_continued_with_it(make_cg, fake_openai, streamed):
-    """OpenAI-compatible servers that think (DeepSeek, Kimi) need the turn's `reasoning_content`
-    back while its tool calls are answered: "if the model performed a tool call, the intermediate
+def test_an_expand_call_after_reasoning_is_continued_with_it(make_cg, fake_openai, name, streamed):
+    """OpenAI-compatible servers that think need the turn's reasoning back while its tool calls are
+    answered. DeepSeek (and Kimi): "if the model performed a tool call, the intermediate
     assistant's reasoning_content must participate in the context concatenation and must be passed
     back to the API" (DeepSeek API docs, thinking mode; 400 "Missing `reasoning_content` field in
-    the assistant message" otherwise). Streamed, the continuation's assistant message carries the
-    round's reasoning text as the deltas gave it, beside its content and the call (JSON: the message
-    as returned); the SDK gets one completion without the call."""
+    the assistant message" otherwise). OpenRouter: `reasoning_details` passed back unmodified, for
+    a thinking Claude its signature (OpenRouter docs, reasoning tokens > preserving reasoning
+    blocks). Streamed, the continuation's assistant message carries the round's reasoning as the
+    deltas gave it (texts joined; each reasoning_details entry merged by its index: its text in
+    fragments, its signature) beside its content and the call, equal to the message the server
+    returns as JSON; the expand call's chunks carry the server's empty reasoning fields (OpenRouter
+    writes `"reasoning_details":[]` in every delta) and are still held. JSON: the message as
+    returned. The SDK gets one completion without the call."""
     fake_openai.strict = True
     cg = make_cg(openai_upstream=fake_openai.url)
-    shape = feature("chat_reasoning_content")
+    shape = feature(name)
     messages = [*shape["request"]["messages"],
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call_Log", "type": "function", "function": {"name": "run", "arguments": '{"cmd":"npm test"}'}}]},
@@ -437,8 +458,10 @@ def test_an_expand_call_after_reasoning_content_is_continued_with_it(make_cg, fa
     message = shape["response"]["choices"][0]["message"]
     expand_call = {"id": "call_expand", "type": "function", "function": {"name": EXPAND_TOOL, "arguments": arguments}}
     if streamed:
-        round1 = [*chunks, reply_chunk(start(0, "call_expand"), head=head),
-                  reply_chunk(frag(0, arguments), head=head), reply_chunk({}, "tool_calls", head=head), DONE_EVENT]
+        quiet = QUIET[name]
+        round1 = [*chunks, reply_chunk({**quiet, **start(0, "call_expand")}, head=head),
+                  reply_chunk({**quiet, **frag(0, arguments)}, head=head), reply_chunk({}, "tool_calls", head=head),
+                  DONE_EVENT]
         fake_openai.enqueue(SSEReply(round1),
                             SSEReply(turn({"content": "Line 450 fails."}, finish="stop", head=head)))
     else:
@@ -448,16 +471,19 @@ def test_an_expand_call_after_reasoning_content_is_continued_with_it(make_cg, fa
 
     def run():
         client = openai.OpenAI(base_url=cg.url + "/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
+        kwargs = sdk_kwargs(client.chat.completions.create, request)
         if not streamed:
-            return client.chat.completions.create(**request)
-        with client.chat.completions.stream(**request) as stream:
+            return client.chat.completions.create(**kwargs)
+        with client.chat.completions.stream(**kwargs) as stream:
             return stream.get_final_completion()
 
     completion = yield deferToThread(run).addTimeout(TIMEOUT + 5, reactor)
     assert fake_openai.rejections == []
+    assert len(fake_openai.received) == 3  # the first pass, round 1, the continuation
     assistant, answer = fake_openai.received[2].json()["messages"][-2:]
-    assert assistant == {"role": "assistant", "content": message["content"],
-                         "reasoning_content": message["reasoning_content"], "tool_calls": [expand_call]}
+    reasoning = {key: message[key] for key in REASONING_FIELDS if key in message}
+    assert reasoning
+    assert assistant == {"role": "assistant", "content": message["content"], **reasoning, "tool_calls": [expand_call]}
     assert answer == {"role": "tool", "tool_call_id": "call_expand", "content": LOG}
     final = completion.choices[0].message
     joined = "\n\n" if not streamed else ""  # the JSON merge joins the rounds' texts as paragraphs

@@ -100,6 +100,58 @@ _MANY = object()  # a chunk of n > 1 choices
 _HEAD = ("id", "created", "model")
 
 
+# A round's reasoning as OpenAI-compatible thinking servers stream it beside ``content``: text
+# (DeepSeek's and Kimi's ``reasoning_content``, OpenRouter's and vLLM's ``reasoning``), and
+# OpenRouter's ``reasoning_details``, entries streamed in fragments and told apart by ``index``.
+_REASONING_TEXTS = ("reasoning_content", "reasoning")
+_DETAIL_TEXTS = frozenset({"text", "summary", "data"})  # a detail's fragments, joined
+
+
+class _Reasoning:
+    """The reasoning of a round, for its continuation: a server that thinks answers a tool-call turn
+    sent back without it with a 400 (DeepSeek's "Missing `reasoning_content` field"), or loses the
+    thinking's signature (OpenRouter in front of Claude)."""
+
+    __slots__ = ("texts", "details")
+
+    def __init__(self) -> None:
+        self.texts: dict[str, list[str]] = {}
+        self.details: dict[object, dict[str, object]] = {}  # by index
+
+    def add(self, delta: dict[str, object]) -> None:
+        for key in _REASONING_TEXTS:
+            text = delta.get(key)
+            if isinstance(text, str):
+                self.texts.setdefault(key, []).append(text)
+        details = delta.get("reasoning_details")
+        for detail in details if isinstance(details, list) else ():
+            if isinstance(detail, dict):
+                self._add_detail(detail)
+
+    def _add_detail(self, detail: dict[str, object]) -> None:
+        """A fragment of one entry: its texts appended, any other field given (a signature, which
+        comes in a fragment of its own) set; an entry without an index is one of its own."""
+        index = detail.get("index")
+        key = index if isinstance(index, int) else ("unindexed", len(self.details))
+        entry = self.details.get(key)
+        if entry is None:
+            self.details[key] = dict(detail)
+            return
+        for field, value in detail.items():
+            if field in _DETAIL_TEXTS and isinstance(value, str):
+                before = entry.get(field)
+                entry[field] = (before if isinstance(before, str) else "") + value
+            elif value is not None and value != "":
+                entry[field] = value
+
+    def fields(self) -> dict[str, object]:
+        """The assistant message's reasoning fields, none for a round without reasoning."""
+        fields: dict[str, object] = {key: "".join(parts) for key, parts in self.texts.items()}
+        if self.details:
+            fields["reasoning_details"] = list(self.details.values())
+        return fields
+
+
 class _Call:
     """A held expand call: its id and its arguments' fragments."""
 
@@ -143,11 +195,17 @@ def _arguments(call: dict[str, object]) -> str:
 
 
 def _pure(choice: dict[str, object]) -> bool:
-    """Only tool-call material and the role: no other delta value, no logprobs (see the module docstring)."""
+    """Only tool-call material and the role: no other delta value, no logprobs (see the module docstring).
+
+    An empty value is none: null, ``""``, and ``[]`` or ``{}`` (OpenRouter writes
+    ``"reasoning_details":[]`` in every delta)."""
     if choice.get("logprobs") is not None:
         return False
-    return all(key == "tool_calls" or value is None or value == "" or (key, value) == ("role", "assistant")
+    return all(key == "tool_calls" or value is None or value in _EMPTY or (key, value) == ("role", "assistant")
                for key, value in _delta(choice).items())
+
+
+_EMPTY: tuple[object, ...] = ("", [], {})
 
 
 def _opening(doc: dict[str, object]) -> bool:
@@ -187,7 +245,7 @@ class ChatInspector(RoundInspector):
         self._held_bytes = 0
         self._expands: dict[object, _Call] = {}  # by tool-call index
         self._text: list[str] = []
-        self._reasoning: list[str] = []  # ``reasoning_content`` deltas (OpenAI-compatible thinking servers)
+        self._reasoning = _Reasoning()
         self._decided = False
         self._saw_end = False  # [DONE] or an error chunk
         self._committed = self._round == 0
@@ -201,12 +259,10 @@ class ChatInspector(RoundInspector):
     def assistant_message(self) -> dict[str, object]:
         """The decided round's assistant message, for the continuation request.
 
-        With the round's ``reasoning_content`` when it had any: a server that thinks (DeepSeek,
-        Kimi) answers 400 to a tool-call turn sent back without it, as the JSON loop sends the
+        With the round's reasoning when it had any (``_Reasoning``), as the JSON loop sends the
         message it got (``cg.stream.continuation``)."""
         message: dict[str, object] = {"role": "assistant", "content": "".join(self._text) or None}
-        if self._reasoning:
-            message["reasoning_content"] = "".join(self._reasoning)
+        message.update(self._reasoning.fields())
         message["tool_calls"] = [{"id": call.id, "type": "function",
                                   "function": {"name": EXPAND_TOOL, "arguments": cast(str, call.raw_input)}}
                                  for call in self.calls]
@@ -249,9 +305,7 @@ class ChatInspector(RoundInspector):
                 content = delta.get("content")
                 if isinstance(content, str):
                     self._text.append(content)
-                reasoning = delta.get("reasoning_content")
-                if isinstance(reasoning, str):
-                    self._reasoning.append(reasoning)
+                self._reasoning.add(delta)
                 starts = [call for call in _tool_calls(delta) if _name(call) is not None]
                 if starts:
                     if _pure(choice) and all(_name(call) == EXPAND_TOOL for call in starts):
