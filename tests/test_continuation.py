@@ -238,6 +238,12 @@ def test_no_cache_control_is_added():
 
 
 
+
+@pytest.mark.parametrize("stop_reason", ["refusal", "model_context_window_exceeded", "max_tokens", "pause_turn"])
+def test_a_turn_that_did_not_stop_for_its_tools_is_not_cgs(stop_reason):
+    assert MESSAGES_LOOP.lone_expand_calls(anthropic_response([tool_use("toolu_1")], stop_reason=stop_reason)) is None
+    assert MESSAGES_LOOP.lone_expand_calls(anthropic_response([tool_use("toolu_1")])) is not None
+
 @pytest.mark.parametrize("given", [None, '"container_given"', '{"id":"container_given"}'])
 def test_the_continuation_names_the_container_the_round_ran_code_in(given):
     """A request without a container got a new one (the response's `container`): the continuation

@@ -37,6 +37,7 @@ from cg.testing import (
     SSEReply,
     anthropic_expand_block,
     anthropic_message,
+    anthropic_text_block,
     openai_completion,
     responses_function_call,
     responses_message,
@@ -521,3 +522,38 @@ def test_an_expand_continuation_runs_in_the_container_round_1_ran_code_in(make_c
     assert again.json()["container"] == shape["response"]["container"]["id"]
     added = b',"container":"' + shape["response"]["container"]["id"].encode() + b'"'
     assert again.body.count(added) == 1 and is_insertion(first.body, again.body.replace(added, b""))
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
+@pytest.mark.parametrize("stop_reason", ["refusal", "model_context_window_exceeded", "max_tokens", "pause_turn"])
+@inlineCallbacks
+def test_a_turn_that_stopped_for_another_reason_is_the_clients_even_with_an_expand_call(make_cg, fake, stop_reason,
+                                                                                       streamed):
+    """Only a turn that stopped to use its tools (`stop_reason: tool_use`) is continued: a refusal,
+    a full context window, `max_tokens` (whose last tool input may be cut) or a paused turn goes to
+    the client as the provider sent it, its expand call repaired next turn if the client sends it
+    back (docs, handling stop reasons)."""
+    cg = make_cg(anthropic_upstream=fake.url)
+    shape = feature("anthropic_refusal")
+    request = dict(shape["request"], messages=with_log(shape["request"]["messages"]))
+    fake.enqueue(JSONReply(anthropic_message("ok")))
+    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=request), False))
+    assert status == 200
+    ref = ref_in(fake.received[0])
+    blocks = [{"type": "text", "text": "Let me look."},
+              {"type": "tool_use", "id": "toolu_expand_1", "name": EXPAND_TOOL, "input": {"id": ref}}]
+    if streamed:
+        events = [*split_events(shape["stream"])[:1], *anthropic_text_block(0, ["Let me look."]),
+                  *anthropic_expand_block(1, ref=ref),
+                  sse_event("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop_reason,
+                                                                                "stop_sequence": None},
+                                              "usage": {"output_tokens": 30}}),
+                  sse_event("message_stop", {"type": "message_stop"})]
+        fake.enqueue(SSEReply(events))
+        sent = b"".join(events)
+    else:
+        sent = dumps(dict(shape["response"], content=blocks, stop_reason=stop_reason))
+        fake.enqueue(JSONReply(sent))
+    status, _, body = yield post(cg, shape, client_bytes(dict(shape, request=request), streamed))
+    assert status == 200 and body == sent
+    assert len(fake.received) == 2  # no continuation

@@ -11,7 +11,9 @@ Anthropic Messages; `CHAT_LOOP`: OpenAI chat completions); the Responses API's i
 Decisions:
 
 - A response is answered by cg only when **all** its tool calls are `context_guru_expand`
-  (`lone_expand_calls`); batched with a client tool it goes to the client verbatim. Server tools
+  (`lone_expand_calls`) and, on the Messages API, it stopped to use them (`stop_reason:
+  tool_use`, as the stream inspector decides); batched with a client tool it goes to the client
+  verbatim. Server tools
   (`server_tool_use`) run at the provider and are not calls cg or the client must answer.
 - Every call is answered, in order, by text: the original (UTF-8), or a final answer. A ref not
   stored is EVICTED when it has the shape of the IDs cg gives out (16 hex digits: cg most likely
@@ -213,6 +215,14 @@ class _AnthropicLoop(_MessageLoop):
     """Anthropic Messages: `tool_use` blocks in the content; a continuation appends
     `{"role":"assistant","content":<content as returned>}` and one user message of `tool_result`
     blocks."""
+
+    def lone_expand_calls(self, message: object) -> list[ExpandCall] | None:
+        """See `ExpandLoop`; only for a turn that stopped to use its tools, as the stream inspector
+        decides: a refusal, a full context window, ``max_tokens`` (its last input may be cut) or a
+        paused turn is the client's, as the provider sent it."""
+        if isinstance(message, dict) and message.get("stop_reason", "tool_use") != "tool_use":
+            return None
+        return super().lone_expand_calls(message)
 
     def tool_calls(self, message: object) -> Iterator[_ToolCall]:
         content = message.get("content") if isinstance(message, dict) else None
