@@ -244,6 +244,13 @@ def test_a_turn_that_did_not_stop_for_its_tools_is_not_cgs(stop_reason):
     assert MESSAGES_LOOP.lone_expand_calls(anthropic_response([tool_use("toolu_1")], stop_reason=stop_reason)) is None
     assert MESSAGES_LOOP.lone_expand_calls(anthropic_response([tool_use("toolu_1")])) is not None
 
+
+@pytest.mark.parametrize("finish_reason", ["length", "content_filter"])
+def test_a_chat_turn_cut_short_is_not_cgs(finish_reason):
+    cut = openai_response(tool_calls=[openai_call("call_1")], finish_reason=finish_reason)
+    assert CHAT_LOOP.lone_expand_calls(cut) is None
+    assert CHAT_LOOP.lone_expand_calls(openai_response(tool_calls=[openai_call("call_1")])) is not None
+
 @pytest.mark.parametrize("given", [None, '"container_given"', '{"id":"container_given"}'])
 def test_the_continuation_names_the_container_the_round_ran_code_in(given):
     """A request without a container got a new one (the response's `container`): the continuation

@@ -12,8 +12,8 @@ Decisions:
 
 - A response is answered by cg only when **all** its tool calls are `context_guru_expand`
   (`lone_expand_calls`) and, on the Messages API, it stopped to use them (`stop_reason:
-  tool_use`, as the stream inspector decides); batched with a client tool it goes to the client
-  verbatim. Server tools
+  tool_use`, as the stream inspector decides; a chat turn cut short by ``length`` or
+  ``content_filter`` is not either); batched with a client tool it goes to the client verbatim. Server tools
   (`server_tool_use`) run at the provider and are not calls cg or the client must answer.
 - Every call is answered, in order, by text: the original (UTF-8), or a final answer. A ref not
   stored is EVICTED when it has the shape of the IDs cg gives out (16 hex digits: cg most likely
@@ -260,9 +260,21 @@ class _AnthropicLoop(_MessageLoop):
         return [anthropic_usage(response) for response in rounds]
 
 
+_CUT_SHORT = frozenset({"length", "content_filter"})  # chat turns that did not end as the model chose
+
+
 class _ChatLoop(_MessageLoop):
     """OpenAI chat completions: `tool_calls` of `choices[0].message`; a continuation appends the
     returned message object and one `role: "tool"` message per call."""
+
+    def lone_expand_calls(self, message: object) -> list[ExpandCall] | None:
+        """See `ExpandLoop`; not for a turn cut short (``finish_reason`` ``length``, whose last
+        arguments may be cut, or ``content_filter``): that one is the client's, as the provider sent
+        it. (Some OpenAI-compatible servers say ``stop`` for a turn of tool calls: that one is read.)"""
+        choices = _list(message.get("choices")) if isinstance(message, dict) else []
+        if choices and _dict(choices[0]).get("finish_reason") in _CUT_SHORT:
+            return None
+        return super().lone_expand_calls(message)
 
     def tool_calls(self, message: object) -> Iterator[_ToolCall]:
         for call in map(_dict, _list(_openai_message(message).get("tool_calls"))):
