@@ -156,7 +156,7 @@ def test_a_json_exchange_passes_through_byte_for_byte(cg, fake, fake_openai, nam
 def test_a_stream_passes_through_byte_for_byte(cg, fake, fake_openai, name):
     shape = feature(name)
     upstream = upstream_of(shape, fake, fake_openai)
-    events = [event + b"\n\n" for event in shape["stream"].split(b"\n\n") if event]
+    events = split_events(shape["stream"])
     assert b"".join(events) == shape["stream"]
     upstream.enqueue(SSEReply(events))
     sent = client_bytes(shape, stream=True)
@@ -203,7 +203,7 @@ def sdk_kwargs(method, request: dict) -> dict:
 def summary(shape: dict, final: dict) -> object:
     """What the client reads of a final message, response or completion (the SDK's or the fixture's)."""
     if shape["path"] == "/v1/messages":
-        return ([block for block in final["content"]], final["stop_reason"], final["usage"]["output_tokens"],
+        return (final["content"], final["stop_reason"], final["usage"]["output_tokens"],
                 final.get("container"), final.get("context_management"))
     if shape["path"] == "/v1/responses":
         for item in final["output"]:  # the SDK's own key, for structured outputs
@@ -211,7 +211,7 @@ def summary(shape: dict, final: dict) -> object:
                 part.pop("parsed", None)
         return final["output"], final["status"], final["usage"]
     message = final["choices"][0]["message"]
-    return ({key: message.get(key) for key in ("content", "refusal", "reasoning_content")},
+    return ({key: message.get(key) for key in ("content", "refusal", "reasoning_content", "reasoning")},
             final["choices"][0]["finish_reason"], final["choices"][0]["logprobs"])
 
 
