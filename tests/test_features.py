@@ -37,7 +37,9 @@ from cg.testing import (
     SSEReply,
     anthropic_expand_block,
     anthropic_message,
+    anthropic_stream_events,
     anthropic_text_block,
+    anthropic_thinking_block,
     openai_completion,
     responses_function_call,
     responses_message,
@@ -557,3 +559,63 @@ def test_a_turn_that_stopped_for_another_reason_is_the_clients_even_with_an_expa
     status, _, body = yield post(cg, shape, client_bytes(dict(shape, request=request), streamed))
     assert status == 200 and body == sent
     assert len(fake.received) == 2  # no continuation
+
+
+def thinking_prefixes(request: dict, content: list | None = None) -> dict[str, object]:
+    """Each thinking block's prefix, by signature: the `system`, `tools` and everything before the
+    block, in `request`'s messages (and, for a block of the response `content`, the whole request
+    and the response's blocks before it)."""
+    head = (request.get("system"), request.get("tools"))
+    prefixes: dict[str, object] = {}
+    messages = request["messages"]
+    for i, message in enumerate(messages):
+        blocks = message["content"] if isinstance(message["content"], list) else []
+        for j, block in enumerate(blocks):
+            if block.get("type") == "thinking":
+                prefixes[block["signature"]] = (head, messages[:i], blocks[:j])
+    for j, block in enumerate(content or ()):
+        if block.get("type") == "thinking":
+            prefixes[block["signature"]] = (head, messages, content[:j])
+    return prefixes
+
+
+@pytest.mark.xfail(strict=True, reason="cg splices a continuation's thinking into the client's message, whose "
+                   "history then lacks the hidden expand turn that thinking followed (not fixed yet)")
+@inlineCallbacks
+def test_a_continuations_thinking_keeps_its_prefix_on_the_next_turn(make_cg, fake):
+    """Preserved thinking: "If the prefix differs from what you sent when the block was produced,
+    that block and every later thinking block are invalid, and the API rejects the request with a
+    400 error or drops the invalid blocks" (platform.claude.com/docs/build-with-claude/
+    preserved-thinking; enforced by default for accounts created from August 31, 2026). A block's
+    prefix is `system`, `tools` and everything before it. A thinking block the model writes in an
+    expand continuation follows the hidden expand call and its answer; the client, which never saw
+    them, sends that block back next turn after round 1's blocks alone."""
+    cg = make_cg(anthropic_upstream=fake.url)
+    shape = feature("anthropic_thinking")
+    request = dict(shape["request"], messages=with_log(shape["request"]["messages"]))
+    fake.enqueue(JSONReply(anthropic_message("ok")))
+    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=request), False))
+    assert status == 200
+    ref = ref_in(fake.received[0])
+    later = {"type": "thinking", "thinking": "The log shows line 450.", "signature": "EqQBCkYIround2sig=="}
+    round2 = anthropic_stream_events(id="msg_cont", blocks=[
+        anthropic_thinking_block(0, later["thinking"], later["signature"]),
+        anthropic_text_block(1, ["Line 450 fails."])])
+    fake.enqueue(SSEReply(anthropic_round_with_expand(shape, ref)), SSEReply(round2))
+    status, _, body = yield post(cg, shape, client_bytes(dict(shape, request=request), True))
+    assert status == 200
+    got = [json.loads(line[6:]) for line in body.split(b"\n") if line.startswith(b"data: ")]
+    blocks = [event["content_block"] for event in got if event["type"] == "content_block_start"]
+    assert [block["type"] for block in blocks] == ["thinking", "redacted_thinking", "text", "thinking", "text"]
+    generated = thinking_prefixes(fake.received[2].json(), [later])
+    # The client's next turn: the message it got (its thinking signed as the deltas said), then a question.
+    message = [*shape["response"]["content"], later, {"type": "text", "text": "Line 450 fails."}]
+    turn_after = dict(request, messages=[*request["messages"], {"role": "assistant", "content": message},
+                                         {"role": "user", "content": "Fix it."}])
+    fake.enqueue(JSONReply(anthropic_message("ok")))
+    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=turn_after), False))
+    assert status == 200
+    forwarded = thinking_prefixes(fake.received[3].json())
+    first = shape["response"]["content"][0]["signature"]  # round 1's thinking keeps its prefix
+    assert forwarded[first] == thinking_prefixes(fake.received[1].json(), shape["response"]["content"])[first]
+    assert forwarded[later["signature"]] == generated[later["signature"]]
