@@ -253,8 +253,14 @@ def with_log(messages: list[dict]) -> list[dict]:
     ]
 
 
-def ref_in(received) -> str:
-    [ref] = MARKER.findall(received.body)
+@inlineCallbacks
+def first_pass(cg, upstream, shape: dict, request: dict, reply):
+    """`request` sent once as JSON and answered with `reply`: the ID of the marker cg put in place
+    of LOG (the original's, the same on every request)."""
+    upstream.enqueue(JSONReply(reply))
+    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=request), False))
+    assert status == 200
+    [ref] = MARKER.findall(upstream.received[-1].body)
     return ref.decode()
 
 
@@ -307,10 +313,7 @@ def test_an_expand_call_after_thinking_or_a_server_tool_is_spliced_into_the_sdks
     # conversation (its strict mode accepts only thinking it sent).
     history = [block for message in request["messages"] if message["role"] == "assistant"
                for block in message["content"]]
-    fake.enqueue(JSONReply(anthropic_message(content=history)))
-    status, _, _ = yield post(cg, dict(shape, request=request), client_bytes(dict(shape, request=request), False))
-    assert status == 200
-    ref = ref_in(fake.received[0])
+    ref = yield first_pass(cg, fake, shape, request, anthropic_message(content=history))
     fake.strict = True
     expand_use = {"type": "tool_use", "id": f"toolu_expand_{len(blocks)}", "name": EXPAND_TOOL, "input": {"id": ref}}
     if streamed:
@@ -394,10 +397,7 @@ def test_an_expand_call_after_a_reasoning_item_a_web_search_or_compaction_is_spl
         with client.responses.stream(**request) as stream:
             return stream.get_final_response()
 
-    fake_openai.enqueue(JSONReply(dumps(shape["response"])))
-    status, _, _ = yield post(cg, dict(shape, request=request), client_bytes(dict(shape, request=request), False))
-    assert status == 200
-    ref = ref_in(fake_openai.received[0])
+    ref = yield first_pass(cg, fake_openai, shape, request, dumps(shape["response"]))
     round1, call = responses_round_with_expand(shape, ref)
     reply = responses_message("Line 450 fails.", id="msg_cont")
     if streamed:
@@ -451,10 +451,7 @@ def test_an_expand_call_after_reasoning_is_continued_with_it(make_cg, fake_opena
                     {"id": "call_Log", "type": "function", "function": {"name": "run", "arguments": '{"cmd":"npm test"}'}}]},
                 {"role": "tool", "tool_call_id": "call_Log", "content": LOG}]
     request = dict(shape["request"], messages=messages)
-    fake_openai.enqueue(JSONReply(dumps(shape["response"])))
-    status, _, _ = yield post(cg, dict(shape, request=request), client_bytes(dict(shape, request=request), False))
-    assert status == 200
-    ref = ref_in(fake_openai.received[0])
+    ref = yield first_pass(cg, fake_openai, shape, request, dumps(shape["response"]))
     chunks = split_events(shape["stream"])[:-2]  # without the finish chunk and [DONE]
     head = {key: shape["response"][key] for key in ("id", "created", "model")}
     arguments = json.dumps({"id": ref})
@@ -506,10 +503,7 @@ def test_an_expand_continuation_runs_in_the_container_round_1_ran_code_in(make_c
     shape = feature("anthropic_code_execution")
     request = {key: value for key, value in shape["request"].items() if key != "container"}
     request["messages"] = with_log(request["messages"])
-    fake.enqueue(JSONReply(anthropic_message("ok")))
-    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=request), False))
-    assert status == 200
-    ref = ref_in(fake.received[0])
+    ref = yield first_pass(cg, fake, shape, request, anthropic_message("ok"))
     blocks = shape["response"]["content"]
     if streamed:
         fake.enqueue(SSEReply(anthropic_round_with_expand(shape, ref)), SSEReply(continuation(["Done."])))
@@ -538,10 +532,7 @@ def test_a_turn_that_stopped_for_another_reason_is_the_clients_even_with_an_expa
     cg = make_cg(anthropic_upstream=fake.url)
     shape = feature("anthropic_refusal")
     request = dict(shape["request"], messages=with_log(shape["request"]["messages"]))
-    fake.enqueue(JSONReply(anthropic_message("ok")))
-    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=request), False))
-    assert status == 200
-    ref = ref_in(fake.received[0])
+    ref = yield first_pass(cg, fake, shape, request, anthropic_message("ok"))
     blocks = [{"type": "text", "text": "Let me look."},
               {"type": "tool_use", "id": "toolu_expand_1", "name": EXPAND_TOOL, "input": {"id": ref}}]
     if streamed:
@@ -593,10 +584,7 @@ def test_a_continuations_thinking_keeps_its_prefix_on_the_next_turn(make_cg, fak
     cg = make_cg(anthropic_upstream=fake.url)
     shape = feature("anthropic_thinking")
     request = dict(shape["request"], messages=with_log(shape["request"]["messages"]))
-    fake.enqueue(JSONReply(anthropic_message("ok")))
-    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=request), False))
-    assert status == 200
-    ref = ref_in(fake.received[0])
+    ref = yield first_pass(cg, fake, shape, request, anthropic_message("ok"))
     later = {"type": "thinking", "thinking": "The log shows line 450.", "signature": "EqQBCkYIround2sig=="}
     round2 = anthropic_stream_events(id="msg_cont", blocks=[
         anthropic_thinking_block(0, later["thinking"], later["signature"]),
