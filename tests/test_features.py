@@ -286,10 +286,9 @@ ANTHROPIC_BEFORE_EXPAND = ["anthropic_thinking", "anthropic_web_search", "anthro
 @inlineCallbacks
 def test_an_expand_call_after_thinking_or_a_server_tool_is_spliced_into_the_sdks_stream(make_cg, fake, name,
                                                                                       streamed):
-    """The Messages API requires the assistant turn of a tool loop sent back as returned: "During
-    tool use, you must pass thinking blocks back to the API, and you must include the complete
-    unmodified block back to the API" (docs, extended thinking > preserving thinking blocks: text
-    and signature; redacted_thinking's data), the server tool blocks with their encrypted fields
+    """The Messages API requires the assistant turn of a tool loop sent back as returned: during
+    tool use the thinking blocks go back complete and unmodified (docs, extended thinking >
+    preserving thinking blocks: text and signature; redacted_thinking's data), the server tool blocks with their encrypted fields
     (docs, web search tool; pause_turn), a compaction block "round-tripped verbatim"
     (BetaCompactionBlock). The continuation carries round 1's blocks as the fixture's JSON response
     holds them (the stream's deltas joined, the signature from its signature_delta), which the
