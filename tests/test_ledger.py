@@ -17,7 +17,7 @@ from cg.exchange.ledger import DEFAULT_MAX_TURNS, HOUR, MINUTE, ORDERS, Change, 
 from cg.store import RedisStore, SQLiteStore, StoreError
 from cg.store.base import ILedger
 from cg.store.ledger import MemoryLedger
-from cg.store.sqlite_ledger import ledger_path
+from cg.store.sqlite_ledger import find_conversation, ledger_path
 from cg.store.threaded import LEDGER_BATCH_DELAY, ThreadedLedger
 from cg.stream.usage import Usage
 from cg.web.config import Config
@@ -353,6 +353,24 @@ async def test_a_failed_write_loses_its_rows_counts_and_logs_them(tmp_path, clos
     assert store.stats.ledger_write_errors == 1
     assert any("ledger rows lost" in line for line in store_log.texts())
     assert store.stats.healthy  # originals are another matter
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_conversation_is_found_by_its_id_without_reading_every_conversation(tmp_path, closing):
+    """The default viewer (--tenant none) and the admin open a conversation by its id alone: with a
+    million requests in the ledger, a scan of every conversation would be the API's slowest answer."""
+    path = str(tmp_path / "store.sqlite3")
+    store = SQLiteStore(path)
+    closing(store)
+    await store.ledger.totals(None, None)  # opened, its tables made
+    conn = sqlite3.connect(ledger_path(path))
+    try:
+        for tenant in (None, "a"):
+            sql, args = find_conversation(tenant, "c1")
+            plan = " ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql.replace("ledger.", ""), args))
+            assert plan.startswith("SEARCH ledger_conversations"), (tenant, plan)
+    finally:
+        conn.close()
 
 
 @pytest_twisted.ensureDeferred

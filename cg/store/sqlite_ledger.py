@@ -12,7 +12,8 @@ Tables, each bounded (`trim`):
     ledger_buckets        per-minute and per-hour rollups, one row per (width, start, tenant, client,
                           model), added to by upsert; `totals` reads whole hours from the hour rows
     ledger_conversations  a summary row per (tenant, conversation), added to by upsert, with an index
-                          per order of `ILedger.conversations` (and per tenant and order)
+                          per order of `ILedger.conversations` (and per tenant and order), and by id
+                          (a viewer of every tenant opens a conversation by its id alone)
     ledger_turns          the newest turns, each one JSON text with its changes, keyed by a rowid
                           unique in the file (every process on it shares the sequence)
 """
@@ -51,6 +52,7 @@ SCHEMA = f"""
         row TEXT NOT NULL);
     CREATE INDEX IF NOT EXISTS ledger.ledger_turns_by_conversation ON ledger_turns (tenant, conversation, time);
     CREATE INDEX IF NOT EXISTS ledger.ledger_turns_by_time ON ledger_turns (time);
+    CREATE INDEX IF NOT EXISTS ledger.ledger_conversations_by_id ON ledger_conversations (id);
 """ + "".join(
     f"""
     CREATE INDEX IF NOT EXISTS ledger.ledger_conversations_by_{column} ON ledger_conversations ({column});
@@ -169,10 +171,7 @@ class SQLiteLedger:
         return [_conversation(row) for row in rows], count
 
     def conversation(self, tenant: str | None, id_: str) -> tuple[Conversation, list[Turn], list[Change]] | None:
-        where, args = _tenant(tenant)
-        row = self.conn.execute(
-            f"SELECT * FROM ledger_conversations WHERE id = ?{where} ORDER BY last DESC LIMIT 1", (id_, *args)
-        ).fetchone()
+        row = self.conn.execute(*find_conversation(tenant, id_)).fetchone()
         if row is None:
             return None
         summary = _conversation(row)
@@ -204,6 +203,13 @@ class SQLiteLedger:
                 self.conn.execute("ROLLBACK")
             raise
         return count
+
+
+def find_conversation(tenant: str | None, id_: str) -> tuple[str, tuple[str, ...]]:
+    """The query for a conversation's summary row (tenant None: the most recently active of its
+    id's): a search of an index either way, not a scan of every conversation."""
+    where, args = _tenant(tenant)
+    return f"SELECT * FROM ledger_conversations WHERE id = ?{where} ORDER BY last DESC LIMIT 1", (id_, *args)
 
 
 def _tenant(tenant: str | None) -> tuple[str, tuple[str, ...]]:
