@@ -104,3 +104,27 @@ def test_the_api_says_what_stats_says_to_each_viewer_and_lists_every_turn(make_c
     tenant = rows["code-1"]["tenant"]
     assert (yield get(cg, f"/cg/expand/{marker}?tenant={tenant}", two))[0] == 404
     assert (yield get(cg, f"/cg/expand/{marker}?tenant={tenant}", admin))[0] == 200
+
+
+@inlineCallbacks
+def test_a_request_cg_forwards_as_it_came_counts_for_its_own_tenant(make_cg, fake):
+    """A bypassed request, and one whose preparation failed, go up unchanged; their ledger rows are
+    still their tenant's: under a gateway's header, not the tenant "" a viewer without it sees."""
+    cg = make_cg(anthropic_upstream=fake.url, tenant="header:x-team")
+    fake.enqueue(JSONReply(anthropic_message("a", usage=USAGE)), JSONReply(anthropic_message("b", usage=USAGE)))
+    team = ("x-team", "blue")
+    request = [("content-type", "application/json"), ("anthropic-version", "2023-06-01"), team]
+    client = yield connect(cg.port, http_request("POST", "/v1/messages", json.dumps(REQUEST).encode(),
+                                                 [*request, ("x-cg-bypass", "1")]))
+    assert split_response((yield client.closed))[0] == 200
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug on the request side")
+
+    cg.service.forwarder.preparation = broken
+    client = yield connect(cg.port, http_request("POST", "/v1/messages", json.dumps(REQUEST).encode(), request))
+    assert split_response((yield client.closed))[0] == 200
+    yield until(lambda: cg.service.forwarder.ledger.totals(None, None).result.requests == 2)
+
+    assert (yield get(cg, "/cg/api/summary?window=start", team))[1]["requests"] == 2
+    assert (yield get(cg, "/cg/api/summary?window=start"))[1]["requests"] == 0

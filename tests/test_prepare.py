@@ -98,12 +98,13 @@ def test_a_bypassed_request_is_ready_at_once_as_it_came():
     done = ready(machine.start())
     assert done.forward.body == raw and done.forward.rewrite is None
     assert done.report.bypassed and machine.state is State.READY
+    assert done.forward.tenant == "tenant-a"  # its ledger row is its tenant's, not tenant "" (anyone's under header:NAME)
 
 
 def test_a_body_cg_does_not_parse_goes_as_it_came_with_its_session():
     done = ready(preparation(b'{"model": ', conversation=b"s1").start())
     assert done.forward.body == b'{"model": ' and done.forward.session == "s1"
-    assert done.forward.tenant == "" and done.report.rewrite is None
+    assert done.forward.tenant == "tenant-a" and done.report.rewrite is None  # its ledger row: its tenant's
 
 
 def test_new_originals_are_stored_before_their_marker_is_forwarded():

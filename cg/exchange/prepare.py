@@ -286,7 +286,7 @@ class Preparation:
         # Each command out with the store, and what its answer and failure do.
         self._pending: dict[StoreCommand, tuple[_Handler, Callable[[str], None] | None]] = {}
         self._incoming: Incoming | None = None
-        self._unchanged = Forward(request.body, request.seq)
+        self._unchanged = Forward(request.body, request.seq, tenant=request.tenant)  # the ledger's row is its tenant's
         self._texts: dict[str, str] = {}  # repaired answers, per tool_use_id
         self._older: Older | None = None
         # The cold part, open until an epoch (or none) applies: the expiry recorded before (None:
@@ -319,13 +319,13 @@ class Preparation:
         conversation = request.conversation.decode("latin-1")
         incoming = rewriter.parse(request.body, request.target, conversation) if rewriter else None
         session = session_key(request.header, incoming.body if incoming else None)
+        tenant = request.tenant
         if rewriter is None or incoming is None:
-            self._ready(Forward(request.body, request.seq, session))
+            self._ready(Forward(request.body, request.seq, session, tenant))
             return out
         self._incoming = incoming
         model = incoming.body.value.get("model")
         model = model if isinstance(model, str) else None
-        tenant = request.tenant
         warm = None
         path = dialect.split_path(request.target).decode("latin-1")
         if self._keepalive and request.conversation and keepalive.concerns(path, request.body):

@@ -269,7 +269,8 @@ class ExchangeDriver:
     def _unprepared(self) -> None:
         """A bug on the request side costs its saving, never the request: forward what came."""
         log.failure("rewriting {path} failed; forwarding it as received", path=self.request.uri)
-        self._ready(Ready(Forward(self._body or b"", self.seq), prepare.Report(0)), count=False)
+        tenant = self.host.tenant_of(self.request.requestHeaders)  # its ledger row is its tenant's
+        self._ready(Ready(Forward(self._body or b"", self.seq, tenant=tenant), prepare.Report(0)), count=False)
 
     def _ready(self, command: Ready, count: bool = True) -> None:
         if count:
