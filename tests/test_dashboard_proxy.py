@@ -128,3 +128,19 @@ def test_a_request_cg_forwards_as_it_came_counts_for_its_own_tenant(make_cg, fak
 
     assert (yield get(cg, "/cg/api/summary?window=start", team))[1]["requests"] == 2
     assert (yield get(cg, "/cg/api/summary?window=start"))[1]["requests"] == 0
+
+
+@inlineCallbacks
+def test_a_ledger_row_cg_cannot_build_loses_that_row_not_the_request(make_cg, fake):
+    cg = make_cg(anthropic_upstream=fake.url)
+    fake.enqueue(JSONReply(anthropic_message("a", usage=USAGE)))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the ledger's row")
+
+    cg.service.forwarder.book.turn = broken
+    client = yield connect(cg.port, http_request("POST", "/v1/messages", json.dumps(REQUEST).encode(), [
+        ("content-type", "application/json"), ("anthropic-version", "2023-06-01")]))
+    assert split_response((yield client.closed))[0] == 200
+    stats = cg.stats.snapshot()
+    assert stats["in_flight"] == 0 and stats["usage"]["output_tokens"] == USAGE["output_tokens"]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
 from cg.compaction import cold
@@ -30,6 +31,8 @@ from cg.web.keepalive import KeepAlive
 from cg.web.site import CappedRequest as Request
 from cg.web.upstream import IUpstream
 from cg.wire import dialect
+
+log = Logger(namespace="cg.web.forwarder")
 
 
 class _Index:
@@ -159,8 +162,11 @@ class Forwarder:
         """An exchange ended: its row into the ledger, its billed usage (every round of it) into
         /stats and the change log."""
         if self.ledger is not None and report is not None:
-            turn, changes = self.book.turn(sent, report, record)
-            self.ledger.record(turn, changes)
+            try:
+                turn, changes = self.book.turn(sent, report, record)
+                self.ledger.record(turn, changes)
+            except Exception:  # a bug: it loses the row, never the exchange's end (nor /stats)
+                log.failure("the ledger's row for {path} was lost", path=record.target)
         usage = record.usage
         if usage is None:  # nothing billed, or nothing cg could read
             return
