@@ -105,12 +105,20 @@ class Totals:
     repairs: int = 0
 
     def __add__(self, other: Totals) -> Totals:
-        return Totals(*(getattr(self, f.name) + getattr(other, f.name) for f in attrs.fields(Totals)))
+        return Totals(self.requests + other.requests, self.tokens_before + other.tokens_before,
+                      self.tokens_after + other.tokens_after, self.results_before + other.results_before,
+                      self.results_after + other.results_after, self.billed + other.billed,
+                      self.cost_via_cg + other.cost_via_cg, self.cost_direct + other.cost_direct,
+                      self.expand_rounds + other.expand_rounds, self.repairs + other.repairs)
 
     def add(self, turn: Turn) -> Totals:
-        return self + Totals(1, turn.tokens_before, turn.tokens_after, turn.results_before, turn.results_after,
-                             turn.billed or Usage(), turn.cost_via_cg or 0.0, turn.cost_direct or 0.0,
-                             turn.expand_rounds, turn.repairs)
+        """These totals and `turn`'s (field by field: a store adds three a request, on its worker)."""
+        return Totals(self.requests + 1, self.tokens_before + turn.tokens_before,
+                      self.tokens_after + turn.tokens_after, self.results_before + turn.results_before,
+                      self.results_after + turn.results_after,
+                      self.billed if turn.billed is None else self.billed + turn.billed,
+                      self.cost_via_cg + (turn.cost_via_cg or 0.0), self.cost_direct + (turn.cost_direct or 0.0),
+                      self.expand_rounds + turn.expand_rounds, self.repairs + turn.repairs)
 
 
 @attrs.frozen
