@@ -35,8 +35,6 @@ from cg.store.ledger import Batch, Op, dump_turn, flatten, load_turn, spans, unp
 if TYPE_CHECKING:
     import redis as redis_client
 
-# Entries a trim deletes per script run: a long script stalls Redis for its other clients.
-TRIM_BATCH = 1000
 # Turns `turns` reads per round trip (a pipeline): 100,000 turns in 100 replies, none of them huge.
 TURNS_BATCH = 1000
 
@@ -299,16 +297,12 @@ class RedisLedger:
         found.sort(key=lambda pair: (pair[0].time, pair[0].seq))
         return found
 
-    def trim(self, now: float, days: float) -> int:
-        horizon = now - days * 86400.0
-        total = 0
-        while True:
-            with self._talking():
-                count = int(cast(int, self._trim(args=[self.prefix, repr(horizon), TRIM_BATCH,
-                                                       repr(MINUTE), repr(HOUR)])))
-            total += count
-            if not count:
-                return total
+    def trim(self, now: float, days: float, limit: int) -> int:
+        """Delete at most `limit` entries of each kind past retention, in one script run: one batch
+        of a trim (a long script would stall Redis for its other clients)."""
+        with self._talking():
+            return int(cast(int, self._trim(args=[self.prefix, repr(now - days * 86400.0), limit,
+                                                  repr(MINUTE), repr(HOUR)])))
 
 
 def _quote(tenant: str) -> str:
