@@ -458,6 +458,22 @@ async def test_redis_trims_in_batches_until_nothing_is_left(redis_server, closin
 
 
 @pytest_twisted.ensureDeferred
+async def test_redis_forgets_a_tenant_once_a_trim_dropped_its_last_conversation(redis_server, closing):
+    store = RedisStore(redis_server.url, ledger_days=1)
+    closing(store)
+    store.ledger.record(turn(T0, tenant="gone/a", conversation="c1"), [])
+    store.ledger.record(turn(T0, tenant="kept", conversation="c1"), [])
+    store.ledger.record(turn(T0 + 2 * 86400, tenant="kept", conversation="c2"), [])
+    await store.ledger.totals(None, None)  # written
+    assert redis_server.admin.smembers("cg:l:tenants") == {b"gone%2Fa", b"kept"}
+    assert await store.ledger.trim(T0 + 2 * 86400) > 0
+    assert redis_server.admin.smembers("cg:l:tenants") == {b"kept"}
+    assert await store.ledger.conversation(None, "c1") is None
+    (found, _, _) = await store.ledger.conversation(None, "c2")
+    assert found.tenant == "kept"
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_long_trim_lets_the_stores_requests_through_between_its_batches(tmp_path, closing, monkeypatch):
     monkeypatch.setattr(cg.store.threaded, "TRIM_BATCH", 2)
     store = SQLiteStore(str(tmp_path / "store.sqlite3"), ledger_days=1)

@@ -8,7 +8,8 @@ the store's client (`cg.store.redis.RedisDB.ledger`). Keys, under the store's pr
     l:c:TENANT:ID      a conversation's summary: a hash (client, model, first, last, packed totals
                        ``t``, ``until``, ``warm``)
     l:o:ORDER[:TENANT] sorted sets of TENANT:ID, scored by each of ORDERS, for all and per tenant
-    l:tenants          a set: every TENANT with a conversation
+    l:tenants          a set: every TENANT with a conversation (a trim drops a tenant with its last one,
+                       so opening a conversation by id alone asks only the tenants there are)
     l:ct:TENANT:ID     a conversation's turns: a hash, turn id -> the turn and its changes (JSON)
     l:tq               sorted set: every turn kept as ID:TIME:TENANT:CONVERSATION, scored by ID
     l:seq              the turn ids: one counter for the fleet, so no two instances' turns collide
@@ -178,6 +179,7 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', p .. 'l:o:last', '-inf', '('
     redis.call('ZREM', p .. 'l:o:' .. order, member)
     redis.call('ZREM', p .. 'l:o:' .. order .. ':' .. tenant, member)
   end
+  if redis.call('ZCARD', p .. 'l:o:last:' .. tenant) == 0 then redis.call('SREM', p .. 'l:tenants', tenant) end
   count = count + 1
 end
 for _, m in ipairs(redis.call('ZRANGE', p .. 'l:tq', 0, limit - 1)) do
