@@ -364,6 +364,16 @@ def test_the_operator_sees_every_tenant_and_reads_their_originals(driver, make_c
 
 
 @on_a_thread
+def test_a_malformed_conversation_link_opens_the_overview(driver, make_cg, fake):
+    running = make_cg(anthropic_upstream=fake.url)
+    page = Page(driver, running)
+    page.open("#/conversation/%E0")  # not UTF-8 once decoded: decodeURIComponent throws
+    page.until(lambda d: d.find_element(By.ID, "view-overview").is_displayed())
+    assert page.script("return document.getElementById('view-conversation').hidden") is True
+    assert page.console_errors() == []
+
+
+@on_a_thread
 def test_a_client_that_edits_its_system_prompt_sees_why_the_bill_moved(driver, make_cg, fake):
     fake.prompt_cache = True  # billed from a prompt cache, as the provider bills
     running = make_cg(anthropic_upstream=fake.url)

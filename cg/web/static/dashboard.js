@@ -467,7 +467,12 @@
     const [path, query] = location.hash.replace(/^#\/?/, "").split("?");
     const params = new URLSearchParams(query || "");
     if (path.startsWith("conversation/")) {
-      return {route: "conversation", id: decodeURIComponent(path.slice("conversation/".length))};
+      try {
+        return {route: "conversation", id: decodeURIComponent(path.slice("conversation/".length))};
+      } catch (error) {
+        if (!(error instanceof URIError)) throw error;
+        // a hash no link of the page's makes (#/conversation/%E0): the overview, not a blank page
+      }
     }
     return {
       route: VIEWS[path] ? path : "overview",
