@@ -334,6 +334,9 @@ def test_a_viewer_sees_only_its_tenant_and_its_originals(driver, make_cg, fake):
     page.open("#/conversation/s-bob")  # Bob's conversation is not Alice's to see
     page.shows("#status", "no such conversation")
     assert page.script("return document.getElementById('view-conversation').hidden") is True
+    page.open("#/health")  # the whole process's figures, every tenant's: not Alice's to see
+    page.until(lambda d: d.find_element(By.ID, "health-hidden").is_displayed())
+    assert page.texts("#health .card") == []
     # The browser logs the answers cg refused (the 401 before the form, the 404s) and nothing else.
     errors = page.console_errors()
     assert errors and all(e["source"] == "network" and (" 401 " in e["message"] or " 404 " in e["message"])
@@ -355,12 +358,25 @@ def test_the_operator_sees_every_tenant_and_reads_their_originals(driver, make_c
     page.click("#conversations tbody tr a")
     page.click(f"button.marker[data-marker='{theirs}']")
     page.until(lambda d: "src/module_0000" in d.find_element(By.ID, "original-text").text)
+    page.open("#/health")  # the operator sees the process's health
+    page.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#health .card h3"))
+    assert page.script("return document.getElementById('health-hidden').hidden") is True
 
     page.click("#forget")  # the key leaves the tab: the form again
     page.until(lambda d: d.find_element(By.ID, "credential").is_displayed())
     assert page.script("return sessionStorage.getItem('cg-credential')") is None
     errors = page.console_errors()  # the 401s before the form, and nothing else
     assert errors and all(e["source"] == "network" and " 401 " in e["message"] for e in errors), errors
+
+
+@on_a_thread
+def test_a_malformed_conversation_link_opens_the_overview(driver, make_cg, fake):
+    running = make_cg(anthropic_upstream=fake.url)
+    page = Page(driver, running)
+    page.open("#/conversation/%E0")  # not UTF-8 once decoded: decodeURIComponent throws
+    page.until(lambda d: d.find_element(By.ID, "view-overview").is_displayed())
+    assert page.script("return document.getElementById('view-conversation').hidden") is True
+    assert page.console_errors() == []
 
 
 @on_a_thread

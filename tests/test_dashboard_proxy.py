@@ -9,8 +9,10 @@ from helpers.bodies import history
 from helpers.drive import until
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 
+from cg.store.memory import MemoryStore
 from cg.testing import (
     JSONReply,
     SSEReply,
@@ -144,3 +146,32 @@ def test_a_ledger_row_cg_cannot_build_loses_that_row_not_the_request(make_cg, fa
     assert split_response((yield client.closed))[0] == 200
     stats = cg.stats.snapshot()
     assert stats["in_flight"] == 0 and stats["usage"]["output_tokens"] == USAGE["output_tokens"]
+
+
+@inlineCallbacks
+def test_a_request_whose_client_left_before_it_was_prepared_is_still_a_row(make_cg, fake, monkeypatch):
+    """/stats counts a request when it arrives; the ledger must too, or `window=start` falls short."""
+    cg = make_cg(anthropic_upstream=fake.url, tenant="header:x-team", admin_token=ADMIN)
+    team, admin = ("x-team", "blue"), ("authorization", f"Bearer {ADMIN}")
+    asked = []
+
+    def unanswered(store, *args):  # the store never answers: the preparation waits on it
+        asked.append(args)
+        return Deferred()
+
+    for name in ("frozen", "get", "freeze", "put"):
+        monkeypatch.setattr(MemoryStore, name, unanswered)
+    code = claude_code_bytes({**history(command_output(), "x"), "stream": False})
+    client = yield connect(cg.port, http_request("POST", "/v1/messages", code, [
+        ("content-type", "application/json"), ("anthropic-version", "2023-06-01"), team,
+        ("x-claude-code-session-id", "gone-1")]))
+    yield until(lambda: asked)
+    client.transport.abortConnection()
+    yield until(lambda: cg.stats.in_flight == 0)
+    assert fake.received == []  # nothing went up
+    stats = cg.stats.snapshot()
+    assert stats["requests"] == 1 and stats["client_disconnects"] == 1
+    summary = (yield get(cg, "/cg/api/summary?window=start", admin))[1]
+    assert summary["requests"] == stats["requests"]
+    assert [t["tenant"] for t in summary["by_tenant"]] == ["blue"]  # its tenant's row, not tenant ""
+    assert summary["tokens_before"] == summary["tokens_after"] == summary["cost_usd"]["via_cg"] == 0

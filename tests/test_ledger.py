@@ -12,7 +12,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from zope.interface.verify import verifyObject
 
-import cg.store.redis_ledger
+import cg.store.threaded
 from cg.exchange.ledger import DEFAULT_MAX_TURNS, HOUR, MINUTE, ORDERS, Change, Totals, Turn, order_key
 from cg.store import RedisStore, SQLiteStore, StoreError
 from cg.store.base import ILedger
@@ -446,7 +446,7 @@ def test_cg_trims_the_ledger_every_hour_on_the_reactors_clock():
 
 @pytest_twisted.ensureDeferred
 async def test_redis_trims_in_batches_until_nothing_is_left(redis_server, closing, monkeypatch):
-    monkeypatch.setattr(cg.store.redis_ledger, "TRIM_BATCH", 2)  # a script run deletes at most 2 of each
+    monkeypatch.setattr(cg.store.threaded, "TRIM_BATCH", 2)  # a script run deletes at most 2 of each
     store = RedisStore(redis_server.url, ledger_days=1)
     closing(store)
     for i in range(5):
@@ -455,6 +455,39 @@ async def test_redis_trims_in_batches_until_nothing_is_left(redis_server, closin
     assert (await store.ledger.conversations(None, 0, 10))[1] == 0
     assert await store.ledger.totals(None, None) == Totals()
     assert redis_server.admin.keys("cg:l:[bcs]:*") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_redis_forgets_a_tenant_once_a_trim_dropped_its_last_conversation(redis_server, closing):
+    store = RedisStore(redis_server.url, ledger_days=1)
+    closing(store)
+    store.ledger.record(turn(T0, tenant="gone/a", conversation="c1"), [])
+    store.ledger.record(turn(T0, tenant="kept", conversation="c1"), [])
+    store.ledger.record(turn(T0 + 2 * 86400, tenant="kept", conversation="c2"), [])
+    await store.ledger.totals(None, None)  # written
+    assert redis_server.admin.smembers("cg:l:tenants") == {b"gone%2Fa", b"kept"}
+    assert await store.ledger.trim(T0 + 2 * 86400) > 0
+    assert redis_server.admin.smembers("cg:l:tenants") == {b"kept"}
+    assert await store.ledger.conversation(None, "c1") is None
+    (found, _, _) = await store.ledger.conversation(None, "c2")
+    assert found.tenant == "kept"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_long_trim_lets_the_stores_requests_through_between_its_batches(tmp_path, closing, monkeypatch):
+    monkeypatch.setattr(cg.store.threaded, "TRIM_BATCH", 2)
+    store = SQLiteStore(str(tmp_path / "store.sqlite3"), ledger_days=1)
+    closing(store)
+    for i in range(5):
+        store.ledger.record(turn(T0 + i * MINUTE, conversation=f"c{i}"), [])
+    await store.ledger.totals(None, None)  # written
+    trimmed: list[int] = []
+    trimming = store.ledger.trim(T0 + 3 * 86400).addCallback(lambda count: trimmed.append(count) or count)
+    assert await store.put("", {"a": b"original"}) == {"a"}  # submitted after the trim's first batch
+    assert trimmed == []  # its later batches queued behind the put
+    assert await trimming == 5 + 1 + 5 + 5  # minutes, hours, summaries, turns
+    assert (await store.ledger.conversations(None, 0, 10))[1] == 0
+    assert await store.ledger.totals(None, None) == Totals()
 
 
 @pytest_twisted.ensureDeferred

@@ -8,7 +8,8 @@ the store's client (`cg.store.redis.RedisDB.ledger`). Keys, under the store's pr
     l:c:TENANT:ID      a conversation's summary: a hash (client, model, first, last, packed totals
                        ``t``, ``until``, ``warm``)
     l:o:ORDER[:TENANT] sorted sets of TENANT:ID, scored by each of ORDERS, for all and per tenant
-    l:tenants          a set: every TENANT with a conversation
+    l:tenants          a set: every TENANT with a conversation (a trim drops a tenant with its last one,
+                       so opening a conversation by id alone asks only the tenants there are)
     l:ct:TENANT:ID     a conversation's turns: a hash, turn id -> the turn and its changes (JSON)
     l:tq               sorted set: every turn kept as ID:TIME:TENANT:CONVERSATION, scored by ID
     l:seq              the turn ids: one counter for the fleet, so no two instances' turns collide
@@ -35,8 +36,6 @@ from cg.store.ledger import Batch, Op, dump_turn, flatten, load_turn, spans, unp
 if TYPE_CHECKING:
     import redis as redis_client
 
-# Entries a trim deletes per script run: a long script stalls Redis for its other clients.
-TRIM_BATCH = 1000
 # Turns `turns` reads per round trip (a pipeline): 100,000 turns in 100 replies, none of them huge.
 TURNS_BATCH = 1000
 
@@ -180,6 +179,7 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', p .. 'l:o:last', '-inf', '('
     redis.call('ZREM', p .. 'l:o:' .. order, member)
     redis.call('ZREM', p .. 'l:o:' .. order .. ':' .. tenant, member)
   end
+  if redis.call('ZCARD', p .. 'l:o:last:' .. tenant) == 0 then redis.call('SREM', p .. 'l:tenants', tenant) end
   count = count + 1
 end
 for _, m in ipairs(redis.call('ZRANGE', p .. 'l:tq', 0, limit - 1)) do
@@ -299,16 +299,12 @@ class RedisLedger:
         found.sort(key=lambda pair: (pair[0].time, pair[0].seq))
         return found
 
-    def trim(self, now: float, days: float) -> int:
-        horizon = now - days * 86400.0
-        total = 0
-        while True:
-            with self._talking():
-                count = int(cast(int, self._trim(args=[self.prefix, repr(horizon), TRIM_BATCH,
-                                                       repr(MINUTE), repr(HOUR)])))
-            total += count
-            if not count:
-                return total
+    def trim(self, now: float, days: float, limit: int) -> int:
+        """Delete at most `limit` entries of each kind past retention, in one script run: one batch
+        of a trim (a long script would stall Redis for its other clients)."""
+        with self._talking():
+            return int(cast(int, self._trim(args=[self.prefix, repr(now - days * 86400.0), limit,
+                                                  repr(MINUTE), repr(HOUR)])))
 
 
 def _quote(tenant: str) -> str:

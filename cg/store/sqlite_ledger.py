@@ -187,15 +187,22 @@ class SQLiteLedger:
         rows.sort(key=lambda pair: (pair[0].time, pair[0].seq))
         return rows
 
-    def trim(self, now: float, days: float) -> int:
+    def trim(self, now: float, days: float, limit: int) -> int:
+        """Delete at most `limit` rows of each table past retention, in one transaction: one batch
+        of a trim (`cg.store.threaded.ThreadedLedger.trim` runs them until one deletes nothing)."""
         horizon = now - days * 86400.0
+        bucket = "SELECT width, start, tenant, client, model FROM ledger_buckets WHERE width = ? AND start <= ? LIMIT ?"
         self.conn.execute("BEGIN")
         try:
             count = sum(self.conn.execute(sql, args).rowcount for sql, args in (
-                ("DELETE FROM ledger_buckets WHERE width = ? AND start <= ?", (MINUTE, horizon - MINUTE)),
-                ("DELETE FROM ledger_buckets WHERE width = ? AND start <= ?", (HOUR, horizon - HOUR)),
-                ("DELETE FROM ledger_conversations WHERE last < ?", (horizon,)),
-                ("DELETE FROM ledger_turns WHERE time < ?", (horizon,)),
+                (f"DELETE FROM ledger_buckets WHERE (width, start, tenant, client, model) IN ({bucket})",
+                 (MINUTE, horizon - MINUTE, limit)),
+                (f"DELETE FROM ledger_buckets WHERE (width, start, tenant, client, model) IN ({bucket})",
+                 (HOUR, horizon - HOUR, limit)),
+                ("DELETE FROM ledger_conversations WHERE (tenant, id) IN"
+                 " (SELECT tenant, id FROM ledger_conversations WHERE last < ? LIMIT ?)", (horizon, limit)),
+                ("DELETE FROM ledger_turns WHERE id IN (SELECT id FROM ledger_turns WHERE time < ? LIMIT ?)",
+                 (horizon, limit)),
             ))
             self.conn.execute("COMMIT")
         except BaseException:

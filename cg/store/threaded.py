@@ -45,6 +45,9 @@ Evicted = tuple[list[tuple[str, str]], int]
 # Seconds ledger rows wait on the reactor thread before they go to the worker as one batch (a query
 # or close() sends them at once): one transaction a second, however many requests.
 LEDGER_BATCH_DELAY = 1.0
+# Rows of each table one batch of a ledger trim deletes: each batch is its own job on the worker, so
+# the store's other jobs (a request's offload) wait for one batch, not for a long downtime's trim.
+TRIM_BATCH = 1000
 
 
 class LedgerBackend(Protocol):
@@ -64,7 +67,8 @@ class LedgerBackend(Protocol):
 
     def turns(self, tenant: str | None, since: float | None) -> list[tuple[Turn, Sequence[Change]]]: ...
 
-    def trim(self, now: float, days: float) -> int: ...
+    def trim(self, now: float, days: float, limit: int) -> int:
+        """Delete at most `limit` rows of each kind past retention: how many went."""
 
 
 class Backend(Protocol):
@@ -582,4 +586,14 @@ class ThreadedLedger:
         return self._read("turns", tenant, since)
 
     def trim(self, now: float) -> Deferred[int]:
-        return self._read("trim", now, self.days)
+        """Batches of TRIM_BATCH, each a job of its own, until one deletes nothing: the sum."""
+        total = 0
+
+        def batch(count: int) -> Deferred[int] | int:
+            nonlocal total
+            total += count
+            if count == 0:
+                return total
+            return self._read("trim", now, self.days, TRIM_BATCH).addCallback(batch)
+
+        return self._read("trim", now, self.days, TRIM_BATCH).addCallback(batch)

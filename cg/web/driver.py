@@ -128,7 +128,7 @@ class Host(typing.Protocol):
 
     def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None) -> None: ...
 
-    def recorded(self, record: ExchangeRecord, report: prepare.Report | None, sent: Sent) -> None: ...
+    def recorded(self, record: ExchangeRecord, report: prepare.Report, sent: Sent) -> None: ...
 
     def metrics_tenant(self, request: CappedRequest) -> str: ...
 
@@ -501,8 +501,12 @@ class ExchangeDriver:
                      why=record.continuation_failed)
         agent = self.request.requestHeaders.getRawHeaders(b"user-agent")
         lifetime = self.cache[1] if self.cache is not None else self.warm[1] if self.warm is not None else None
-        self.host.recorded(record, command.report, Sent(self.arrived, self.tenant, self.model,
-                                                        agent[0].decode("latin-1") if agent else None, lifetime))
+        report, tenant = command.report, self.tenant
+        if report is None:  # the client left before its preparation finished: a row all the same, as
+            # /stats counted the request (what is known: its tenant; no rewrite, nothing billed)
+            report, tenant = prepare.Report(0), self.host.tenant_of(self.request.requestHeaders)
+        self.host.recorded(record, report, Sent(self.arrived, tenant, self.model,
+                                                agent[0].decode("latin-1") if agent else None, lifetime))
         self._answered(record.status)
         self.host.ended(self)
         self.originals = {}  # as the exchange keeps no body (Exchange._end): the cycles it is in free late

@@ -158,10 +158,10 @@ class Forwarder:
         if self.ledger is not None and lifetime is not None and session != "-":
             self.ledger.warmed(tenant, session, self.now() + lifetime)
 
-    def recorded(self, record: ExchangeRecord, report: Report | None, sent: Sent) -> None:
+    def recorded(self, record: ExchangeRecord, report: Report, sent: Sent) -> None:
         """An exchange ended: its row into the ledger, its billed usage (every round of it) into
         /stats and the change log."""
-        if self.ledger is not None and report is not None:
+        if self.ledger is not None:
             try:
                 turn, changes = self.book.turn(sent, report, record)
                 self.ledger.record(turn, changes)

@@ -407,8 +407,18 @@
   function ms(value) { return value == null ? "—" : `${value.toFixed(1)} ms`; }
 
   async function showHealth(current) {
-    const s = await getJSON("/stats");
+    // /stats is the whole process's, every tenant's traffic: shown to a viewer who sees every tenant
+    // (the summary gives it by_tenant), not to one tenant's viewer under --tenant credential or header.
+    const everyone = "by_tenant" in await getJSON("/cg/api/summary?window=start");
     if (!current()) return;  // the viewer went elsewhere meanwhile
+    $("health-hidden").hidden = everyone;
+    $("health").hidden = !everyone;
+    if (!everyone) {
+      reveal("health");
+      return;
+    }
+    const s = await getJSON("/stats");
+    if (!current()) return;
     reveal("health");
     const uptime = {...s, uptime_s: 0, size_as_of: 0};
     if (!changed("health", uptime)) return;
@@ -467,7 +477,12 @@
     const [path, query] = location.hash.replace(/^#\/?/, "").split("?");
     const params = new URLSearchParams(query || "");
     if (path.startsWith("conversation/")) {
-      return {route: "conversation", id: decodeURIComponent(path.slice("conversation/".length))};
+      try {
+        return {route: "conversation", id: decodeURIComponent(path.slice("conversation/".length))};
+      } catch (error) {
+        if (!(error instanceof URIError)) throw error;
+        // a hash no link of the page's makes (#/conversation/%E0): the overview, not a blank page
+      }
     }
     return {
       route: VIEWS[path] ? path : "overview",
