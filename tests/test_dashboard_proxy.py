@@ -4,8 +4,8 @@ against the fake provider, then what `/cg/api/…` says, to each viewer, beside 
 import json
 
 import anthropic
-import openai
 from helpers.bodies import history
+from helpers.clients import stream_chat
 from helpers.drive import until
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
@@ -58,13 +58,7 @@ def test_the_api_says_what_stats_says_to_each_viewer_and_lists_every_turn(make_c
     fake_openai.enqueue(SSEReply(openai_stream_events(texts=["x"], include_usage=True, prompt_tokens=100,
                                                       completion_tokens=4)))
 
-    def chat():
-        chunks = openai.OpenAI(base_url=cg.url + "/v1", api_key="sk-two", max_retries=0).chat.completions.create(
-            model="gpt-5", messages=[{"role": "user", "content": "count to three"}], stream=True,
-            stream_options={"include_usage": True})
-        return list(chunks)
-
-    yield deferToThread(chat)
+    yield deferToThread(stream_chat, cg.url, "sk-two", "count to three")
     stats = cg.stats.snapshot()
     assert stats["requests"] == 4
     yield until(lambda: cg.service.forwarder.ledger.totals(None, None).result.requests == 4)

@@ -5,8 +5,8 @@ import os
 import signal
 
 import anthropic
-import openai
 from helpers.bodies import history
+from helpers.clients import stream_chat
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request
 from twisted.internet import reactor, task
@@ -60,13 +60,7 @@ def test_usage_from_json_and_streams_reaches_stats(cg, fake, fake_openai):
     fake_openai.enqueue(SSEReply(openai_stream_events(texts=["x"], include_usage=True,
                                                       prompt_tokens=100, completion_tokens=4)))
 
-    def chat():
-        chunks = openai.OpenAI(base_url=cg.url + "/v1", api_key="k", max_retries=0).chat.completions.create(
-            model="gpt-5", messages=[{"role": "user", "content": "x"}], stream=True,
-            stream_options={"include_usage": True})
-        return list(chunks)
-
-    yield deferToThread(chat)
+    yield deferToThread(stream_chat, cg.url, "k", "x")
     usage = cg.stats.snapshot()["usage"]
     assert usage["requests"] == 3
     totals = cg.stats.usage.usage

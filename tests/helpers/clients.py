@@ -1,6 +1,8 @@
 """Clients on in-memory transports: ``Client``, a connection to cg's channel over a
-StringTransport (for the clock tests); ``Body``, a protocol collecting a response's body."""
+StringTransport (for the clock tests); ``Body``, a protocol collecting a response's body. And
+``stream_chat``, the official openai SDK's streamed chat completion."""
 
+import openai
 from rawhttp import dechunk
 from twisted.internet import defer, protocol
 from twisted.internet.address import IPv4Address
@@ -44,3 +46,12 @@ class Body(protocol.Protocol):
     def connectionLost(self, reason):
         self.reason = reason
         self.done.callback(None)
+
+
+def stream_chat(url: str, api_key: str, content: str = "x") -> list:
+    """A streamed chat completion with usage through cg at `url`, by the official openai SDK
+    (it blocks: run it on a thread)."""
+    chunks = openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0).chat.completions.create(
+        model="gpt-5", messages=[{"role": "user", "content": content}], stream=True,
+        stream_options={"include_usage": True})
+    return list(chunks)
