@@ -13,6 +13,7 @@ from rawhttp import connect, http_request, split_response
 from twisted.internet.task import Clock
 from twisted.python import usage
 
+from cg.record.pricing import Tokens, prices
 from cg.testing import JSONReply, anthropic_message, claude_code_bytes
 from cg.web.tap import Options
 from cg.wire.cache import TTL_5M
@@ -51,7 +52,10 @@ def test_a_ping_is_the_forwarded_body_with_max_tokens_and_stream_changed(make_cg
     assert stats["keepalive"] == {
         "enabled": True, "conversations": 1, "pings": 1, "pings_failed": 0, "ended": {},
         "usage": {"input_tokens": 3, "cache_read_tokens": 21000, "cache_write_tokens": 0, "output_tokens": 1,
-                  "cache_write_1h_tokens": 0}}
+                  "cache_write_1h_tokens": 0},
+        "cost_usd": pytest.approx(prices().price(json.loads(ping.body)["model"], "anthropic").cost(
+            Tokens(input=3, cache_read=21000, output=1)))}
+    assert stats["keepalive"]["cost_usd"] > 0
     assert stats["usage"]["cache_read_tokens"] < 21000  # the clients' own requests' bill is apart
     _, text = yield from scrape(cg.port)
     assert value(text, "cg_keepalive_pings_total") == 1 and value(text, "cg_keepalive_conversations") == 1

@@ -77,7 +77,7 @@ class Book:
         removed_new, removed_old = self._removed(sent.tenant, record.session, compactions)
         injected = tool_tokens(SHAPES[record.dialect]) if rewrite is not None and rewrite.injected else 0
         billed = record.usage
-        price = self._table.price(sent.model, SHAPES[record.dialect].route)
+        route = SHAPES[record.dialect].route
         results_before, results_after = result_sizes(compactions)
         tokens_after = billed.prompt_tokens if billed is not None else 0
         direct = None if billed is None else _direct(billed, removed_new, removed_old, injected)
@@ -98,8 +98,8 @@ class Book:
             results_before=results_before,
             results_after=results_after,
             billed=billed,
-            cost_via_cg=None if billed is None else price.cost(_tokens(billed)),
-            cost_direct=None if direct is None else price.cost(direct),
+            cost_via_cg=None if billed is None else self.cost(sent.model, route, billed),
+            cost_direct=None if direct is None else self._table.price(sent.model, route).cost(direct),
             expand_rounds=record.expand_rounds,
             repairs=rewrite.repaired if rewrite is not None else 0,
             epoch=report.cold.applied > 0,
@@ -112,6 +112,10 @@ class Book:
                                  c.marker_id, c.tokens_before, c.tokens_after, content_id=c.content_id,
                                  part=c.part_index, step=c.step) for c in compactions]
         return turn, changes
+
+    def cost(self, model: str | None, route: str, usage: Usage) -> float:
+        """`usage` at `model`'s list price (`route`: the API it was billed on, for an unknown model)."""
+        return self._table.price(model, route).cost(_tokens(usage))
 
     def _removed(self, tenant: str, conversation: str, compactions: list[Compaction]) -> tuple[int, int]:
         """Tokens compaction removed from results sent for the first time, and from those sent before."""

@@ -343,6 +343,7 @@ class KeepaliveStats:
     pings: int = 0  # sent
     pings_failed: int = 0  # answered non-2xx, or not at all
     usage: Usage = attrs.field(factory=Usage)  # billed for the pings
+    cost_usd: float = 0.0  # that bill at list price (cg.record.pricing), by each ping's model
     ended: Counter[str] = attrs.field(factory=Counter)
 
     def snapshot(self) -> dict[str, object]:
@@ -352,5 +353,6 @@ class KeepaliveStats:
             "pings": self.pings,
             "pings_failed": self.pings_failed,
             "usage": self.usage.as_dict(),
+            "cost_usd": self.cost_usd,
             "ended": dict(sorted(self.ended.items())),
         }

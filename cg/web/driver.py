@@ -71,6 +71,7 @@ from cg.exchange.prepare import Forward, Preparation, Ready
 from cg.exchange.record import ExchangeRecord
 from cg.record.ledger import Sent
 from cg.stream.continuation import answers, refs_to_resolve, resolve
+from cg.stream.usage import Usage
 from cg.web import headers
 from cg.web.site import CappedRequest
 from cg.web.upstream import Response, is_timeout
@@ -126,7 +127,8 @@ class Host(typing.Protocol):
 
     def cache_used(self, tenant: str, cache: tuple[str, float]) -> None: ...
 
-    def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None) -> None: ...
+    def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None,
+               model: str | None, usage: Usage) -> None: ...
 
     def recorded(self, record: ExchangeRecord, report: prepare.Report, sent: Sent) -> None: ...
 
@@ -332,7 +334,7 @@ class ExchangeDriver:
         if command.round == 0 and self.warm is not None:
             key, lifetime = self.warm
             # A ping refreshes the prompt cache: the cache-aware policy must count it as a use.
-            refreshed = functools.partial(self.host.pinged, self.tenant, self.session, lifetime, self.cache)
+            refreshed = functools.partial(self.host.pinged, self.tenant, self.session, lifetime, self.cache, self.model)
             assert self.host.keepalive is not None and body is not None  # Forward.keepalive is set only with it
             self.warm_generation = self.host.keepalive.sent(key, lifetime, body, self.request.uri,
                                                              self.upstream_headers, refreshed)

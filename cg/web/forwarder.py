@@ -26,6 +26,7 @@ from cg.record.changelog import ChangeLog, NullChangeLog, compaction_record, usa
 from cg.record.ledger import Book, Sent
 from cg.record.stats import Stats
 from cg.store.base import ILedger, IStore
+from cg.stream.usage import Usage
 from cg.web.driver import ExchangeDriver
 from cg.web.keepalive import KeepAlive
 from cg.web.site import CappedRequest as Request
@@ -150,9 +151,11 @@ class Forwarder:
 
         self.store.cache_until(tenant, key, until).addCallbacks(recorded, lambda failure: None)
 
-    def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None) -> None:
+    def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None,
+               model: str | None, usage: Usage) -> None:
         """A keep-alive ping was answered: the conversation's prompt cache lives on, for the
-        cache-aware policy (`cache_used`) and the ledger's summary."""
+        cache-aware policy (`cache_used`) and the ledger's summary; its bill at list price, for /stats."""
+        self.stats.keepalive.cost_usd += self.book.cost(model, "anthropic", usage)  # pings are Anthropic's
         if cache is not None:
             self.cache_used(tenant, cache)
         if self.ledger is not None and lifetime is not None and session != "-":

@@ -42,9 +42,10 @@ class Last:
     body: bytes
     target: bytes  # the request-target as the client sent it
     headers: Headers = attrs.field(repr=False)  # as sent upstream: the client's credentials
-    # Called when a ping was answered (the prompt cache lives on): the cache-aware policy records
-    # it (cg.web.forwarder.Forwarder.cache_used), else the next real request would look cold while it is warm.
-    refreshed: Callable[[], object] | None = attrs.field(default=None, repr=False, eq=False)
+    # Called with its bill when a ping was answered (the prompt cache lives on): the cache-aware policy
+    # records it (cg.web.forwarder.Forwarder.pinged), else the next real request would look cold while
+    # it is warm; /stats prices it.
+    refreshed: Callable[[Usage], object] | None = attrs.field(default=None, repr=False, eq=False)
 
 
 class KeepAlive:
@@ -64,9 +65,9 @@ class KeepAlive:
         stats.enabled = True
 
     def sent(self, key: Key, lifetime: float | None, body: bytes, target: bytes, headers: Headers,
-             refreshed: Callable[[], object] | None = None) -> int | None:
+             refreshed: Callable[[Usage], object] | None = None) -> int | None:
         """A real request of conversation ``key`` went upstream; returns its generation for ``answered``
-        (None: this conversation is not kept warm). ``refreshed``: called after each ping answered."""
+        (None: this conversation is not kept warm). ``refreshed``: called with each answered ping's bill."""
         if self._stopped:
             return None
         last = Last(body, target, headers, refreshed)
@@ -134,7 +135,7 @@ class KeepAlive:
         usage = _usage(body) if ok else Usage()
         self.stats.usage += usage
         if ok and ping.payload.refreshed is not None:
-            ping.payload.refreshed()
+            ping.payload.refreshed(usage)
         if ok:
             log.info("keep-alive ping {n}/{budget} {code}: cache_read={read} cache_write={write} input={input}",
                      n=ping.number, budget=self.policy.budget, code=code, read=usage.cache_read_tokens,

@@ -462,6 +462,7 @@
         ["Pings (failed)", `${int(keepalive.pings)} (${int(keepalive.pings_failed)})`, keepalive.pings_failed > 0],
         ["Pings billed: cache read", int(keepalive.usage && keepalive.usage.cache_read_tokens)],
         ["Pings billed: input + output", int(keepalive.usage && keepalive.usage.input_tokens + keepalive.usage.output_tokens)],
+        ["Pings' cost (list price)", keepalive.cost_usd == null ? "—" : usd(keepalive.cost_usd)],
       ]),
       card("Process", [
         ["Up for", duration(s.uptime_s)],
