@@ -1,6 +1,7 @@
 """Start-up as a person meets it: refusals that name the option, the listen backlog, the start-up line."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,16 +11,16 @@ import pytest
 from pytest_twisted import inlineCallbacks
 from twisted.copyright import version as twisted_version
 from twisted.internet import reactor
-from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import Factory
 from twisted.internet.testing import MemoryReactor
 from twisted.python import usage
 
 from cg import __version__
 from cg.store import SQLiteStore
-from cg.web.config import Config
-from cg.web.service import CGService
+from cg.web.config import DEFAULT_BACKLOG, Config, with_backlog
+from cg.web.service import CGService, endpoint
 from cg.web.tap import DEFAULT_LISTEN, Options
+from cg.web.workers import WorkerPool
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 
@@ -33,10 +34,64 @@ def test_default_listen_has_a_backlog_of_1024():
     options.parseOptions([])
     assert options.config().listen == (DEFAULT_LISTEN,)
     memory = MemoryReactor()
-    serverFromString(memory, DEFAULT_LISTEN).listen(Factory())
+    endpoint(memory, DEFAULT_LISTEN).listen(Factory())
     [(port, _factory, backlog, interface)] = memory.tcpServers
     assert (port, backlog, interface) == (8080, 1024, "127.0.0.1")
     assert "backlog=1024" in str(Options())  # --help says so
+    assert "without backlog= gets 1024" in " ".join(str(Options()).split())
+
+
+@pytest.mark.parametrize(
+    ("description", "listened"),
+    [
+        ("tcp:9000", "tcp:9000:backlog=1024"),
+        ("tcp:port=9000:interface=127.0.0.1", "tcp:port=9000:interface=127.0.0.1:backlog=1024"),
+        ("tcp6:9000:interface=\\:\\:1", "tcp6:9000:interface=\\:\\:1:backlog=1024"),
+        ("ssl:9443:privateKey=k.pem", "ssl:9443:privateKey=k.pem:backlog=1024"),
+        ("unix:/run/cg.sock", "unix:/run/cg.sock:backlog=1024"),
+        ("unix:/run/a\\:backlog=5", "unix:/run/a\\:backlog=5:backlog=1024"),  # an escaped colon is the path's
+        ("tcp:9000:backlog=16", "tcp:9000:backlog=16"),  # the user's own
+        ("unix:/run/cg.sock:backlog=4096:mode=660", "unix:/run/cg.sock:backlog=4096:mode=660"),
+        ("systemd:domain=INET:index=0", "systemd:domain=INET:index=0"),  # bound by systemd, with its Backlog=
+    ],
+)
+def test_every_listen_gets_cgs_backlog_unless_it_names_one(description, listened):
+    assert with_backlog(description) == listened
+
+
+@pytest.mark.parametrize(
+    ("description", "servers"),
+    [("tcp:9000", "tcpServers"), ("tcp:9000:backlog=7", "tcpServers"), ("unix:/run/cg.sock", "unixServers")],
+)
+def test_the_endpoint_cg_builds_has_the_backlog(description, servers):
+    memory = MemoryReactor()
+    endpoint(memory, description).listen(Factory())
+    [listened] = getattr(memory, servers)
+    assert listened[2] == (7 if "backlog=7" in description else DEFAULT_BACKLOG)
+
+
+def _kernel_backlog(port: int) -> int:
+    """A listening TCP socket's backlog as the kernel keeps it: `ss -ltn`'s Send-Q."""
+    [line] = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    return int(line.split()[2])
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_a_listen_without_backlog_listens_with_cgs(make_cg, tmp_path):
+    """One process, and the parent of --workers that binds for its workers."""
+    expected = min(DEFAULT_BACKLOG, int(Path("/proc/sys/net/core/somaxconn").read_text()))
+    assert expected > 50  # Twisted's own default: else this test could not tell them apart
+    running = make_cg()  # --listen tcp:0:interface=127.0.0.1
+    assert _kernel_backlog(running.port) == expected
+    pool = WorkerPool(Config(listen=("tcp:0:interface=127.0.0.1",), workers=2,
+                             store=f"sqlite:{tmp_path / 'store.sqlite3'}"), reactor)
+    pool.bind()
+    try:
+        assert _kernel_backlog(pool.ports[0].getHost().port) == expected
+    finally:
+        for port in pool.ports:
+            port.stopListening()
 
 
 # --- options refused at start -----------------------------------------------------------------

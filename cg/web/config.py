@@ -12,6 +12,34 @@ from cg.exchange.ledger import DEFAULT_DAYS, DEFAULT_MAX_TURNS
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
+# Twisted's default backlog is 50: a burst of new connections past it is reset (5 of 400 with one
+# process, 60 of 200 with --workers 2). Every endpoint cg listens on gets this one unless it names its own.
+DEFAULT_BACKLOG = 1024
+_BACKLOG_TYPES = ("tcp", "tcp6", "ssl", "unix")  # the endpoint types whose backlog= cg fills in
+
+
+def _fields(description: str) -> list[str]:
+    """A strports description's fields: split at each colon a backslash does not escape."""
+    fields, field, escaped = [], "", False
+    for char in description:
+        if escaped or char not in "\\:":
+            field, escaped = field + char, False
+        elif char == "\\":
+            field, escaped = field + char, True
+        else:
+            fields.append(field)
+            field = ""
+    return [*fields, field]
+
+
+def with_backlog(description: str) -> str:
+    """`description` (a --listen endpoint) with cg's backlog, unless it names one or has none to name
+    (systemd: sockets come bound, with the socket unit's Backlog=)."""
+    kind, *fields = _fields(description)
+    if kind not in _BACKLOG_TYPES or any(field.startswith("backlog=") for field in fields):
+        return description
+    return f"{description}:backlog={DEFAULT_BACKLOG}"
+
 
 def parse_size(text: str) -> int:
     """Bytes from '1048576', '64M', '64MiB' or '2G' (binary units)."""
@@ -23,8 +51,7 @@ def parse_size(text: str) -> int:
 
 @attrs.frozen
 class Config:
-    # Twisted's default backlog is 50: a burst of new connections past it is reset.
-    listen: tuple[str, ...] = ("tcp:8080:interface=127.0.0.1:backlog=1024",)
+    listen: tuple[str, ...] = (f"tcp:8080:interface=127.0.0.1:backlog={DEFAULT_BACKLOG}",)
     anthropic_upstream: str = "https://api.anthropic.com"
     openai_upstream: str = "https://api.openai.com"
     max_body: int = 64 << 20

@@ -13,7 +13,7 @@ from twisted.application import service
 from twisted.internet import defer, task, tcp
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IAddress, IListeningPort
+from twisted.internet.interfaces import IAddress, IListeningPort, IStreamServerEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -28,7 +28,7 @@ from cg.record.stats import Stats
 from cg.store import default_store_url, parse_store_url, store_from_url, store_label
 from cg.store.base import ILedger, StoreInfo
 from cg.web import memofile, systemd
-from cg.web.config import Config
+from cg.web.config import Config, with_backlog
 from cg.web.dashboard_api import Access
 from cg.web.forwarder import Forwarder
 from cg.web.keepalive import KeepAlive
@@ -117,6 +117,12 @@ def listening_url(description: str, address: IAddress) -> str:
     port = cast("IPv4Address | IPv6Address", address).port
     scheme = "https" if description.startswith("ssl:") else "http"
     return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+def endpoint(reactor: Any, description: str) -> IStreamServerEndpoint:
+    """A --listen description's endpoint, with cg's backlog unless it names one (`with_backlog`)."""
+    server: IStreamServerEndpoint = serverFromString(reactor, with_backlog(description))
+    return server
 
 
 def take_turns(port: tcp.Port) -> tcp.Port:
@@ -322,7 +328,7 @@ class CGService(service.Service):
         return self._listening
 
     def _listen_on(self, description: str) -> defer.Deferred[IListeningPort]:
-        listening: defer.Deferred[IListeningPort] = serverFromString(self.reactor, description).listen(self.connections)
+        listening: defer.Deferred[IListeningPort] = endpoint(self.reactor, description).listen(self.connections)
         return listening
 
     def _adopt(self, fd: int, family: int) -> IListeningPort:

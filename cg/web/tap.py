@@ -11,7 +11,7 @@ from cg import __version__
 from cg.compaction import options
 from cg.exchange import keepalive
 from cg.store import PASSWORD_ENV, default_store_url, parse_store_url, store_password
-from cg.web.config import Config, parse_size
+from cg.web.config import DEFAULT_BACKLOG, Config, parse_size
 from cg.web.dashboard_api import read_admin_token
 from cg.web.service import CGService, settle_gc
 from cg.web.tenant import parse_tenant
@@ -226,7 +226,9 @@ class Options(usage.Options):
     opt_listen.__doc__ = (
         f"Endpoint to listen on (strports description); repeatable. [default: {DEFAULT_LISTEN}] "
         "backlog= is how many connections may wait to be accepted (the kernel caps it at "
-        "net.core.somaxconn). Under systemd socket activation: systemd:domain=INET:index=0"
+        f"net.core.somaxconn); a tcp:, ssl: or unix: endpoint without backlog= gets {DEFAULT_BACKLOG}, "
+        "not Twisted's 50. Under systemd socket activation: systemd:domain=INET:index=0 (the "
+        "socket unit's Backlog=)"
     )
 
     def opt_version(self) -> NoReturn:

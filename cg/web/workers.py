@@ -32,13 +32,12 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from prometheus_client import multiprocess
 from twisted.application import service
 from twisted.internet import abstract, defer, fdesc, protocol, tcp
-from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import ConnectionDone, ConnectionLost, ProcessExitedAlready
 from twisted.internet.interfaces import IAddress, IDelayedCall, IProcessTransport, IReactorFDSet
 from twisted.logger import Logger, globalLogBeginner, textFileLogObserver
@@ -47,7 +46,7 @@ from twisted.python.failure import Failure
 from cg import __version__
 from cg.web import systemd
 from cg.web.config import Config
-from cg.web.service import CGService, SignalHandler, bind_now, listening_url, settle_gc
+from cg.web.service import CGService, SignalHandler, bind_now, endpoint, listening_url, settle_gc
 
 log = Logger(namespace="cg.web.workers")
 
@@ -129,8 +128,8 @@ class WorkerPool(service.Service):
 
     def bind(self) -> None:
         """Bind every --listen endpoint now (a port in use: one line, as `CGService.bind`)."""
-        listens: list[defer.Deferred[tcp.Port]] = [
-            defer.maybeDeferred(serverFromString(self.reactor, d).listen, _NeverAccepts()) for d in self.config.listen
+        listens: list[defer.Deferred[tcp.Port]] = [  # what tcp:, unix: and systemd: endpoints listen with
+            cast("defer.Deferred[tcp.Port]", endpoint(self.reactor, d).listen(_NeverAccepts())) for d in self.config.listen
         ]
         bind_now(defer.gatherResults(listens, consumeErrors=True).addCallback(self.ports.extend),
                  self.config.listen)
