@@ -123,6 +123,33 @@ def test_bad_options_are_refused_naming_the_option(argv, message):
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://cache.example:6380/1", "unix:///run/redis.sock"])
+def test_a_redis_store_without_the_redis_extra_is_refused_naming_it(monkeypatch, url):
+    """Not a ModuleNotFoundError logged once a Redis store opens, and a cg without offload for good."""
+    monkeypatch.setitem(sys.modules, "redis", None)  # what `import redis` meets when it is not installed
+    with pytest.raises(usage.UsageError) as refused:
+        Options().parseOptions(["--store", url])
+    assert str(refused.value).startswith("--store: a Redis store needs the redis extra: pip install 'cg[redis]' (")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_missing_extra_is_refused_by_twistd_in_one_line(tmp_path):
+    """`import redis` fails in a real twistd: a package of that name that cannot be imported comes first."""
+    shadow = tmp_path / "shadow" / "redis"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'redis\'", name="redis")\n')
+    result = subprocess.run(
+        [TWISTD, "-n", "--pidfile=", "cg", "--store", "redis://127.0.0.1:6379/0"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1].endswith(
+        ": --store: a Redis store needs the redis extra: pip install 'cg[redis]' (No module named 'redis')"
+    )
+
+
 @pytest.mark.parametrize(
     "url", ["http://127.0.0.1:18901", "https://api.anthropic.com/", "https://gw.corp.example/anthropic", "http://[::1]:8080"]
 )

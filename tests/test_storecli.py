@@ -111,6 +111,14 @@ def test_usage_errors(argv, capsys):
     assert "usage: cg-store" in capsys.readouterr().err
 
 
+def test_a_redis_store_without_the_redis_extra_says_which_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "redis", None)  # what `import redis` meets when it is not installed
+    with pytest.raises(SystemExit) as exit:
+        main(["--store", "redis://127.0.0.1:6379/0", "info"])
+    assert exit.value.code == 2
+    assert "cg-store: error: a Redis store needs the redis extra: pip install 'cg[redis]'" in capsys.readouterr().err
+
+
 def test_runs_as_a_program(store):
     result = subprocess.run(
         [sys.executable, "-m", "cg.store.cli", "--store", f"sqlite:{store}", "info"],

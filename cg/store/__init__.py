@@ -29,7 +29,7 @@ from cg.store.sqlite import SQLiteDB, SQLiteStore
 __all__ = [
     "DEFAULT_MAX_BYTES", "PASSWORD_ENV", "IStore", "MemoryStore", "RedisAddress", "RedisDB", "RedisStore",
     "SQLiteDB", "SQLiteStore", "StoreError", "StoreInfo", "StoreStats", "default_store_url", "parse_store_url",
-    "store_from_url", "store_label", "store_password",
+    "store_from_url", "store_label", "store_password", "usable_store_url",
 ]
 
 _USE = "use sqlite:PATH, redis://[user:password@]host:port/db, rediss://..., unix:///path/to/socket or memory:"
@@ -47,6 +47,18 @@ def parse_store_url(url: str) -> tuple[str, str]:
         RedisAddress.parse(url)
         return "redis", url
     raise ValueError(f"unknown store URL {RedisAddress.redacted(url)!r}: {_USE}")
+
+
+def usable_store_url(url: str) -> tuple[str, str]:
+    """``parse_store_url``, and a Redis URL also needs the redis package: without it, a ValueError in one
+    line naming the extra to install (else cg would start, and run without its store for good)."""
+    scheme, where = parse_store_url(url)
+    if scheme == "redis":
+        try:
+            import redis  # noqa: F401  # only whether it imports
+        except ImportError as error:
+            raise ValueError(f"a Redis store needs the redis extra: pip install 'cg[redis]' ({error})") from error
+    return scheme, where
 
 
 def store_label(url: str) -> str:

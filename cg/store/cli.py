@@ -21,8 +21,8 @@ from cg.store import (
     StoreError,
     StoreInfo,
     default_store_url,
-    parse_store_url,
     store_password,
+    usable_store_url,
 )
 
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     url = args.store or default_store_url()
     try:
-        scheme, path = parse_store_url(url)
+        scheme, path = usable_store_url(url)
         password = store_password(url, args.store_password_file)
     except ValueError as e:
         parser.error(str(e))

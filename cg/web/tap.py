@@ -10,7 +10,7 @@ from twisted.python import usage
 from cg import __version__
 from cg.compaction import options
 from cg.exchange import keepalive
-from cg.store import PASSWORD_ENV, default_store_url, parse_store_url, store_password
+from cg.store import PASSWORD_ENV, default_store_url, store_password, usable_store_url
 from cg.web.config import DEFAULT_BACKLOG, Config, parse_size
 from cg.web.dashboard_api import read_admin_token
 from cg.web.service import CGService, settle_gc
@@ -260,7 +260,7 @@ class Options(usage.Options):
             ("anthropic-upstream", split_base), ("openai-upstream", split_base),
         ]
         if self["store"] is not None:
-            checks.append(("store", parse_store_url))
+            checks.append(("store", usable_store_url))
         for option, check in checks:
             try:
                 check(self[option])
