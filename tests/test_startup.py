@@ -1,5 +1,6 @@
 """Start-up as a person meets it: refusals that name the option, the listen backlog, the start-up line."""
 
+import inspect
 import os
 import shutil
 import signal
@@ -110,10 +111,24 @@ def test_a_listen_without_backlog_listens_with_cgs(make_cg, tmp_path):
         (["--store", "/var/lib/cg/store.sqlite3"], "--store: unknown store URL"),
         (["--store", "postgres://db/cg"], "--store: unknown store URL"),
         (["--request-head-timeout", "0"], "--request-head-timeout must be more than 0"),
-        (["--memo-mb", "-1"], "--memo-mb must be 0 or more"),
+        (["--memo-mb", "-1"], "--memo-mb must be an integer, 0 or more, not '-1'"),
         (["--ledger-days", "0"], "--ledger-days must be more than 0"),
-        (["--ledger-days", "nan"], "--ledger-days must be more than 0"),
-        (["--ledger-max-turns", "-1"], "--ledger-max-turns must be 0 or more"),
+        (["--ledger-days", "nan"], "--ledger-days must be a number, 0 or more, not 'nan'"),
+        (["--idle-timeout", "inf"], "--idle-timeout must be a number, 0 or more, not 'inf'"),
+        (["--ledger-max-turns", "-1"], "--ledger-max-turns must be an integer, 0 or more, not '-1'"),
+        (["--max-expand-rounds", "x"], "--max-expand-rounds must be an integer, 0 or more, not 'x'"),
+        (["--max-body", "64 apples"], "--max-body must be a size such as 64MiB, not '64 apples'"),
+        (["--connect-timeout", "0"], "--connect-timeout must be more than 0"),
+        (["--header-timeout", "0"], "--header-timeout must be more than 0"),
+        (["--store-max-mb", "0"], "--store-max-mb must be 1 or more"),
+        (["--upstream-ca", "/etc/hostname"], "--upstream-ca: no PEM certificate in /etc/hostname"),
+        (["--upstream-ca", "/nonexistent/ca.pem"], "--upstream-ca: cannot read /nonexistent/ca.pem: No such file"),
+        (["--changelog", "/"], "--changelog: / is a directory"),
+        (["--changelog", "/nonexistent/cg.jsonl"], "--changelog: no directory /nonexistent"),
+        (["--keep-tools", "Read,Web Search"], "--keep-tools: 'Web Search' is not a tool name"),
+        (["--listen", "tcp:9000:interface=127.0.0.1:bakclog=5"], "--listen tcp:9000:interface=127.0.0.1:bakclog=5: "),
+        (["--listen", "ssl:9443:privateKey=/nonexistent/key.pem"], "--listen ssl:9443:privateKey=/nonexistent/key.pem: "),
+        (["--listen", "unix:/run/cg.sock:mode=rw"], "--listen unix:/run/cg.sock:mode=rw: invalid literal"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(argv, message):
@@ -121,6 +136,44 @@ def test_bad_options_are_refused_naming_the_option(argv, message):
         Options().parseOptions(argv)
     assert str(refused.value).startswith(message)
     assert "\n" not in str(refused.value)
+
+
+def _options_taking_a_value() -> list[str]:
+    """Every option `twistd cg --help` lists that takes a value: optParameters, and opt_ methods with one."""
+    methods = [name[4:].replace("_", "-") for name, method in vars(Options).items()
+               if name.startswith("opt_") and len(inspect.signature(method).parameters) == 2]
+    return [spec[0] for spec in Options.optParameters] + methods
+
+
+_TYPED = {spec[0] for spec in Options.optParameters if len(spec) > 4}  # given "x", each says what it must be
+
+# A value cg cannot use, for every option that takes one: a new option needs its own here.
+_UNUSABLE = {
+    **{name: "x" for name in _TYPED},
+    "anthropic-upstream": "api.anthropic.com", "openai-upstream": "https://", "upstream-ca": "/nonexistent/ca.pem",
+    "store": "postgres://db/cg", "store-password-file": "/nonexistent/password", "memo-dir": "/etc/hostname",
+    "tenant": "everyone", "admin-token-file": "/nonexistent/token", "expand": "yes", "mode": "proxy",
+    "cold-policy": "yes", "changelog": "/nonexistent/cg.jsonl", "keep-tools": "Read,Web Search",
+    "listen": "tpc:8080", "disable": "everything",
+}
+
+
+def test_every_option_taking_a_value_has_an_unusable_one_below():
+    assert sorted(_UNUSABLE) == sorted(_options_taking_a_value())
+    assert len(_TYPED) > 15  # the walk below covers the typed ones too
+
+
+@pytest.mark.parametrize("option", _options_taking_a_value())
+def test_every_option_refuses_an_unusable_value_in_one_line_naming_itself(option):
+    with pytest.raises(usage.UsageError) as refused:
+        Options().parseOptions([f"--{option}", _UNUSABLE[option]])
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"--{option} ") or message.startswith(f"--{option}:"), message
+    assert "Parameter type enforcement failed" not in message
+    if option in _TYPED:
+        assert message.endswith(" must be an integer, 0 or more, not 'x'") or message.endswith(
+            " must be a number, 0 or more, not 'x'") or message.endswith(" must be a size such as 64MiB, not 'x'")
 
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://cache.example:6380/1", "unix:///run/redis.sock"])

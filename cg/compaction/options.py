@@ -2,6 +2,7 @@
 ``cg-estimate`` (cg.record.estimate) both take them, with these names, defaults, help texts and
 checks, and build the rewrite's configuration with ``rewrite_config``."""
 
+import re
 from collections.abc import Iterable
 
 from cg.compaction.cold import ColdPolicy
@@ -62,8 +63,17 @@ def check_on_off(option: str, value: str) -> bool:
     return value == "on"
 
 
+# A tool's name as both providers take it (Anthropic's tool name rule; OpenAI's function name rule).
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
 def keep_tools(value: str) -> tuple[str, ...]:
-    return tuple(t for t in value.split(",") if t)
+    """--keep-tools' names. Raises ValueError, in one line, for one that no tool can have."""
+    names = tuple(t for t in value.split(",") if t)
+    for name in names:
+        if not _TOOL_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a tool name (letters, digits, _ and -, up to 64)")
+    return names
 
 
 def rewrite_config(expand: bool = True, offload_min_tokens: int = _OFFLOAD.min_tokens,

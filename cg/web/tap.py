@@ -1,8 +1,9 @@
 """`twistd cg`: the command line, documented by `twistd cg --help`."""
 
+import math
 import os
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from twisted.copyright import version as twisted_version
 from twisted.python import usage
@@ -13,19 +14,69 @@ from cg.exchange import keepalive
 from cg.store import PASSWORD_ENV, default_store_url, store_password, usable_store_url
 from cg.web.config import DEFAULT_BACKLOG, Config, parse_size
 from cg.web.dashboard_api import read_admin_token
-from cg.web.service import CGService, settle_gc
+from cg.web.service import CGService, endpoint, settle_gc
 from cg.web.tenant import parse_tenant
-from cg.web.upstream import split_base
+from cg.web.upstream import load_trust_root, split_base
 from cg.web.workers import WorkerPool
 
 _DEFAULTS = Config()
 DEFAULT_LISTEN = _DEFAULTS.listen[0]
 
 
+def _count(text: str) -> int:
+    count = int(text)
+    if count < 0:
+        raise ValueError(f"negative: {count}")
+    return count
+
+
+def _number(text: str) -> float:
+    number = float(text)
+    if not 0 <= number < math.inf:  # also refuses nan
+        raise ValueError(f"not a finite number, 0 or more: {number}")
+    return number
+
+
+# What each typed option's value must be, as its refusal says it.
+_KINDS: dict[Callable[[str], object], str] = {
+    _count: "an integer, 0 or more", _number: "a number, 0 or more", parse_size: "a size such as 64MiB",
+}
+
+
+def _naming(name: str, coerce: Callable[[str], object]) -> Callable[[str], object]:
+    """`coerce`, refusing a value in one line that names the option: Twisted's own refusal says only
+    "Parameter type enforcement failed: invalid literal for int() with base 10: 'x'"."""
+    def typed(text: str) -> object:
+        try:
+            return coerce(text)
+        except ValueError as error:
+            raise usage.UsageError(f"--{name} must be {_KINDS[coerce]}, not {text!r}") from error
+
+    return typed
+
+
+def _refusals_named(parameters: list[list[object]]) -> list[list[object]]:
+    """optParameters whose typed options (a coerce from `_KINDS`) name themselves when they refuse a value."""
+    return [[*spec[:4], _naming(cast(str, spec[0]), cast("Callable[[str], object]", spec[4]))] if len(spec) > 4
+            else spec for spec in parameters]
+
+
 def _option(spec: tuple[str, object, str], *coerce: Callable[[str], object]) -> list[object]:
     """A shared option (cg.compaction.options: name, default, help) as optParameters lists it."""
     name, default, text = spec
     return [name, None, default, text, *coerce]
+
+
+def _writable_file(path: str) -> None:
+    """Raises ValueError unless `path` names a file cg can create or append to (--changelog)."""
+    path = os.path.expanduser(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory")
+    if not os.path.isdir(folder):
+        raise ValueError(f"no directory {folder}")
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise ValueError(f"cannot write {path if os.path.exists(path) else 'in ' + folder}")
 
 
 class Options(usage.Options):
@@ -37,7 +88,7 @@ class Options(usage.Options):
         "GET /metrics the same for Prometheus."
     )
 
-    optParameters = [
+    optParameters = _refusals_named([
         [
             "anthropic-upstream",
             None,
@@ -58,21 +109,21 @@ class Options(usage.Options):
             "PEM bundle of the CA(s) to trust for HTTPS upstreams instead of the system's "
             "(a corporate gateway's private CA).",
         ],
-        ["connect-timeout", None, _DEFAULTS.connect_timeout, "Seconds to connect upstream.", float],
+        ["connect-timeout", None, _DEFAULTS.connect_timeout, "Seconds to connect upstream.", _number],
         [
             "header-timeout",
             None,
             _DEFAULTS.header_timeout,
             "Seconds to wait for the upstream's response headers (long non-streaming "
             "generations need minutes); a live stream has no read timeout.",
-            float,
+            _number,
         ],
         [
             "idle-timeout",
             None,
             _DEFAULTS.idle_timeout,
             "Seconds an idle pooled upstream connection is kept open (closed by the next sweep, at most half as long again).",
-            float,
+            _number,
         ],
         [
             "request-head-timeout",
@@ -82,14 +133,14 @@ class Options(usage.Options):
             "its connection's start or, on a kept-alive connection, from the request's first byte, "
             "however slowly it trickles; past it the connection is closed. Bodies and responses "
             "(live streams) are not timed by it.",
-            float,
+            _number,
         ],
         [
             "drain-timeout",
             None,
             _DEFAULTS.drain_timeout,
             "On SIGTERM, seconds to let in-flight responses finish before cutting them.",
-            float,
+            _number,
         ],
         [
             "store",
@@ -107,14 +158,14 @@ class Options(usage.Options):
             f"Read a Redis store's password from this file (read once, at start), so that it is not "
             f"on the command line; without it, ${PASSWORD_ENV} is used when the URL has none.",
         ],
-        ["store-max-mb", None, _DEFAULTS.store_max_mb, "Store size; least recently used out first.", int],
+        ["store-max-mb", None, _DEFAULTS.store_max_mb, "Store size; least recently used out first.", _count],
         [
             "ledger-days",
             None,
             _DEFAULTS.ledger_days,
             "Days the store keeps the dashboard's history: per-minute and per-hour totals, and each "
             "conversation's summary (from its last request).",
-            float,
+            _number,
         ],
         [
             "ledger-max-turns",
@@ -122,7 +173,7 @@ class Options(usage.Options):
             _DEFAULTS.ledger_max_turns,
             "Requests the store keeps one by one for the dashboard (the newest), each with what cg changed "
             "in it; also none older than --ledger-days.",
-            int,
+            _count,
         ],
         [
             "memo-mb",
@@ -130,7 +181,7 @@ class Options(usage.Options):
             _DEFAULTS.memo_mb,
             "Text the conversation memo keeps per process (each conversation's last body, and decisions), "
             "which makes a re-sent history cheap; the process holds ~1.5 times it. 0: none.",
-            int,
+            _count,
         ],
         [
             "memo-dir",
@@ -164,7 +215,7 @@ class Options(usage.Options):
             "forward: send the rewritten request. observe: decide everything and record what "
             "would be saved, but forward the original bytes.",
         ],
-        _option(options.OFFLOAD_MIN_TOKENS, int),
+        _option(options.OFFLOAD_MIN_TOKENS, _count),
         _option(options.COLD_POLICY),
         [
             "max-expand-rounds",
@@ -172,7 +223,7 @@ class Options(usage.Options):
             _DEFAULTS.max_expand_rounds,
             "Continuations cg runs per client request when the model calls context_guru_expand; "
             "at the cap the last response goes to the client as it is.",
-            int,
+            _count,
         ],
         [
             "max-held",
@@ -180,6 +231,7 @@ class Options(usage.Options):
             "16MiB",
             "Most bytes of a stream cg holds back while it decides on an expand call; past it, "
             "it releases them as they came.",
+            parse_size,
         ],
         [
             "workers",
@@ -187,7 +239,7 @@ class Options(usage.Options):
             _DEFAULTS.workers,
             "Processes serving the --listen sockets (one per core): the parent binds, the workers "
             "accept; originals are shared through the store.",
-            int,
+            _count,
         ],
         [
             "changelog",
@@ -197,10 +249,10 @@ class Options(usage.Options):
             "(read it with cg-report); reopened on SIGHUP, for logrotate.",
         ],
         _option(options.KEEP_TOOLS),
-        _option(keepalive.MAX_IDLE, float),
-        _option(keepalive.BUDGET, int),
-        _option(keepalive.MAX_CONVERSATIONS, int),
-    ]
+        _option(keepalive.MAX_IDLE, _number),
+        _option(keepalive.BUDGET, _count),
+        _option(keepalive.MAX_CONVERSATIONS, _count),
+    ])
 
     optFlags = [
         [
@@ -256,11 +308,11 @@ class Options(usage.Options):
         except ValueError as error:
             raise usage.UsageError(str(error)) from error
         checks: list[tuple[str, Callable[[str], object]]] = [
-            ("max-body", parse_size), ("max-held", parse_size),
-            ("anthropic-upstream", split_base), ("openai-upstream", split_base),
+            ("anthropic-upstream", split_base), ("openai-upstream", split_base), ("keep-tools", options.keep_tools),
         ]
-        if self["store"] is not None:
-            checks.append(("store", usable_store_url))
+        checks += [(option, check) for option, check in (("store", usable_store_url), ("upstream-ca", load_trust_root),
+                                                          ("changelog", _writable_file))
+                   if self[option] is not None]
         for option, check in checks:
             try:
                 check(self[option])
@@ -276,6 +328,12 @@ class Options(usage.Options):
                 if description.split(":", 1)[0] not in ("tcp", "unix", "systemd"):
                     raise usage.UsageError(f"--workers: --listen {description}: only tcp:, unix: and "
                                            "systemd: endpoints can be shared by workers")
+        for description in self["listen"]:
+            if not description.startswith("systemd:"):  # its sockets are looked up as cg binds (cg.web.service)
+                try:
+                    endpoint(None, description)  # parsed only: the reactor is not used until it listens
+                except Exception as error:  # what a description's parser raises: ValueError, TypeError, OSError, OpenSSL's
+                    raise usage.UsageError(f"--listen {description}: {error}") from error
         try:
             self.store_password = store_password(
                 self["store"] or default_store_url(), self["store-password-file"], os.environ
@@ -287,20 +345,15 @@ class Options(usage.Options):
                 self.admin_token = read_admin_token(self["admin-token-file"])
             except ValueError as error:
                 raise usage.UsageError(f"--admin-token-file: {error}") from error
-        if self["memo-mb"] < 0:
-            raise usage.UsageError("--memo-mb must be 0 or more")
         memo_dir = self["memo-dir"]
         if memo_dir is not None and (not memo_dir or os.path.exists(os.path.expanduser(memo_dir))
                                      and not os.path.isdir(os.path.expanduser(memo_dir))):
             raise usage.UsageError(f"--memo-dir {memo_dir!r}: not a directory (none: no memo files)")
-        if not self["ledger-days"] > 0:
-            raise usage.UsageError("--ledger-days must be more than 0")
-        if self["ledger-max-turns"] < 0:
-            raise usage.UsageError("--ledger-max-turns must be 0 or more")
-        if self["max-expand-rounds"] < 0:
-            raise usage.UsageError("--max-expand-rounds must be 0 or more")
-        if not self["request-head-timeout"] > 0:
-            raise usage.UsageError("--request-head-timeout must be more than 0")
+        for option in ("ledger-days", "connect-timeout", "header-timeout", "request-head-timeout"):
+            if not self[option] > 0:
+                raise usage.UsageError(f"--{option} must be more than 0")
+        if self["store-max-mb"] < 1:
+            raise usage.UsageError("--store-max-mb must be 1 or more")
         try:
             keepalive.check_policy(self["keepalive-max-idle"], self["keepalive-budget"],
                                    self["keepalive-max-conversations"])

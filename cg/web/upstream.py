@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from OpenSSL import crypto
 from twisted.internet import defer, error, ssl
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import (
@@ -113,11 +114,18 @@ if TYPE_CHECKING:
 
 
 def load_trust_root(ca_file: str) -> IOpenSSLTrustRoot:
-    """A trust root holding every certificate of a PEM bundle (a private CA)."""
-    with open(ca_file, "rb") as f:
-        pem = f.read()
+    """A trust root holding every certificate of a PEM bundle (a private CA). Raises ValueError, in one
+    line, for a bundle it cannot read."""
+    try:
+        with open(ca_file, "rb") as f:
+            pem = f.read()
+    except OSError as error:
+        raise ValueError(f"cannot read {ca_file}: {error.strerror}") from error
     marker = b"-----BEGIN CERTIFICATE-----"
-    certs = [ssl.Certificate.loadPEM(marker + part) for part in pem.split(marker)[1:]]
+    try:
+        certs = [ssl.Certificate.loadPEM(marker + part) for part in pem.split(marker)[1:]]
+    except crypto.Error as error:
+        raise ValueError(f"a certificate in {ca_file} is not PEM: {error}") from error
     if not certs:
         raise ValueError(f"no PEM certificate in {ca_file}")
     root: IOpenSSLTrustRoot = ssl.trustRootFromCertificates(certs)
