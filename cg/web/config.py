@@ -12,8 +12,8 @@ from cg.exchange.ledger import DEFAULT_DAYS, DEFAULT_MAX_TURNS
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
-# Twisted's default backlog is 50: a burst of new connections past it is reset (5 of 400 with one
-# process, 60 of 200 with --workers 2). Every endpoint cg listens on gets this one unless it names its own.
+# Twisted's default backlog is 50: a burst of new connections past it waits a SYN retransmit or is
+# reset (bench/backlog.py). Every endpoint cg listens on gets this one unless it names its own.
 DEFAULT_BACKLOG = 1024
 _BACKLOG_TYPES = ("tcp", "tcp6", "ssl", "unix")  # the endpoint types whose backlog= cg fills in
 
