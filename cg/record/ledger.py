@@ -34,10 +34,12 @@ from cg.stream.usage import Usage
 from cg.wire.dialect import SHAPES
 
 # Conversations whose sent results are remembered (least recently used first out); one beyond
-# that counts its results as new, which prices a result sent before as a write, not a read.
-MAX_CONVERSATIONS = 4096
-# Results remembered per conversation, the same way.
-MAX_RESULTS = 20_000
+# that counts its results as new, which prices a result sent before as a write, not a read (the
+# estimate without cg comes out higher for that turn). A team's gateway runs ~100 at once.
+MAX_CONVERSATIONS = 512
+# Results remembered per conversation (a long Claude Code session compacts a few hundred); past it,
+# forgotten the same way. At most ~1 M content ids in all, ~60 MB; a few MB in practice.
+MAX_RESULTS = 2000
 
 
 def client_of(user_agent: str | None) -> str:
