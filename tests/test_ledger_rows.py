@@ -109,3 +109,15 @@ def test_a_turn_that_wrote_more_than_it_read_says_why():
 def test_a_bill_smaller_than_the_expand_tool_is_not_made_smaller_still():
     turn, _ = Book().turn(SENT, report(), record(Usage(input_tokens=10, output_tokens=1)))
     assert (turn.tokens_before, turn.tokens_after) == (10, 10)
+
+
+def test_the_results_remembered_are_bounded(monkeypatch):
+    from cg.record import ledger as rows
+
+    monkeypatch.setattr(rows, "MAX_CONVERSATIONS", 1)
+    book = Book()
+    billed = Usage(input_tokens=10, cache_read_tokens=5000, cache_write_tokens=200, output_tokens=30)
+    first, _ = book.turn(SENT, report(offload("a")), record(billed, session="one"))
+    book.turn(SENT, report(offload("b")), record(billed, session="two"))  # "one" is forgotten
+    again, _ = book.turn(SENT, report(offload("a")), record(billed, session="one"))
+    assert again.cost_direct == first.cost_direct  # priced as a first send again, a write
