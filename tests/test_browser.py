@@ -269,21 +269,23 @@ def test_a_conversation_shows_its_offloads_verdicts_and_originals_as_text(driver
     verdicts = [(EXPECTED, "first turn"), (EXPIRED, "idle 7m12s > 5m"), (CLIENT_PREFIX, "system"),
                 (CG_PREFIX, "epoch"), (KEPT_WARM, "idle 12m > 5m, read back")]
     ledger = running.service.store.ledger
-    for seq, (verdict, detail) in enumerate(verdicts, 1):
-        changes = [Change(seq, 2, 0, "Bash", "offload", True, ident, 19_000, 700)] if seq == 1 else []
+    first = 1_796_000_000_000_001  # seqs are process-wide request numbers; the page numbers the turns 1, 2, …
+    for seq, (verdict, detail) in enumerate(verdicts, first):
+        changes = [Change(seq, 2, 0, "Bash", "offload", True, ident, 19_000, 700)] if seq == first else []
         on_the_reactor(ledger.record, ledger_turn("s-verdicts", now + 60 * seq, seq, verdict=verdict, detail=detail,
-                                  tool_tokens=(19_000, 700) if seq == 1 else (0, 0), epoch=verdict == CG_PREFIX,
+                                  tool_tokens=(19_000, 700) if seq == first else (0, 0), epoch=verdict == CG_PREFIX,
                                   billed=Usage(40, 0, 20_000, 300) if verdict in (EXPIRED, CLIENT_PREFIX, CG_PREFIX)
                                   else None),
                       changes)
     page = Page(driver, running)
     page.open("#/conversation/s-verdicts")
     page.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "article.turn")) == 5)
+    assert [h.split(" · ")[0] for h in page.texts("article.turn h4")] == [f"Turn {n}" for n in range(1, 6)]
     badges = page.texts(".verdict .badge")
     assert badges == ["expected", "expired", "client changed the prefix", "cg changed the prefix", "kept warm"]
-    assert "(idle 7m12s > 5m)" in page.text("article.turn[data-seq='2'] .verdict")
-    assert "(system)" in page.text("article.turn[data-seq='3'] .verdict")
-    change = page.texts("article.turn[data-seq='1'] tr.change td")
+    assert "(idle 7m12s > 5m)" in page.text(f"article.turn[data-seq='{first + 1}'] .verdict")
+    assert "(system)" in page.text(f"article.turn[data-seq='{first + 2}'] .verdict")
+    change = page.texts(f"article.turn[data-seq='{first}'] tr.change td")
     assert change == ["messages[2].content[0]", "Bash", "offloaded: head, tail and a summary, the rest behind the marker",
                       "19,000 → 700 (−96.3%)",
                       f"<<cg:{ident}>>"]

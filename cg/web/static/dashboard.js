@@ -328,7 +328,7 @@
       ["Expand rounds", int(c.expand_rounds)], ["Repairs", int(c.repairs)], ["Cache now", cacheState(c.cache)],
     ].filter(([, value]) => value !== null);
     fill($("conversation-summary").tBodies[0], facts.map(([label, value]) => el("tr", {}, el("th", {}, label), el("td", {}, value))));
-    fill($("turns"), data.turns.map((t) => turn(t, c.tenant)));
+    fill($("turns"), data.turns.map((t, i) => turn(t, i + 1, c.tenant)));
   }
 
   function billed(b) {
@@ -344,16 +344,17 @@
       el("span", {class: "badge"}, name), " ", words, v.detail ? el("span", {class: "detail"}, " (" + v.detail + ")") : null);
   }
 
+  // `n`: its place in the conversation (its seq is a process-wide request number, not for people).
   // `tenant`: the conversation's, given to a viewer who sees every tenant (its originals are read
   // with ?tenant=), else undefined.
-  function turn(t, tenant) {
+  function turn(t, n, tenant) {
     const flags = [
       t.expand_rounds ? `${t.expand_rounds} expand round${t.expand_rounds > 1 ? "s" : ""}` : null,
       t.repairs ? `${t.repairs} repair${t.repairs > 1 ? "s" : ""}` : null,
       t.epoch ? "decided in a cache-aware epoch" : null,
     ].filter(Boolean);
     return el("article", {class: "turn", "data-seq": t.seq},
-      el("h4", {}, `Turn ${t.seq}`, el("span", {class: "muted"},
+      el("h4", {}, `Turn ${n}`, el("span", {class: "muted"},
         ` · ${when(t.time)} · ${t.model ?? "—"} · ${t.path} · ${t.status ?? "no status"} ${t.outcome}`)),
       el("dl", {},
         el("dt", {}, "Sent → forwarded"), el("dd", {}, beforeAfter(t.tokens_before, t.tokens_after) + " tokens"),
