@@ -112,11 +112,13 @@ class _Reasoning:
     sent back without it with a 400 (DeepSeek's "Missing `reasoning_content` field"), or loses the
     thinking's signature (OpenRouter in front of Claude)."""
 
-    __slots__ = ("texts", "details")
+    __slots__ = ("texts", "details", "detail_texts")
 
     def __init__(self) -> None:
         self.texts: dict[str, list[str]] = {}
         self.details: dict[object, dict[str, object]] = {}  # by index
+        # Each entry's text fields' fragments, joined once in `fields` (a fragment a token: O(1) each)
+        self.detail_texts: dict[object, dict[str, list[str]]] = {}
 
     def add(self, delta: dict[str, object]) -> None:
         for key in _REASONING_TEXTS:
@@ -135,20 +137,23 @@ class _Reasoning:
         key = index if isinstance(index, int) else ("unindexed", len(self.details))
         entry = self.details.get(key)
         if entry is None:
-            self.details[key] = dict(detail)
-            return
+            entry = self.details[key] = {}
+            self.detail_texts[key] = {}
+        texts = self.detail_texts[key]
         for field, value in detail.items():
             if field in _DETAIL_TEXTS and isinstance(value, str):
-                before = entry.get(field)
-                entry[field] = (before if isinstance(before, str) else "") + value
-            elif value is not None and value != "":
+                entry.setdefault(field, "")  # its place among the fields; its text is joined in `fields`
+                texts.setdefault(field, []).append(value)
+            elif field not in entry or (value is not None and value != ""):
                 entry[field] = value
 
     def fields(self) -> dict[str, object]:
         """The assistant message's reasoning fields, none for a round without reasoning."""
         fields: dict[str, object] = {key: "".join(parts) for key, parts in self.texts.items()}
         if self.details:
-            fields["reasoning_details"] = list(self.details.values())
+            fields["reasoning_details"] = [
+                {**entry, **{field: "".join(parts) for field, parts in self.detail_texts[key].items()}}
+                for key, entry in self.details.items()]
         return fields
 
 
