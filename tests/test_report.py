@@ -2,6 +2,7 @@
 
 import gzip
 import io
+import sys
 
 import pytest
 import ujson
@@ -433,3 +434,10 @@ def test_store_options_are_refused_in_one_line(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2
+
+
+def test_a_redis_store_without_the_redis_extra_says_which_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "redis", None)  # what `import redis` meets when it is not installed
+    assert main(["--store", "redis://127.0.0.1:6379/0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("cg-report: a Redis store needs the redis extra: pip install 'cg[redis]'")

@@ -27,10 +27,10 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     if args.store is None:
         return report.report_changelogs(args, stdout, stderr)
     # The stores' modules (SQLite, Redis) and the reactor load only for --store.
-    from cg.store import parse_store_url, store_label, store_password
+    from cg.store import store_label, store_password, usable_store_url
 
     try:
-        scheme, path = parse_store_url(args.store)
+        scheme, path = usable_store_url(args.store)
         password = store_password(args.store, args.store_password_file)
     except ValueError as error:
         print(f"cg-report: {error}", file=stderr)
