@@ -52,6 +52,8 @@ def test_default_listen_has_a_backlog_of_1024():
         ("unix:/run/cg.sock", "unix:/run/cg.sock:backlog=1024"),
         ("unix:/run/a\\:backlog=5", "unix:/run/a\\:backlog=5:backlog=1024"),  # an escaped colon is the path's
         ("tcp:9000:backlog=16", "tcp:9000:backlog=16"),  # the user's own
+        ("tcp:9000:127.0.0.1:100", "tcp:9000:127.0.0.1:100"),  # the user's own, by its place
+        ("ssl:9443:k.pem:c.pem:TLSv1_2_METHOD:127.0.0.1:64", "ssl:9443:k.pem:c.pem:TLSv1_2_METHOD:127.0.0.1:64"),
         ("unix:/run/cg.sock:backlog=4096:mode=660", "unix:/run/cg.sock:backlog=4096:mode=660"),
         ("systemd:domain=INET:index=0", "systemd:domain=INET:index=0"),  # bound by systemd, with its Backlog=
     ],

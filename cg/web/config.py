@@ -15,7 +15,9 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # Twisted's default backlog is 50: a burst of new connections past it waits a SYN retransmit or is
 # reset (bench/backlog.py). Every endpoint cg listens on gets this one unless it names its own.
 DEFAULT_BACKLOG = 1024
-_BACKLOG_TYPES = ("tcp", "tcp6", "ssl", "unix")  # the endpoint types whose backlog= cg fills in
+# The endpoint types whose backlog cg fills in, and the place of `backlog` among each one's
+# positional fields (twisted.internet.endpoints' parsers: tcp:PORT:INTERFACE:BACKLOG, …).
+_BACKLOG_AT = {"tcp": 2, "tcp6": 2, "ssl": 5, "unix": 2}
 
 
 def _fields(description: str) -> list[str]:
@@ -36,7 +38,9 @@ def with_backlog(description: str) -> str:
     """`description` (a --listen endpoint) with cg's backlog, unless it names one or has none to name
     (systemd: sockets come bound, with the socket unit's Backlog=)."""
     kind, *fields = _fields(description)
-    if kind not in _BACKLOG_TYPES or any(field.startswith("backlog=") for field in fields):
+    at = _BACKLOG_AT.get(kind)
+    positional = [field for field in fields if "=" not in field.replace("\\=", "")]
+    if at is None or len(positional) > at or any(field.startswith("backlog=") for field in fields):
         return description
     return f"{description}:backlog={DEFAULT_BACKLOG}"
 
