@@ -245,6 +245,16 @@ def test_refusals_are_one_line(tmp_path):
         run(str(HOME), "--cold-policy", "yes")
 
 
+@pytest.mark.parametrize(("option", "value", "said"), [
+    ("--offload-min-tokens", "-5", "argument --offload-min-tokens: negative: -5"),
+    ("--keep-tools", "bad name!", "argument --keep-tools: 'bad name!' is not a tool name"),
+])
+def test_a_compaction_option_refuses_as_twistd_cg_does(capsys, option, value, said):
+    with pytest.raises(SystemExit):
+        run(str(HOME), option, value)
+    assert said in capsys.readouterr().err
+
+
 def test_plot_without_the_extra_says_how(monkeypatch, tmp_path):
     monkeypatch.setattr(plot, "available", lambda: False)
     code, out, err = run(str(HOME), "--plot", str(tmp_path / "p.png"))

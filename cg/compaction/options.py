@@ -67,6 +67,14 @@ def check_on_off(option: str, value: str) -> bool:
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
+def count(text: str) -> int:
+    """An integer, 0 or more (ValueError otherwise): --offload-min-tokens and the other counts."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"negative: {value}")
+    return value
+
+
 def keep_tools(value: str) -> tuple[str, ...]:
     """--keep-tools' names. Raises ValueError, in one line, for one that no tool can have."""
     names = tuple(t for t in value.split(",") if t)

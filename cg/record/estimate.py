@@ -82,8 +82,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(f"--{name}", default=options.check_on_off(name, default),
                         type=_checked(lambda value: options.check_on_off(name, value)),
                         help=f"{text} Simulated on the transcript's own timestamps. [default: {default}]")
-    for spec, convert in ((options.OFFLOAD_MIN_TOKENS, int), (options.KEEP_TOOLS, options.keep_tools)):
-        parser.add_argument(f"--{spec[0]}", type=convert, default=spec[1], help=f"{spec[2]} [default: %(default)s]")
+    for spec, convert in ((options.OFFLOAD_MIN_TOKENS, options.count), (options.KEEP_TOOLS, options.keep_tools)):
+        parser.add_argument(f"--{spec[0]}", type=_checked(convert), default=spec[1],
+                            help=f"{spec[2]} [default: %(default)s]")
     parser.add_argument("--disable", action="append", default=[], type=_checked(options.check_disable),
                         metavar="COMPONENT", help=options.DISABLE_HELP)
     parser.add_argument("--keepalive", action="store_true",

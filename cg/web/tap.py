@@ -23,11 +23,7 @@ _DEFAULTS = Config()
 DEFAULT_LISTEN = _DEFAULTS.listen[0]
 
 
-def _count(text: str) -> int:
-    count = int(text)
-    if count < 0:
-        raise ValueError(f"negative: {count}")
-    return count
+_count = options.count
 
 
 def _number(text: str) -> float:
