@@ -32,6 +32,8 @@ ASSUMPTIONS = (
     "Tokens are cg's estimate, block by block; cache reads, writes and lifetimes are simulated from the "
     "transcript's own timestamps; each session has a cache of its own.",
     "Output tokens are the transcript's and the same both ways: cg does not change what the model writes.",
+    "Requests a client does not write to its transcript (Claude Code's titles, summaries, /compact's own "
+    "request) are in neither the simulated nor the recorded bill.",
     "Expected expand rounds = offloads x the expand rate; each is priced as one more request via cg.",
 )
 KEEPALIVE_ASSUMPTION = (
@@ -74,8 +76,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         "requests to FILE (.png or .svg; needs the plot extra: pip install 'cg[plot]')")
     parser.add_argument("--expand-rate", type=float, default=DEFAULT_EXPAND_RATE, metavar="R",
                         help="expected expand rounds per offloaded result [default: %(default)s]")
-    parser.add_argument("--ttl", choices=("5m", "1h"), default="5m",
-                        help="the cache lifetime Claude Code's breakpoints are taken to ask for [default: 5m]")
+    parser.add_argument("--ttl", choices=(transcripts.RECORDED, "5m", "1h"), default=transcripts.RECORDED,
+                        help="the cache lifetime Claude Code's breakpoints are taken to ask for; recorded: 1h for a "
+                        "session whose transcript records one-hour cache writes, else 5m [default: %(default)s]")
     name, default, text = options.EXPAND
     parser.add_argument(f"--{name}", default=default, type=_checked(options.check_expand), help=text)
     name, default, text = options.COLD_POLICY
@@ -106,6 +109,9 @@ def _checked(check: Any) -> Any:
     return convert
 
 
+_TTLS = {"5m": None}  # --ttl as the reader takes it
+
+
 def _tokens(t: Tokens) -> dict[str, int]:
     return {"input": t.input, "cache_read": t.cache_read, "cache_write_5m": t.cache_write_5m,
             "cache_write_1h": t.cache_write_1h, "output": t.output}
@@ -117,6 +123,8 @@ def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool =
     cost_direct = sum(t.cost_direct for t in turns)
     cost_cg = sum(t.cost_cg for t in turns)
     billed = [r.billed for r in session.requests if r.billed is not None]
+    # replay prices a Turn per request (it drops only a body that does not parse, which a reader never builds)
+    recorded = [(t, r.billed) for t, r in zip(turns, session.requests) if r.billed is not None]
     return {
         "client": session.client,
         "session": session.id,
@@ -140,10 +148,25 @@ def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool =
         "expand_rounds": round(sum(t.expand_rounds for t in turns), 2),
         "expand_cost": round(sum(t.expand_cost for t in turns), 6),
         "billed_by_transcript": _tokens(sum(billed, Tokens())) if billed else None,
+        **_recorded(sum(t.cost_direct for t, _ in recorded), sum(t.price.cost(b) for t, b in recorded), len(recorded)),
+        "prompt_tokens_recorded": sum(b.prompt for _, b in recorded),
+        "prompt_tokens_simulated": sum(t.direct.prompt for t, _ in recorded),  # of those same requests
+        "sidechain": transcripts.SIDECHAIN_NOTE in session.notes,
         "keepalive": _keepalive(turns, cost_cg, cost_direct) if keep_warm else None,
         "cumulative_direct": _cumulative(t.cost_direct for t in turns),
         "cumulative_cg": _cumulative(t.cost_cg for t in turns),
         "notes": list(session.notes),
+    }
+
+
+def _recorded(simulated: float, recorded: float, requests: int) -> dict[str, Any]:
+    """The direct bill the transcripts recorded (their usage, priced with the same table) beside the
+    simulated one, over the requests that recorded it: how far to trust the estimate."""
+    return {
+        "recorded_requests": requests,
+        "cost_direct_recorded": round(recorded, 6),
+        "cost_direct_simulated": round(simulated, 6),  # of those same requests
+        "simulated_vs_recorded": round(simulated / recorded, 4) if recorded else None,
     }
 
 
@@ -189,11 +212,12 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
     sessions: list[dict[str, Any]] = []
     notes: set[str] = set()
     unreadable: list[str] = []
+    tally = transcripts.Tally()
     bar = progress(files, "transcript", stderr, quiet=args.json)
     for client, path in bar:
         bar.set_postfix_str(path.name, refresh=False)
         try:
-            found = list(transcripts.read([(client, path)], "1h" if args.ttl == "1h" else None))
+            found = list(transcripts.read([(client, path)], _TTLS.get(args.ttl, args.ttl), tally))
         except OSError as error:
             unreadable.append(f"{path}: {error.strerror or error}")
             continue
@@ -228,6 +252,13 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
         "cold_requests": sum(s["cold_requests"] for s in sessions),
         "cold_offloads": sum(s["cold_offloads"] for s in sessions),
         "expand_rounds": round(sum(s["expand_rounds"] for s in sessions), 2),
+        **_recorded(sum(s["cost_direct_simulated"] for s in sessions), sum(s["cost_direct_recorded"] for s in sessions),
+                    sum(s["recorded_requests"] for s in sessions)),
+        "prompt_tokens_recorded": sum(s["prompt_tokens_recorded"] for s in sessions),
+        "prompt_tokens_simulated": sum(s["prompt_tokens_simulated"] for s in sessions),
+        "sidechains": sum(s["sidechain"] for s in sessions),
+        "counted_once": tally.copies,  # responses met again in a later file (a resumed session's copy)
+        "left_out": tally.untimed,  # responses with no timestamp to place them
         "keepalive": None,
     }
     if args.keepalive:
@@ -259,6 +290,33 @@ def _kept(k: dict[str, Any]) -> tuple[str, str, str]:
     return f"{k['pings']:,}", _usd(k["ping_cost"]), ("-" if net < 0 else "") + _usd(abs(net)) + pct
 
 
+def _short(session: str) -> str:
+    """A session's id, short: a side chain keeps what tells it from its session (``~2``, ``agent-``)."""
+    head, sep, tail = session.partition("~")
+    return head[:14] if head.startswith("agent-") else head[:8] + sep + tail
+
+
+def _against(s: dict[str, Any]) -> tuple[str, str]:
+    """The recorded direct bill and the simulated one's ratio to it (over the requests that recorded one)."""
+    if not s["recorded_requests"]:
+        return "-", "-"
+    ratio = s["simulated_vs_recorded"]
+    return _usd(s["cost_direct_recorded"]), "-" if ratio is None else f"{ratio:.3f}"
+
+
+def _counted(t: dict[str, Any]) -> list[str]:
+    """What the table counts beyond the plain sessions, and what it still leaves out."""
+    out = [f"recorded: the direct bill the transcripts' own usage records, priced alike; sim/rec: the simulated "
+           f"direct bill over it ({t['recorded_requests']:,} of {t['requests']:,} request(s) recorded one)"]
+    if t["sidechains"]:
+        out.append(f"included: {t['sidechains']} sub-agent conversation(s) (side chains, agent-*.jsonl)")
+    if t["counted_once"]:
+        out.append(f"counted once: {t['counted_once']:,} response(s) a resumed session's file copied from another")
+    if t["left_out"]:
+        out.append(f"left out: {t['left_out']:,} response(s) without a timestamp")
+    return out
+
+
 def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
@@ -268,20 +326,24 @@ def _when(ts: float | None) -> str:
 def render(report: dict[str, Any]) -> str:
     kept = report["total"]["keepalive"] is not None
     rows: list[tuple[str, ...]] = [("client", "session", "started (UTC)", "project", "requests", "input tokens",
-                                    "cost direct", "cost via cg", "ratio", "offloads", "expand rounds",
+                                    "cost direct", "recorded", "sim/rec", "cost via cg", "ratio", "offloads",
+                                    "expand rounds",
                                     *(("pings", "ping cost", "keep-alive net") if kept else ()))]
     for s in report["sessions"]:
-        rows.append((s["client"], s["session"][:8], _when(s["started"]), Path(s["project"]).name or "-",
-                     f"{s['requests']:,}", f"{s['input_tokens_direct']:,}", _usd(s["cost_direct"]), _usd(s["cost_cg"]),
+        rows.append((s["client"], _short(s["session"]), _when(s["started"]), Path(s["project"]).name or "-",
+                     f"{s['requests']:,}", f"{s['input_tokens_direct']:,}", _usd(s["cost_direct"]), *_against(s),
+                     _usd(s["cost_cg"]),
                      "-" if s["ratio"] is None else f"{s['ratio']:.3f}", f"{s['offloads']:,}",
                      f"{s['expand_rounds']:.1f}", *(_kept(s["keepalive"]) if kept else ())))
     t = report["total"]
     rows.append(("total", f"{t['sessions']} session(s)", "", "", f"{t['requests']:,}", f"{t['input_tokens_direct']:,}",
-                 _usd(t["cost_direct"]), _usd(t["cost_cg"]), "-" if t["ratio"] is None else f"{t['ratio']:.3f}",
+                 _usd(t["cost_direct"]), *_against(t), _usd(t["cost_cg"]),
+                 "-" if t["ratio"] is None else f"{t['ratio']:.3f}",
                  f"{t['offloads']:,}", f"{t['expand_rounds']:.1f}", *(_kept(t["keepalive"]) if kept else ())))
-    out = text_table(rows, "<<<<>>>>>>>" + (">>>" if kept else ""))
+    out = text_table(rows, "<<<<>>>>>>>>>" + (">>>" if kept else ""))
     out.insert(-1, "")
     out.append("")
+    out += _counted(t)
     for note in report["prices"]["notes"]:
         out.append(f"note: {note}")
     for problem in report["unreadable"]:

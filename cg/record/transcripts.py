@@ -4,9 +4,12 @@ Pure apart from reading files. Two readers:
 
 - Claude Code (``~/.claude/projects/<project>/<session>.jsonl``): one JSON object a line. User
   lines hold the prompt or the tool results, assistant lines one content block each (lines of
-  one response share ``message.id``) with the response's model and billed usage; ``attachment``
-  lines are what Claude Code adds to the next request (agent and skill listings, reminders).
-  Each response is one request: the history before it, rebuilt as a Messages-API body.
+  one response share ``message.id``, even with a tool result between them) with the response's
+  model and billed usage; ``attachment`` lines are what Claude Code adds to the next request
+  (agent and skill listings, reminders). Each response is one request, counted once across files
+  (a resumed session's file begins with a copy of the one it continues): the history before it,
+  rebuilt as a Messages-API body. A sub-agent's side chain (``isSidechain`` lines, inline or in an
+  ``agent-*.jsonl`` file) is a conversation of its own.
 - Codex CLI (``~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl``): a ``session_meta`` line (the base
   instructions), ``turn_context`` lines (the model), ``response_item`` lines (exactly the input
   items Codex re-sends, in order) and a ``token_usage_record`` per response. Each run of model
@@ -162,85 +165,181 @@ def claude_body(messages: list[dict[str, Any]], model: str, ttl: str | None = No
     return {"model": model, "messages": out, "system": system, "tools": env["tools"], **env["after"]}
 
 
-def read_claude_code(path: Path, ttl: str | None = None) -> list[Session]:
-    """The sessions of one Claude Code transcript file (usually one; sub-agents' side chains are
-    left out and noted)."""
-    history: list[dict[str, Any]] = []
-    pending: list[str] = []  # attachment texts for the next user message
-    requests: list[Request] = []
-    notes: list[str] = []
-    session_id, project = path.stem, ""
+@attrs.define
+class Tally:
+    """What reading a set of files counted once or left out, across files: a response is counted in
+    the first file that holds it (a resumed Claude Code 1.0.x session's file begins with a copy of
+    the conversation it continues, same ``message.id`` and ``requestId``)."""
+
+    counted: set[str] = attrs.Factory(set)  # the responses counted so far
+    copies: int = 0  # responses met again after they were counted
+    untimed: int = 0  # responses left out: no timestamp to place them
+
+
+@attrs.define
+class _Conversation:
+    """One conversation rebuilt from a transcript's lines: the main chain, or a sub-agent's side
+    chain (a billed conversation whose prompt is its own)."""
+
+    id: str
+    sidechain: bool
+    project: str = ""
+    history: list[dict[str, Any]] = attrs.Factory(list)
+    pending: list[str] = attrs.Factory(list)  # attachment texts for the next user message
+    requests: list[Request] = attrs.Factory(list)
+    answers: dict[str, int] = attrs.Factory(dict)  # response id -> its assistant message in history
+    billed_as: dict[str, int] = attrs.Factory(dict)  # response id -> its request
     last_time: float | None = None
-    current: dict[str, Any] | None = None  # the assistant response being assembled: its id, blocks
-    sidechain = 0
 
-    def close_response() -> None:
-        nonlocal current
-        if current is None:
-            return
-        history.append({"role": "assistant", "content": current["blocks"]})
-        current = None
 
-    for doc in _lines(path):
-        kind = doc.get("type")
-        if doc.get("isSidechain"):
-            sidechain += 1
-            continue
-        if isinstance(doc.get("sessionId"), str):
-            session_id = doc["sessionId"]
-        if isinstance(doc.get("cwd"), str) and not project:
-            project = doc["cwd"]
-        when = parse_time(doc.get("timestamp"))
+def _response_id(doc: dict[str, Any], message: dict[str, Any]) -> str | None:
+    """What names one response across its lines and across files: ``message.id``, else ``requestId``."""
+    for value in (message.get("id"), doc.get("requestId")):
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+SIDECHAIN_NOTE = "a sub-agent's side chain: its own conversation, priced in the main session's envelope"
+
+
+class _ClaudeReader:
+    """One Claude Code transcript file, line by line, into its conversations."""
+
+    def __init__(self, path: Path, ttl: str | None, tally: Tally):
+        self.path, self.ttl, self.tally = path, ttl, tally
+        self.session_id: str | None = None
+        self.main: _Conversation | None = None
+        self.sidechains: list[_Conversation] = []
+        self.chain_of: dict[str, _Conversation] = {}  # a side-chain line's uuid -> its conversation
+
+    def _conversation(self, doc: dict[str, Any]) -> _Conversation:
+        """The main chain, or the side chain whose line this one follows (a root opens one: parallel
+        sub-agents' lines interleave)."""
+        if not doc.get("isSidechain"):
+            if self.main is None:
+                self.main = _Conversation("", False)  # named by the file's last sessionId
+            return self.main
+        parent = doc.get("parentUuid")
+        found = self.chain_of.get(parent) if isinstance(parent, str) else None
+        if found is None:
+            agent = doc.get("agentId")
+            name = (f"agent-{agent}" if isinstance(agent, str) and agent
+                    else f"{self.session_id or self.path.stem}~{len(self.sidechains) + 1}")
+            found = _Conversation(name, True)
+            self.sidechains.append(found)
+        if isinstance(doc.get("uuid"), str):
+            self.chain_of[doc["uuid"]] = found
+        return found
+
+    def line(self, doc: dict[str, Any]) -> None:
+        if isinstance(doc.get("sessionId"), str):  # the last: a resumed file's copy carries the old one
+            self.session_id = doc["sessionId"]
+        kind, message = doc.get("type"), doc.get("message")
         if kind == "attachment":
+            conv = self._conversation(doc)
             text = _attachment_text(doc.get("attachment"))
             if text:
-                pending.append(text)
-            last_time = when or last_time
-            continue
-        message = doc.get("message")
+                conv.pending.append(text)
+            conv.last_time = parse_time(doc.get("timestamp")) or conv.last_time
+            return
         if kind not in ("user", "assistant") or not isinstance(message, dict):
-            continue
-        if doc.get("parentUuid") is None and history and kind == "user":
-            close_response()
-            history.clear()  # a new chain: /compact's summary, or a fresh conversation in the file
+            return
+        conv = self._conversation(doc)
+        if isinstance(doc.get("cwd"), str) and not conv.project:
+            conv.project = doc["cwd"]
         if kind == "user":
-            close_response()
-            blocks = _blocks(message.get("content"))
-            if not history:  # Claude Code's first message opens with a context reminder (the date...)
-                blocks = [{"type": "text", "text": envelopes()[CLAUDE_CODE]["first_reminder"]}, *blocks]
-            blocks = [{"type": "text", "text": f"<system-reminder>\n{t}\n</system-reminder>"} for t in pending] + blocks
-            pending.clear()
-            if history and history[-1]["role"] == "user":  # consecutive user lines: one message
-                history[-1] = {"role": "user", "content": _blocks(history[-1]["content"]) + blocks}
-            else:
-                history.append({"role": "user", "content": blocks})
-            last_time = when or last_time
-            continue
-        response_id = message.get("id")
-        if current is not None and current["id"] == response_id:
-            current["blocks"] += _blocks(message.get("content"))
-            continue
-        close_response()
-        if pending:  # what came after the user's message goes as a system message (Claude Code's beta)
-            history.append({"role": "system", "content": "\n\n".join(pending)})
-            pending.clear()
-        current = {"id": response_id, "blocks": _blocks(message.get("content"))}
-        model = message.get("model") if isinstance(message.get("model"), str) else None
-        if model == "<synthetic>" or not history:
-            continue  # Claude Code's own placeholder for an error: nothing was sent for it
+            self._user(conv, doc, message)
+        else:
+            self._assistant(conv, doc, message)
+
+    def _user(self, conv: _Conversation, doc: dict[str, Any], message: dict[str, Any]) -> None:
+        history = conv.history
+        if doc.get("parentUuid") is None and history:
+            history.clear()  # a new chain: /compact's summary, or a fresh conversation in the file
+            conv.answers.clear()
+        blocks = _blocks(message.get("content"))
+        if not history:  # Claude Code's first message opens with a context reminder (the date...)
+            blocks = [{"type": "text", "text": envelopes()[CLAUDE_CODE]["first_reminder"]}, *blocks]
+        blocks = [{"type": "text", "text": f"<system-reminder>\n{t}\n</system-reminder>"} for t in conv.pending] + blocks
+        conv.pending.clear()
+        if history and history[-1]["role"] == "user":  # consecutive user lines: one message
+            history[-1] = {"role": "user", "content": _blocks(history[-1]["content"]) + blocks}
+        else:
+            history.append({"role": "user", "content": blocks})
+        conv.last_time = parse_time(doc.get("timestamp")) or conv.last_time
+
+    def _assistant(self, conv: _Conversation, doc: dict[str, Any], message: dict[str, Any]) -> None:
+        """A line of a response. Claude Code 2.x writes one line per content block, and a tool result
+        may come between two of them: a later line adds its block to the same assistant message and
+        its usage (the final output count) to the same request."""
+        response = _response_id(doc, message)
+        blocks = _blocks(message.get("content"))
         usage = _claude_usage(message.get("usage"))
-        sent = last_time if last_time is not None else when
-        if sent is None:
-            notes.append("a response without a timestamp was left out")
-            continue
-        body = claude_body(history, model or "claude-sonnet-4-5", ttl)
-        requests.append(Request(sent, MESSAGES, serialize(body), model,
-                                usage.output if usage else 0, usage))
-    if sidechain:
-        notes.append(f"{sidechain} sub-agent (side chain) line(s) left out")
-    if not requests:
-        return []
-    return [Session(CLAUDE_CODE, session_id, str(path), project, tuple(requests), tuple(notes))]
+        if response is not None and response in conv.answers:
+            at = conv.answers[response]
+            conv.history[at] = {**conv.history[at], "content": conv.history[at]["content"] + blocks}
+            billed = conv.billed_as.get(response)
+            if billed is not None and usage is not None:
+                request = conv.requests[billed]
+                conv.requests[billed] = attrs.evolve(request, output_tokens=max(request.output_tokens, usage.output),
+                                                     billed=usage)
+            return
+        if conv.pending:  # what came after the user's message goes as a system message (Claude Code's beta)
+            conv.history.append({"role": "system", "content": "\n\n".join(conv.pending)})
+            conv.pending.clear()
+        model = message.get("model") if isinstance(message.get("model"), str) else None
+        sent = conv.last_time if conv.last_time is not None else parse_time(doc.get("timestamp"))
+        if response is not None and response in self.tally.counted:
+            self.tally.copies += 1
+        elif model == "<synthetic>" or not conv.history:
+            pass  # Claude Code's own placeholder for an error: nothing was sent for it
+        elif sent is None:
+            self.tally.untimed += 1
+        else:
+            if response is not None:
+                self.tally.counted.add(response)
+                conv.billed_as[response] = len(conv.requests)
+            body = claude_body(conv.history, model or "claude-sonnet-4-5", self.ttl)
+            conv.requests.append(Request(sent, MESSAGES, serialize(body), model, usage.output if usage else 0, usage))
+        if response is not None:
+            conv.answers[response] = len(conv.history)
+        conv.history.append({"role": "assistant", "content": blocks})
+
+    def sessions(self) -> list[Session]:
+        if self.main is not None:
+            self.main.id = self.session_id or self.path.stem
+        conversations = ([self.main] if self.main else []) + self.sidechains
+        return [Session(CLAUDE_CODE, c.id, str(self.path), c.project, tuple(c.requests),
+                        (SIDECHAIN_NOTE,) if c.sidechain else ())
+                for c in conversations if c.requests]
+
+
+RECORDED = "recorded"  # a ttl: the lifetime the transcript's own usage shows the client asked for
+
+
+def recorded_ttl(path: Path) -> str | None:
+    """``"1h"`` where a transcript's recorded usage has one-hour cache writes (Claude Code asks for
+    them on some plans), else None: the five-minute default."""
+    for doc in _lines(path):
+        message = doc.get("message")
+        usage = _claude_usage(message.get("usage")) if isinstance(message, dict) else None
+        if usage is not None and usage.cache_write_1h:
+            return "1h"
+    return None
+
+
+def read_claude_code(path: Path, ttl: str | None = None, tally: Tally | None = None) -> list[Session]:
+    """The conversations of one Claude Code transcript file: its main chain and each sub-agent's side
+    chain (inline, or a whole ``agent-*.jsonl`` file), each response counted once across the files
+    read with the same ``tally``. ``ttl``: the breakpoints' lifetime (None: five minutes; RECORDED:
+    as the file's own usage shows)."""
+    if ttl == RECORDED:
+        ttl = recorded_ttl(path)
+    reader = _ClaudeReader(path, ttl, Tally() if tally is None else tally)
+    for doc in _lines(path):
+        reader.line(doc)
+    return reader.sessions()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,6 +460,8 @@ def _kind_of(path: Path) -> str:
     return CODEX if isinstance(doc, dict) and doc.get("type") == "session_meta" else CLAUDE_CODE
 
 
-def read(files: Iterable[tuple[str, Path]], ttl: str | None = None) -> Iterator[Session]:
+def read(files: Iterable[tuple[str, Path]], ttl: str | None = None, tally: Tally | None = None) -> Iterator[Session]:
+    """Every session of ``files``; a response in more than one file is counted in the first."""
+    tally = Tally() if tally is None else tally
     for client, path in files:
-        yield from (read_codex(path) if client == CODEX else read_claude_code(path, ttl))
+        yield from (read_codex(path) if client == CODEX else read_claude_code(path, ttl, tally))

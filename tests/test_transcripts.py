@@ -1,0 +1,99 @@
+"""The Claude Code transcript reader on the shapes that broke it on real sessions (issue 25 §3;
+tests/fixtures/transcripts/shapes/, built by shapes.py there), and cg-estimate's recorded bill
+beside its simulated one."""
+
+import io
+import json
+from pathlib import Path
+
+from cg.compaction.options import rewrite_config
+from cg.record import estimate, transcripts
+from cg.record.replay import Sent, replay
+
+SHAPES = Path(__file__).resolve().parent / "fixtures" / "transcripts" / "shapes"
+
+
+def read(*files: Path, ttl: str | None = None) -> tuple[list[transcripts.Session], transcripts.Tally]:
+    tally = transcripts.Tally()
+    return list(transcripts.read([(transcripts.CLAUDE_CODE, f) for f in files], ttl, tally)), tally
+
+
+def roles(request: transcripts.Request) -> list[tuple[str, list[str]]]:
+    messages = json.loads(request.body)["messages"]
+    return [(m["role"], [b["type"] for b in m["content"]]) for m in messages]
+
+
+def test_lines_of_one_response_are_one_request_though_a_tool_result_sits_between_them():
+    [session], _ = read(*sorted((SHAPES / "split-response").glob("*.jsonl")))
+    assert len(session.requests) == 3  # three responses; their four lines are not four requests
+    assert roles(session.requests[1]) == [("user", ["text", "text"]), ("assistant", ["text", "tool_use", "tool_use"]),
+                                          ("user", ["tool_result", "tool_result"])]
+    first = session.requests[0]
+    assert first.output_tokens == 95 and first.billed is not None and first.billed.output == 95  # the last line's
+
+
+def test_a_resumed_file_counts_the_conversation_it_copies_once():
+    files = sorted((SHAPES / "resumed").glob("*.jsonl"))
+    for order in (files, files[::-1]):
+        sessions, tally = read(*order)
+        assert sum(len(s.requests) for s in sessions) == 3 and tally.copies == 2
+    sessions, _ = read(*files)
+    resumed = sessions[-1]
+    assert resumed.id == files[1].stem and len(resumed.requests) == 1
+    assert [role for role, _ in roles(resumed.requests[0])] == ["user", "assistant", "user", "assistant", "user"]
+
+
+def test_side_chains_inline_are_conversations_of_their_own():
+    [file] = (SHAPES / "sidechains").glob("*.jsonl")
+    main, *sides = read(file)[0]
+    assert transcripts.SIDECHAIN_NOTE not in main.notes and len(main.requests) == 2
+    assert all(not b.get("text", "").startswith("Review module") for b in
+               json.loads(main.requests[1].body)["messages"][-1]["content"])
+    assert [s.id for s in sides] == [f"{main.id}~1", f"{main.id}~2"]
+    for side, module in zip(sides, "ab"):  # interleaved lines, each chain its own prompt
+        assert transcripts.SIDECHAIN_NOTE in side.notes and len(side.requests) == 2
+        prompt = json.loads(side.requests[1].body)["messages"]
+        assert prompt[0]["content"][-1]["text"] == f"Review module {module}."
+        assert roles(side.requests[1])[1:] == [("assistant", ["tool_use"]), ("user", ["tool_result"])]
+
+
+def test_a_sub_agent_file_is_read():
+    sessions, _ = read(*(path for _, path in transcripts.find(SHAPES / "agent-file")))
+    by_id = {s.id: s for s in sessions}
+    assert sorted(by_id) == ["9a1c3e5f-2b4d-4f6a-8c0e-1a3c5e7f0001", "agent-4f1e2d3c"]
+    assert len(by_id["agent-4f1e2d3c"].requests) == 2 and transcripts.SIDECHAIN_NOTE in by_id["agent-4f1e2d3c"].notes
+
+
+def test_one_hour_breakpoints_as_the_recorded_usage_shows():
+    [file] = (SHAPES / "split-response").glob("*.jsonl")
+    assert transcripts.recorded_ttl(file) == "1h"
+    assert transcripts.recorded_ttl(next((SHAPES / "resumed").glob("*.jsonl"))) is None
+
+    def third_request_reads(ttl: str | None) -> int:
+        [session], _ = read(file, ttl=ttl)
+        turns = replay([Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests],
+                       rewrite_config(), conversation=session.id)
+        return turns[2].direct.cache_read  # 400 s after the one before
+
+    assert third_request_reads(transcripts.RECORDED) > 10_000 and third_request_reads(None) == 0
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    return estimate.main(list(argv), stdout=out, stderr=io.StringIO()), out.getvalue()
+
+
+def test_the_recorded_bill_stands_beside_the_simulated_one():
+    code, out = run(str(SHAPES), "--json")
+    total = json.loads(out)["total"]
+    assert code == 0 and total["requests"] == 16 and total["recorded_requests"] == 16
+    assert total["sidechains"] == 3 and total["counted_once"] == 2 and total["left_out"] == 0
+    assert total["simulated_vs_recorded"] == round(total["cost_direct_simulated"] / total["cost_direct_recorded"], 4)
+    assert total["cost_direct_simulated"] == total["cost_direct"]
+    code, out = run(str(SHAPES))
+    header, *rows = out.splitlines()
+    assert code == 0 and "cost direct  recorded  sim/rec" in header
+    assert any(row.split()[1] == "agent-4f1e2d3c" for row in rows if row.startswith("claude-code"))
+    assert f"{total['simulated_vs_recorded']:.3f}" in next(row for row in rows if row.startswith("total"))
+    assert "included: 3 sub-agent conversation(s)" in out and "counted once: 2 response(s)" in out
+
