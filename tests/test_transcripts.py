@@ -97,3 +97,18 @@ def test_the_recorded_bill_stands_beside_the_simulated_one():
     assert f"{total['simulated_vs_recorded']:.3f}" in next(row for row in rows if row.startswith("total"))
     assert "included: 3 sub-agent conversation(s)" in out and "counted once: 2 response(s)" in out
 
+
+def test_the_envelope_is_padded_to_the_first_requests_recorded_prompt():
+    [file] = (SHAPES / "split-response").glob("*.jsonl")
+    [session], _ = read(file)
+    turns = replay([Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests], rewrite_config(),
+                   conversation=session.id)
+    first = session.requests[0]
+    assert first.billed is not None and first.unseen > 5_000
+    assert abs(turns[0].direct.prompt - first.billed.prompt) < 0.01 * first.billed.prompt
+    systems = [json.loads(r.body)["system"] for r in session.requests]
+    assert all(system == systems[0] for system in systems)  # the same bytes on every request: cached alike
+    assert "cache_control" in systems[0][-1] and "cache_control" not in systems[0][-2]  # under the last breakpoint
+    # the fixtures the real CLIs wrote recorded the fake provider's usage, smaller than any envelope: no pad
+    home = Path(__file__).resolve().parent / "fixtures" / "transcripts" / "home" / ".claude"
+    assert all(r.unseen == 0 for s in transcripts.read(transcripts.find(home)) for r in s.requests)

@@ -34,7 +34,10 @@ from typing import Any
 
 import attrs
 
+from cg.compaction.tokens import estimate_tokens
 from cg.record.pricing import Tokens
+from cg.record.replay import segments
+from cg.wire.dialect import MESSAGES_SHAPE
 
 CLAUDE_CODE, CODEX = "claude-code", "codex"
 MESSAGES, RESPONSES = "/v1/messages", "/v1/responses"
@@ -64,6 +67,7 @@ class Request:
     model: str | None = None
     output_tokens: int = 0
     billed: Tokens | None = None  # the usage the transcript recorded for it (the direct run's)
+    unseen: int = 0  # tokens its prompt held that the transcript does not (unseen_block)
 
 
 @attrs.frozen
@@ -147,9 +151,21 @@ def _claude_usage(usage: object) -> Tokens | None:
                          one_hour, _count(usage.get("output_tokens")))
 
 
-def claude_body(messages: list[dict[str, Any]], model: str, ttl: str | None = None) -> dict[str, Any]:
+_FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
+
+
+def unseen_block(tokens: int) -> dict[str, Any]:
+    """A system text block of about ``tokens`` (cg's estimate) standing for what a session's prompt
+    held that its transcript and the envelope do not: its CLAUDE.md and MCP tools, another
+    version's system prompt, the provider's own count of the rest."""
+    per_hundred = estimate_tokens(_FILLER * 100)  # of one, the estimate's rounding would show
+    return {"type": "text", "text": _FILLER * max(1, round(100 * tokens / per_hundred))}
+
+
+def claude_body(messages: list[dict[str, Any]], model: str, ttl: str | None = None, unseen: int = 0) -> dict[str, Any]:
     """A Messages-API body as Claude Code builds one around ``messages`` (its envelope: system,
-    tools, options), with its cache breakpoint on the last block of the last message."""
+    tools, options), with its cache breakpoint on the last block of the last message; ``unseen``
+    tokens more in the system prompt, under its last breakpoint, as cached as the rest of it."""
     env = envelopes()[CLAUDE_CODE]
     control: dict[str, str] = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
     out = [dict(m) for m in messages]
@@ -160,6 +176,8 @@ def claude_body(messages: list[dict[str, Any]], model: str, ttl: str | None = No
             blocks[-1] = {**blocks[-1], "cache_control": control}
             out[at] = {**out[at], "content": blocks}
     system = [dict(b) for b in env["system"]]
+    if unseen > 0:
+        system.insert(len(system) - 1, unseen_block(unseen))
     if ttl:
         system = [{**b, "cache_control": control} if "cache_control" in b else b for b in system]
     return {"model": model, "messages": out, "system": system, "tools": env["tools"], **env["after"]}
@@ -190,6 +208,7 @@ class _Conversation:
     answers: dict[str, int] = attrs.Factory(dict)  # response id -> its assistant message in history
     billed_as: dict[str, int] = attrs.Factory(dict)  # response id -> its request
     last_time: float | None = None
+    unseen: int | None = None  # measured on its first request: see _ClaudeReader._unseen
 
 
 def _response_id(doc: dict[str, Any], message: dict[str, Any]) -> str | None:
@@ -300,11 +319,25 @@ class _ClaudeReader:
             if response is not None:
                 self.tally.counted.add(response)
                 conv.billed_as[response] = len(conv.requests)
-            body = claude_body(conv.history, model or "claude-sonnet-4-5", self.ttl)
-            conv.requests.append(Request(sent, MESSAGES, serialize(body), model, usage.output if usage else 0, usage))
+            if conv.unseen is None:
+                conv.unseen = self._unseen(conv.history, model or "claude-sonnet-4-5", usage)
+            body = claude_body(conv.history, model or "claude-sonnet-4-5", self.ttl, conv.unseen)
+            conv.requests.append(Request(sent, MESSAGES, serialize(body), model, usage.output if usage else 0, usage,
+                                         conv.unseen))
         if response is not None:
             conv.answers[response] = len(conv.history)
         conv.history.append({"role": "assistant", "content": blocks})
+
+    def _unseen(self, history: list[dict[str, Any]], model: str, usage: Tokens | None) -> int:
+        """How many tokens a conversation's first request held beyond what it is rebuilt with: its
+        recorded prompt (input, cache reads and writes) less the rebuilt body's, as the replay
+        counts it. The envelope is one version's, without the user's CLAUDE.md or MCP tools, and
+        cg's estimate is not the provider's count; padding the envelope by the difference makes
+        every later request of the conversation carry it too, as the real ones did."""
+        if usage is None:
+            return 0
+        rebuilt = sum(s.tokens for s in segments(claude_body(history, model, self.ttl), MESSAGES_SHAPE))
+        return max(0, usage.prompt - rebuilt)
 
     def sessions(self) -> list[Session]:
         if self.main is not None:
