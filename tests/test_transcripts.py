@@ -60,8 +60,8 @@ def test_side_chains_inline_are_conversations_of_their_own():
 def test_a_sub_agent_file_is_read():
     sessions, _ = read(*(path for _, path in transcripts.find(SHAPES / "agent-file")))
     by_id = {s.id: s for s in sessions}
-    assert sorted(by_id) == ["9a1c3e5f-2b4d-4f6a-8c0e-1a3c5e7f0001", "agent-4f1e2d3c"]
-    assert len(by_id["agent-4f1e2d3c"].requests) == 2 and transcripts.SIDECHAIN_NOTE in by_id["agent-4f1e2d3c"].notes
+    assert sorted(by_id) == ["9a1c3e5f-2b4d-4f6a-8c0e-1a3c5e7f0001", "agent-a4f1e2d"]
+    assert len(by_id["agent-a4f1e2d"].requests) == 2 and transcripts.SIDECHAIN_NOTE in by_id["agent-a4f1e2d"].notes
 
 
 def test_one_hour_breakpoints_as_the_recorded_usage_shows():
@@ -93,7 +93,7 @@ def test_the_recorded_bill_stands_beside_the_simulated_one():
     code, out = run(str(SHAPES))
     header, *rows = out.splitlines()
     assert code == 0 and "cost direct  recorded  sim/rec" in header
-    assert any(row.split()[1] == "agent-4f1e2d3c" for row in rows if row.startswith("claude-code"))
+    assert any(row.split()[1] == "agent-a4f1e2d" for row in rows if row.startswith("claude-code"))
     assert f"{total['simulated_vs_recorded']:.3f}" in next(row for row in rows if row.startswith("total"))
     assert "included: 3 sub-agent conversation(s)" in out and "counted once: 2 response(s)" in out
 
