@@ -98,7 +98,7 @@ def test_the_recorded_bill_stands_beside_the_simulated_one():
     assert "included: 3 sub-agent conversation(s)" in out and "counted once: 2 response(s)" in out
 
 
-def test_the_envelope_is_padded_to_the_first_requests_recorded_prompt():
+def test_the_envelope_is_fitted_to_the_first_requests_recorded_prompt():
     [file] = (SHAPES / "split-response").glob("*.jsonl")
     [session], _ = read(file)
     turns = replay([Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests], rewrite_config(),
@@ -112,3 +112,12 @@ def test_the_envelope_is_padded_to_the_first_requests_recorded_prompt():
     # the fixtures the real CLIs wrote recorded the fake provider's usage, smaller than any envelope: no pad
     home = Path(__file__).resolve().parent / "fixtures" / "transcripts" / "home" / ".claude"
     assert all(r.unseen == 0 for s in transcripts.read(transcripts.find(home)) for r in s.requests)
+    # a sub-agent's recorded prompt smaller than the main envelope: its tools fewer, to about the size
+    sessions, _ = read(*(path for _, path in transcripts.find(SHAPES / "agent-file")))
+    [agent] = [s for s in sessions if s.id == "agent-a4f1e2d"]
+    first = agent.requests[0]
+    [turn, *_] = replay([Sent(r.time, r.path, r.body, r.output_tokens) for r in agent.requests], rewrite_config(),
+                        conversation=agent.id)
+    assert first.unseen < 0 and first.billed is not None
+    assert len(json.loads(first.body)["tools"]) < len(transcripts.envelopes()[transcripts.CLAUDE_CODE]["tools"])
+    assert abs(turn.direct.prompt - first.billed.prompt) < 200  # within the smallest tool left

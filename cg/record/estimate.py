@@ -28,8 +28,8 @@ from cg.record.report import progress, text_table
 
 ASSUMPTIONS = (
     "Requests are rebuilt from the transcripts: the system prompt and tools (which transcripts do not "
-    "hold) are the client's envelope as recorded for one version, padded to a session's first request's "
-    "recorded prompt where that was larger; see docs/how-to/estimate-savings.md.",
+    "hold) are the client's envelope as recorded for one version, fitted to the size of a session's first "
+    "request as its transcript recorded it; see docs/how-to/estimate-savings.md.",
     "Tokens are cg's estimate, block by block; cache reads, writes and lifetimes are simulated from the "
     "transcript's own timestamps; each session has a cache of its own.",
     "Output tokens are the transcript's and the same both ways: cg does not change what the model writes.",
@@ -152,7 +152,7 @@ def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool =
         **_recorded(sum(t.cost_direct for t, _ in recorded), sum(t.price.cost(b) for t, b in recorded), len(recorded)),
         "prompt_tokens_recorded": sum(b.prompt for _, b in recorded),
         "prompt_tokens_simulated": sum(t.direct.prompt for t, _ in recorded),  # of those same requests
-        "unseen_tokens": max((r.unseen for r in session.requests), default=0),
+        "unseen_tokens": session.requests[0].unseen,  # the envelope's size fitted to the recorded prompt
         "sidechain": transcripts.SIDECHAIN_NOTE in session.notes,
         "keepalive": _keepalive(turns, cost_cg, cost_direct) if keep_warm else None,
         "cumulative_direct": _cumulative(t.cost_direct for t in turns),
@@ -258,7 +258,8 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
                     sum(s["recorded_requests"] for s in sessions)),
         "prompt_tokens_recorded": sum(s["prompt_tokens_recorded"] for s in sessions),
         "prompt_tokens_simulated": sum(s["prompt_tokens_simulated"] for s in sessions),
-        "unseen_padded": sum(s["unseen_tokens"] > 0 for s in sessions),  # sessions whose envelope was padded
+        "envelopes_padded": sum(s["unseen_tokens"] > 0 for s in sessions),
+        "envelopes_trimmed": sum(s["unseen_tokens"] < 0 for s in sessions),
         "sidechains": sum(s["sidechain"] for s in sessions),
         "counted_once": tally.copies,  # responses met again in a later file (a resumed session's copy)
         "left_out": tally.untimed,  # responses with no timestamp to place them
@@ -311,9 +312,9 @@ def _counted(t: dict[str, Any]) -> list[str]:
     """What the table counts beyond the plain sessions, and what it still leaves out."""
     out = [f"recorded: the direct bill the transcripts' own usage records, priced alike; sim/rec: the simulated "
            f"direct bill over it ({t['recorded_requests']:,} of {t['requests']:,} request(s) recorded one)"]
-    if t["unseen_padded"]:
-        out.append(f"padded: {t['unseen_padded']} session(s)' envelope to their first request's recorded prompt "
-                   "(what the transcript does not hold: CLAUDE.md, MCP tools, another version's system prompt)")
+    if t["envelopes_padded"] or t["envelopes_trimmed"]:
+        out.append(f"fitted: the envelope to the first request's recorded prompt, {t['envelopes_padded']} session(s) "
+                   f"padded (a CLAUDE.md, MCP tools, another version), {t['envelopes_trimmed']} with fewer tools")
     if t["sidechains"]:
         out.append(f"included: {t['sidechains']} sub-agent conversation(s) (side chains, agent-*.jsonl)")
     if t["counted_once"]:

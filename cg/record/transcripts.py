@@ -67,7 +67,7 @@ class Request:
     model: str | None = None
     output_tokens: int = 0
     billed: Tokens | None = None  # the usage the transcript recorded for it (the direct run's)
-    unseen: int = 0  # tokens its prompt held that the transcript does not (unseen_block)
+    unseen: int = 0  # tokens its prompt held beyond the rebuilt envelope (negative: fewer; claude_body)
 
 
 @attrs.frozen
@@ -162,10 +162,23 @@ def unseen_block(tokens: int) -> dict[str, Any]:
     return {"type": "text", "text": _FILLER * max(1, round(100 * tokens / per_hundred))}
 
 
+def _fewer_tools(tools: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
+    """The envelope's tools less some of about ``tokens`` in all, dropped from the end: a smaller
+    envelope than the one assumed (a sub-agent's, which has fewer tools; an older version's)."""
+    dropped: set[int] = set()
+    for at in range(len(tools) - 1, -1, -1):
+        size = estimate_tokens(serialize(tools[at]).decode("utf-8"))
+        if size <= tokens:
+            dropped.add(at)
+            tokens -= size
+    return [tool for at, tool in enumerate(tools) if at not in dropped]
+
+
 def claude_body(messages: list[dict[str, Any]], model: str, ttl: str | None = None, unseen: int = 0) -> dict[str, Any]:
     """A Messages-API body as Claude Code builds one around ``messages`` (its envelope: system,
-    tools, options), with its cache breakpoint on the last block of the last message; ``unseen``
-    tokens more in the system prompt, under its last breakpoint, as cached as the rest of it."""
+    tools, options), with its cache breakpoint on the last block of the last message. ``unseen``
+    tokens more in the system prompt, under its last breakpoint, as cached as the rest of it; or,
+    negative, that many fewer in its tools."""
     env = envelopes()[CLAUDE_CODE]
     control: dict[str, str] = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
     out = [dict(m) for m in messages]
@@ -180,7 +193,8 @@ def claude_body(messages: list[dict[str, Any]], model: str, ttl: str | None = No
         system.insert(len(system) - 1, unseen_block(unseen))
     if ttl:
         system = [{**b, "cache_control": control} if "cache_control" in b else b for b in system]
-    return {"model": model, "messages": out, "system": system, "tools": env["tools"], **env["after"]}
+    tools = _fewer_tools(env["tools"], -unseen) if unseen < 0 else env["tools"]
+    return {"model": model, "messages": out, "system": system, "tools": tools, **env["after"]}
 
 
 @attrs.define
@@ -320,7 +334,7 @@ class _ClaudeReader:
                 self.tally.counted.add(response)
                 conv.billed_as[response] = len(conv.requests)
             if conv.unseen is None:
-                conv.unseen = self._unseen(conv.history, model or "claude-sonnet-4-5", usage)
+                conv.unseen = self._unseen(conv, model or "claude-sonnet-4-5", usage)
             body = claude_body(conv.history, model or "claude-sonnet-4-5", self.ttl, conv.unseen)
             conv.requests.append(Request(sent, MESSAGES, serialize(body), model, usage.output if usage else 0, usage,
                                          conv.unseen))
@@ -328,16 +342,20 @@ class _ClaudeReader:
             conv.answers[response] = len(conv.history)
         conv.history.append({"role": "assistant", "content": blocks})
 
-    def _unseen(self, history: list[dict[str, Any]], model: str, usage: Tokens | None) -> int:
+    def _unseen(self, conv: _Conversation, model: str, usage: Tokens | None) -> int:
         """How many tokens a conversation's first request held beyond what it is rebuilt with: its
         recorded prompt (input, cache reads and writes) less the rebuilt body's, as the replay
         counts it. The envelope is one version's, without the user's CLAUDE.md or MCP tools, and
-        cg's estimate is not the provider's count; padding the envelope by the difference makes
-        every later request of the conversation carry it too, as the real ones did."""
+        cg's estimate is not the provider's count; sizing the envelope by the difference makes
+        every later request of the conversation carry it too, as the real ones did. Negative only
+        for a sub-agent, which has fewer tools than the main envelope's (a main chain's recorded
+        prompt below the rebuilt one is left alone: an older version's, or a test's fake usage)."""
         if usage is None:
             return 0
-        rebuilt = sum(s.tokens for s in segments(claude_body(history, model, self.ttl), MESSAGES_SHAPE))
-        return max(0, usage.prompt - rebuilt)
+        body = claude_body(conv.history, model, self.ttl)
+        rebuilt = sum(s.tokens for s in segments(body, MESSAGES_SHAPE))
+        tools = sum(s.tokens for s in segments({"tools": body["tools"]}, MESSAGES_SHAPE)) if conv.sidechain else 0
+        return max(-tools, usage.prompt - rebuilt)
 
     def sessions(self) -> list[Session]:
         if self.main is not None:
