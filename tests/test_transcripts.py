@@ -121,3 +121,15 @@ def test_the_envelope_is_fitted_to_the_first_requests_recorded_prompt():
     assert first.unseen < 0 and first.billed is not None
     assert len(json.loads(first.body)["tools"]) < len(transcripts.envelopes()[transcripts.CLAUDE_CODE]["tools"])
     assert abs(turn.direct.prompt - first.billed.prompt) < 200  # within the smallest tool left
+
+
+def test_the_table_escapes_what_a_transcript_says(tmp_path):
+    [file] = (SHAPES / "split-response").glob("*.jsonl")
+    text = file.read_text().replace("5b2f0c1e-7a41-4c52-9d0e-31a7c6e0b001", "\\u001b[2J\\u0007").replace(
+        "/home/user/project", "/home/user/\\u001b]0;x\\u0007").replace(  # as JSON escapes them
+        "claude-sonnet-4-5-20250929", "claude-sonnet-4-5-\\u001b[31m")  # a model the price note names
+    (tmp_path / "s.jsonl").write_text(text)
+    code, out = run(str(tmp_path / "s.jsonl"))
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    row = next(line for line in out.splitlines() if line.startswith("claude-code"))
+    assert "\\x1b[2J\\x07" in row and "\\x1b]0;x\\x07" in row and "claude-sonnet-4-5-\\x1b[31m is not" in out

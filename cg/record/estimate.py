@@ -294,6 +294,11 @@ def _kept(k: dict[str, Any]) -> tuple[str, str, str]:
     return f"{k['pings']:,}", _usd(k["ping_cost"]), ("-" if net < 0 else "") + _usd(abs(net)) + pct
 
 
+def _shown(text: str) -> str:
+    """A transcript's own text (an id, a directory's name) with what a terminal would act on escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def _short(session: str) -> str:
     """A session's id, short: a side chain keeps what tells it from its session (``~2``, ``agent-``)."""
     head, sep, tail = session.partition("~")
@@ -337,7 +342,7 @@ def render(report: dict[str, Any]) -> str:
                                     "expand rounds",
                                     *(("pings", "ping cost", "keep-alive net") if kept else ()))]
     for s in report["sessions"]:
-        rows.append((s["client"], _short(s["session"]), _when(s["started"]), Path(s["project"]).name or "-",
+        rows.append((s["client"], _shown(_short(s["session"])), _when(s["started"]), _shown(Path(s["project"]).name) or "-",
                      f"{s['requests']:,}", f"{s['input_tokens_direct']:,}", _usd(s["cost_direct"]), *_against(s),
                      _usd(s["cost_cg"]),
                      "-" if s["ratio"] is None else f"{s['ratio']:.3f}", f"{s['offloads']:,}",
@@ -352,9 +357,9 @@ def render(report: dict[str, Any]) -> str:
     out.append("")
     out += _counted(t)
     for note in report["prices"]["notes"]:
-        out.append(f"note: {note}")
+        out.append(f"note: {_shown(note)}")
     for problem in report["unreadable"]:
-        out.append(f"could not read {problem}")
+        out.append(f"could not read {_shown(problem)}")
     out.append("prices: " + "; ".join(f"{k} {v}" for k, v in report["prices"]["sources"].items())
                + " (cg/record/prices.json)")
     out += [f"- {a}" for a in report["assumptions"]]
