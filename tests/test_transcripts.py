@@ -64,6 +64,17 @@ def test_a_sub_agent_file_is_read():
     assert len(by_id["agent-a4f1e2d"].requests) == 2 and transcripts.SIDECHAIN_NOTE in by_id["agent-a4f1e2d"].notes
 
 
+def test_a_compaction_starts_the_prompt_again():
+    [session], _ = read(*(SHAPES / "compacted").glob("*.jsonl"))
+    assert len(session.requests) == 3
+    after = json.loads(session.requests[2].body)["messages"]
+    assert [m["role"] for m in after] == ["user"]  # the summary and the next prompt, nothing from before
+    texts = [b["text"] for b in after[0]["content"]]
+    assert texts[1].startswith("This session is being continued") and texts[2] == "Now speed up the slowest function."
+    before = json.loads(session.requests[1].body)["messages"]
+    assert len(json.dumps(after)) < len(json.dumps(before)) / 2
+
+
 def test_one_hour_breakpoints_as_the_recorded_usage_shows():
     [file] = (SHAPES / "split-response").glob("*.jsonl")
     assert transcripts.recorded_ttl(file) == "1h"
@@ -86,7 +97,7 @@ def run(*argv: str) -> tuple[int, str]:
 def test_the_recorded_bill_stands_beside_the_simulated_one():
     code, out = run(str(SHAPES), "--json")
     total = json.loads(out)["total"]
-    assert code == 0 and total["requests"] == 16 and total["recorded_requests"] == 16
+    assert code == 0 and total["requests"] == 19 and total["recorded_requests"] == 19
     assert total["sidechains"] == 3 and total["counted_once"] == 2 and total["left_out"] == 0
     assert total["simulated_vs_recorded"] == round(total["cost_direct_simulated"] / total["cost_direct_recorded"], 4)
     assert total["cost_direct_simulated"] == total["cost_direct"]

@@ -224,6 +224,11 @@ class _Conversation:
     last_time: float | None = None
     unseen: int | None = None  # measured on its first request: see _ClaudeReader._unseen
 
+    def restart(self) -> None:
+        """A new chain in the same conversation (after a compaction): its prompt starts again."""
+        self.history.clear()
+        self.answers.clear()
+
 
 def _response_id(doc: dict[str, Any], message: dict[str, Any]) -> str | None:
     """What names one response across its lines and across files: ``message.id``, else ``requestId``."""
@@ -269,6 +274,9 @@ class _ClaudeReader:
         if isinstance(doc.get("sessionId"), str):  # the last: a resumed file's copy carries the old one
             self.session_id = doc["sessionId"]
         kind, message = doc.get("type"), doc.get("message")
+        if kind == "system" and doc.get("subtype") == "compact_boundary":
+            self._conversation(doc).restart()  # 2.x: the summary that follows chains to this line, not to null
+            return
         if kind == "attachment":
             conv = self._conversation(doc)
             text = _attachment_text(doc.get("attachment"))
@@ -288,9 +296,8 @@ class _ClaudeReader:
 
     def _user(self, conv: _Conversation, doc: dict[str, Any], message: dict[str, Any]) -> None:
         history = conv.history
-        if doc.get("parentUuid") is None and history:
-            history.clear()  # a new chain: /compact's summary, or a fresh conversation in the file
-            conv.answers.clear()
+        if doc.get("parentUuid") is None:
+            conv.restart()  # a new chain: 1.0.x's /compact summary, or a fresh conversation in the file
         blocks = _blocks(message.get("content"))
         if not history:  # Claude Code's first message opens with a context reminder (the date...)
             blocks = [{"type": "text", "text": envelopes()[CLAUDE_CODE]["first_reminder"]}, *blocks]
