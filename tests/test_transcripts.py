@@ -64,15 +64,18 @@ def test_a_sub_agent_file_is_read():
     assert len(by_id["agent-a4f1e2d"].requests) == 2 and transcripts.SIDECHAIN_NOTE in by_id["agent-a4f1e2d"].notes
 
 
-def test_a_compaction_starts_the_prompt_again():
+def test_a_compaction_starts_the_prompt_again_and_a_microcompaction_clears_results():
     [session], _ = read(*(SHAPES / "compacted").glob("*.jsonl"))
-    assert len(session.requests) == 3
+    assert len(session.requests) == 5
     after = json.loads(session.requests[2].body)["messages"]
     assert [m["role"] for m in after] == ["user"]  # the summary and the next prompt, nothing from before
     texts = [b["text"] for b in after[0]["content"]]
     assert texts[1].startswith("This session is being continued") and texts[2] == "Now speed up the slowest function."
     before = json.loads(session.requests[1].body)["messages"]
     assert len(json.dumps(after)) < len(json.dumps(before)) / 2
+    results = [b for m in json.loads(session.requests[4].body)["messages"] if isinstance(m["content"], list)
+               for b in m["content"] if b.get("type") == "tool_result"]
+    assert [(b["tool_use_id"], b["content"]) for b in results] == [("toolu_01Cb", transcripts.CLEARED_RESULT)]
 
 
 def test_one_hour_breakpoints_as_the_recorded_usage_shows():
@@ -97,7 +100,7 @@ def run(*argv: str) -> tuple[int, str]:
 def test_the_recorded_bill_stands_beside_the_simulated_one():
     code, out = run(str(SHAPES), "--json")
     total = json.loads(out)["total"]
-    assert code == 0 and total["requests"] == 19 and total["recorded_requests"] == 19
+    assert code == 0 and total["requests"] == 21 and total["recorded_requests"] == 21
     assert total["sidechains"] == 3 and total["counted_once"] == 2 and total["left_out"] == 0
     assert total["simulated_vs_recorded"] == round(total["cost_direct_simulated"] / total["cost_direct_recorded"], 4)
     assert total["cost_direct_simulated"] == total["cost_direct"]

@@ -229,6 +229,21 @@ class _Conversation:
         self.history.clear()
         self.answers.clear()
 
+    def clear_results(self, tool_use_ids: set[str]) -> None:
+        """Claude Code 2.x's microcompaction: these calls' results are sent cleared from now on."""
+        for at, message in enumerate(self.history):
+            content = message["content"]
+            if isinstance(content, list) and any(_cleared(b, tool_use_ids) for b in content):
+                self.history[at] = {**message, "content": [{**b, "content": CLEARED_RESULT} if _cleared(b, tool_use_ids)
+                                                           else b for b in content]}
+
+
+CLEARED_RESULT = "[Old tool result content cleared]"  # what Claude Code sends for a microcompacted result
+
+
+def _cleared(block: dict[str, Any], tool_use_ids: set[str]) -> bool:
+    return block.get("type") == "tool_result" and block.get("tool_use_id") in tool_use_ids
+
 
 def _response_id(doc: dict[str, Any], message: dict[str, Any]) -> str | None:
     """What names one response across its lines and across files: ``message.id``, else ``requestId``."""
@@ -276,6 +291,12 @@ class _ClaudeReader:
         kind, message = doc.get("type"), doc.get("message")
         if kind == "system" and doc.get("subtype") == "compact_boundary":
             self._conversation(doc).restart()  # 2.x: the summary that follows chains to this line, not to null
+            return
+        if kind == "system" and doc.get("subtype") == "microcompact_boundary":
+            meta = doc.get("microcompactMetadata")
+            cleared = meta.get("compactedToolIds") if isinstance(meta, dict) else None
+            if isinstance(cleared, list):
+                self._conversation(doc).clear_results({i for i in cleared if isinstance(i, str)})
             return
         if kind == "attachment":
             conv = self._conversation(doc)
