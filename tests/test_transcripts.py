@@ -78,6 +78,14 @@ def test_a_compaction_starts_the_prompt_again_and_a_microcompaction_clears_resul
     assert [(b["tool_use_id"], b["content"]) for b in results] == [("toolu_01Cb", transcripts.CLEARED_RESULT)]
 
 
+def test_a_rewind_sends_the_branch_without_what_it_abandoned():
+    [session], _ = read(*(SHAPES / "rewound").glob("*.jsonl"))
+    assert len(session.requests) == 4  # the abandoned branch's responses were billed too
+    branch = json.loads(session.requests[3].body)["messages"]
+    assert [m["role"] for m in branch] == ["user", "assistant", "user"]
+    assert branch[2]["content"][-1]["text"] == "Rewrite it with threads instead."
+
+
 def test_one_hour_breakpoints_as_the_recorded_usage_shows():
     [file] = (SHAPES / "split-response").glob("*.jsonl")
     assert transcripts.recorded_ttl(file) == "1h"
@@ -100,7 +108,7 @@ def run(*argv: str) -> tuple[int, str]:
 def test_the_recorded_bill_stands_beside_the_simulated_one():
     code, out = run(str(SHAPES), "--json")
     total = json.loads(out)["total"]
-    assert code == 0 and total["requests"] == 21 and total["recorded_requests"] == 21
+    assert code == 0 and total["requests"] == 25 and total["recorded_requests"] == 25
     assert total["sidechains"] == 3 and total["counted_once"] == 2 and total["left_out"] == 0
     assert total["simulated_vs_recorded"] == round(total["cost_direct_simulated"] / total["cost_direct_recorded"], 4)
     assert total["cost_direct_simulated"] == total["cost_direct"]

@@ -223,11 +223,18 @@ class _Conversation:
     billed_as: dict[str, int] = attrs.Factory(dict)  # response id -> its request
     last_time: float | None = None
     unseen: int | None = None  # measured on its first request: see _ClaudeReader._unseen
+    length_at: dict[str, int] = attrs.Factory(dict)  # a line's uuid -> how many messages history had after it
 
     def restart(self) -> None:
         """A new chain in the same conversation (after a compaction): its prompt starts again."""
-        self.history.clear()
-        self.answers.clear()
+        self.rewind(0)
+        self.length_at.clear()
+
+    def rewind(self, length: int) -> None:
+        """Back to the first ``length`` messages: a prompt that branches from an earlier line (Claude
+        Code's rewind) is sent after them, without what the abandoned branch added."""
+        del self.history[length:]
+        self.answers = {response: at for response, at in self.answers.items() if at < length}
 
     def clear_results(self, tool_use_ids: set[str]) -> None:
         """Claude Code 2.x's microcompaction: these calls' results are sent cleared from now on."""
@@ -314,12 +321,19 @@ class _ClaudeReader:
             self._user(conv, doc, message)
         else:
             self._assistant(conv, doc, message)
+        if isinstance(doc.get("uuid"), str):
+            conv.length_at[doc["uuid"]] = len(conv.history)
 
     def _user(self, conv: _Conversation, doc: dict[str, Any], message: dict[str, Any]) -> None:
         history = conv.history
-        if doc.get("parentUuid") is None:
-            conv.restart()  # a new chain: 1.0.x's /compact summary, or a fresh conversation in the file
+        parent = doc.get("parentUuid")
         blocks = _blocks(message.get("content"))
+        if parent is None:
+            conv.restart()  # a new chain: 1.0.x's /compact summary, or a fresh conversation in the file
+        elif not any(b.get("type") == "tool_result" for b in blocks):
+            branched = conv.length_at.get(parent) if isinstance(parent, str) else None
+            if branched is not None and branched < len(history):  # a prompt after an earlier line: a rewind
+                conv.rewind(branched)
         if not history:  # Claude Code's first message opens with a context reminder (the date...)
             blocks = [{"type": "text", "text": envelopes()[CLAUDE_CODE]["first_reminder"]}, *blocks]
         blocks = [{"type": "text", "text": f"<system-reminder>\n{t}\n</system-reminder>"} for t in conv.pending] + blocks
