@@ -46,12 +46,12 @@ def test_a_resumed_file_counts_the_conversation_it_copies_once():
 def test_side_chains_inline_are_conversations_of_their_own():
     [file] = (SHAPES / "sidechains").glob("*.jsonl")
     main, *sides = read(file)[0]
-    assert transcripts.SIDECHAIN_NOTE not in main.notes and len(main.requests) == 2
+    assert not main.sidechain and main.notes == () and len(main.requests) == 2
     assert all(not b.get("text", "").startswith("Review module") for b in
                json.loads(main.requests[1].body)["messages"][-1]["content"])
     assert [s.id for s in sides] == [f"{main.id}~1", f"{main.id}~2"]
     for side, module in zip(sides, "ab"):  # interleaved lines, each chain its own prompt
-        assert transcripts.SIDECHAIN_NOTE in side.notes and len(side.requests) == 2
+        assert side.sidechain and transcripts.SIDECHAIN_NOTE in side.notes and len(side.requests) == 2
         prompt = json.loads(side.requests[1].body)["messages"]
         assert prompt[0]["content"][-1]["text"] == f"Review module {module}."
         assert roles(side.requests[1])[1:] == [("assistant", ["tool_use"]), ("user", ["tool_result"])]
@@ -61,7 +61,7 @@ def test_a_sub_agent_file_is_read():
     sessions, _ = read(*(path for _, path in transcripts.find(SHAPES / "agent-file")))
     by_id = {s.id: s for s in sessions}
     assert sorted(by_id) == ["9a1c3e5f-2b4d-4f6a-8c0e-1a3c5e7f0001", "agent-a4f1e2d"]
-    assert len(by_id["agent-a4f1e2d"].requests) == 2 and transcripts.SIDECHAIN_NOTE in by_id["agent-a4f1e2d"].notes
+    assert len(by_id["agent-a4f1e2d"].requests) == 2 and by_id["agent-a4f1e2d"].sidechain
 
 
 def test_a_compaction_starts_the_prompt_again_and_a_microcompaction_clears_results():

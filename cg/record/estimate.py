@@ -153,7 +153,7 @@ def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool =
         "prompt_tokens_recorded": sum(b.prompt for _, b in recorded),
         "prompt_tokens_simulated": sum(t.direct.prompt for t, _ in recorded),  # of those same requests
         "unseen_tokens": session.requests[0].unseen,  # the envelope's size fitted to the recorded prompt
-        "sidechain": transcripts.SIDECHAIN_NOTE in session.notes,
+        "sidechain": session.sidechain,
         "keepalive": _keepalive(turns, cost_cg, cost_direct) if keep_warm else None,
         "cumulative_direct": _cumulative(t.cost_direct for t in turns),
         "cumulative_cg": _cumulative(t.cost_cg for t in turns),

@@ -78,6 +78,7 @@ class Session:
     project: str  # the working directory the session ran in
     requests: tuple[Request, ...]
     notes: tuple[str, ...] = ()
+    sidechain: bool = False  # a sub-agent's conversation
 
     @property
     def started(self) -> float | None:
@@ -404,7 +405,7 @@ class _ClaudeReader:
             self.main.id = self.session_id or self.path.stem
         conversations = ([self.main] if self.main else []) + self.sidechains
         return [Session(CLAUDE_CODE, c.id, str(self.path), c.project, tuple(c.requests),
-                        (SIDECHAIN_NOTE,) if c.sidechain else ())
+                        (SIDECHAIN_NOTE,) if c.sidechain else (), c.sidechain)
                 for c in conversations if c.requests]
 
 
