@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterable, Iterator
 from importlib import resources
@@ -412,15 +413,15 @@ class _ClaudeReader:
 RECORDED = "recorded"  # a ttl: the lifetime the transcript's own usage shows the client asked for
 
 
+_ONE_HOUR_WRITES = re.compile(rb'"ephemeral_1h_input_tokens"\s*:\s*[1-9]')
+
+
 def recorded_ttl(path: Path) -> str | None:
     """``"1h"`` where a transcript's recorded usage has one-hour cache writes (Claude Code asks for
-    them on some plans), else None: the five-minute default."""
-    for doc in _lines(path):
-        message = doc.get("message")
-        usage = _claude_usage(message.get("usage")) if isinstance(message, dict) else None
-        if usage is not None and usage.cache_write_1h:
-            return "1h"
-    return None
+    them on some plans), else None: the five-minute default. Read as bytes: a second pass over
+    the file that need not parse it."""
+    with open(path, "rb") as stream:
+        return "1h" if any(_ONE_HOUR_WRITES.search(line) for line in stream) else None
 
 
 def read_claude_code(path: Path, ttl: str | None = None, tally: Tally | None = None) -> list[Session]:
