@@ -110,9 +110,6 @@ def _checked(check: Any) -> Any:
     return convert
 
 
-_TTLS = {"5m": None}  # --ttl as the reader takes it
-
-
 def _tokens(t: Tokens) -> dict[str, int]:
     return {"input": t.input, "cache_read": t.cache_read, "cache_write_5m": t.cache_write_5m,
             "cache_write_1h": t.cache_write_1h, "output": t.output}
@@ -219,7 +216,7 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
     for client, path in bar:
         bar.set_postfix_str(path.name, refresh=False)
         try:
-            found = list(transcripts.read([(client, path)], _TTLS.get(args.ttl, args.ttl), tally))
+            found = list(transcripts.read([(client, path)], None if args.ttl == "5m" else args.ttl, tally))
         except OSError as error:
             unreadable.append(f"{path}: {error.strerror or error}")
             continue
