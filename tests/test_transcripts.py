@@ -105,6 +105,18 @@ def run(*argv: str) -> tuple[int, str]:
     return estimate.main(list(argv), stdout=out, stderr=io.StringIO()), out.getvalue()
 
 
+def test_ttl_on_the_command_line():
+    split = str(SHAPES / "split-response")
+    costs = {}
+    for ttl in ("recorded", "5m", "1h"):
+        code, out = run(split, "--json", "--ttl", ttl)
+        report = json.loads(out)
+        assert code == 0 and report["config"]["ttl"] == ttl
+        costs[ttl] = report["total"]["cost_direct"]
+    assert json.loads(run(split, "--json")[1])["config"]["ttl"] == "recorded"
+    assert costs["recorded"] == costs["1h"] != costs["5m"]  # the fixture records one-hour writes
+
+
 def test_the_recorded_bill_stands_beside_the_simulated_one():
     code, out = run(str(SHAPES), "--json")
     total = json.loads(out)["total"]
