@@ -140,6 +140,65 @@ def test_bad_options_are_refused_naming_the_option(argv, message):
     assert "\n" not in str(refused.value)
 
 
+# An endpoint plugin from outside Twisted whose parser needs the reactor (as txtorcon's onion: does):
+# a real plugin module, found by Twisted's plugin lookup.
+_PLUGIN = """
+from twisted.internet.endpoints import TCP4ServerEndpoint
+from twisted.internet.interfaces import IStreamServerEndpointStringParser
+from twisted.plugin import IPlugin
+from zope.interface import implementer
+
+
+@implementer(IPlugin, IStreamServerEndpointStringParser)
+class _Parser:
+    prefix = "cgtestonion"
+
+    def parseStreamServer(self, reactor, port, **kwargs):
+        reactor.callWhenRunning(lambda: None)  # what a parser that starts a daemon does first
+        return TCP4ServerEndpoint(reactor, int(port), interface="127.0.0.1")
+
+
+parser = _Parser()
+"""
+
+
+@pytest.fixture
+def endpoint_plugin(tmp_path, monkeypatch):
+    import twisted.plugins
+
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "cg_test_endpoint.py").write_text(_PLUGIN)
+    monkeypatch.setattr(twisted.plugins, "__path__", [*twisted.plugins.__path__, str(folder)])
+    return "cgtestonion"
+
+
+def test_a_plugin_endpoint_that_needs_the_reactor_to_parse_is_taken(endpoint_plugin):
+    """Not refused for the reactor a check without one lacks: it is parsed, and may fail, as cg binds."""
+    options = Options()
+    options.parseOptions(["--listen", f"{endpoint_plugin}:0", "--store", "memory:"])
+    assert options.config().listen == (f"{endpoint_plugin}:0",)
+    listening = endpoint(MemoryReactor(), f"{endpoint_plugin}:0")
+    assert listening._interface == "127.0.0.1"
+
+
+def test_an_unknown_endpoint_type_is_still_refused(endpoint_plugin):
+    with pytest.raises(usage.UsageError) as refused:
+        Options().parseOptions(["--listen", "cgtestonoin:0"])
+    assert str(refused.value) == "--listen cgtestonoin:0: Unknown endpoint type: 'cgtestonoin'"
+
+
+@pytest.mark.parametrize(("option", "given", "value"), [("max-body", None, 64 << 20), ("max-body", "2MiB", 2 << 20),
+                                                        ("max-held", None, 16 << 20), ("max-held", "1024", 1024)])
+def test_a_size_is_read_once_given_or_not(option, given, value):
+    """The option's value is the size, in bytes, as Config takes it: given, its reader read it; not
+    given, it is Config's default (not a text to read again)."""
+    options = Options()
+    options.parseOptions(["--store", "memory:"] + ([f"--{option}", given] if given else []))
+    assert options[option] == value
+    assert getattr(options.config(), option.replace("-", "_")) == value
+
+
 def _options_taking_a_value() -> list[str]:
     """Every option `twistd cg --help` lists that takes a value: optParameters, and opt_ methods with one."""
     methods = [name[4:].replace("_", "-") for name, method in vars(Options).items()

@@ -20,7 +20,7 @@ DEFAULT_BACKLOG = 1024
 _BACKLOG_AT = {"tcp": 2, "tcp6": 2, "ssl": 5, "unix": 2}
 
 
-def _fields(description: str) -> list[str]:
+def endpoint_fields(description: str) -> list[str]:
     """A strports description's fields: split at each colon a backslash does not escape."""
     fields, field, escaped = [], "", False
     for char in description:
@@ -37,7 +37,7 @@ def _fields(description: str) -> list[str]:
 def with_backlog(description: str) -> str:
     """`description` (a --listen endpoint) with cg's backlog, unless it names one or has none to name
     (systemd: sockets come bound, with the socket unit's Backlog=)."""
-    kind, *fields = _fields(description)
+    kind, *fields = endpoint_fields(description)
     at = _BACKLOG_AT.get(kind)
     positional = [field for field in fields if "=" not in field.replace("\\=", "")]
     if at is None or len(positional) > at or any(field.startswith("backlog=") for field in fields):

@@ -3,16 +3,19 @@
 import math
 import os
 from collections.abc import Callable
-from typing import NoReturn, cast
+from typing import NoReturn
 
+import attrs
 from twisted.copyright import version as twisted_version
+from twisted.internet.interfaces import IStreamServerEndpointStringParser
+from twisted.plugin import getPlugins
 from twisted.python import usage
 
 from cg import __version__
 from cg.compaction import options
 from cg.exchange import keepalive
 from cg.store import PASSWORD_ENV, default_store_url, store_password, usable_store_url
-from cg.web.config import DEFAULT_BACKLOG, Config, parse_size
+from cg.web.config import DEFAULT_BACKLOG, Config, endpoint_fields, parse_size
 from cg.web.dashboard_api import read_admin_token
 from cg.web.service import CGService, endpoint, settle_gc
 from cg.web.tenant import parse_tenant
@@ -23,8 +26,6 @@ _DEFAULTS = Config()
 DEFAULT_LISTEN = _DEFAULTS.listen[0]
 
 
-_count = options.count
-
 
 def _number(text: str) -> float:
     number = float(text)
@@ -33,34 +34,40 @@ def _number(text: str) -> float:
     return number
 
 
-# What each typed option's value must be, as its refusal says it.
-_KINDS: dict[Callable[[str], object], str] = {
-    _count: "an integer, 0 or more", _number: "a number, 0 or more", parse_size: "a size such as 64MiB",
-}
+@attrs.frozen
+class _Kind:
+    """What a typed option's value must be: its reader, and how its refusal says so."""
+
+    read: Callable[[str], object]
+    what: str
 
 
-def _naming(name: str, coerce: Callable[[str], object]) -> Callable[[str], object]:
-    """`coerce`, refusing a value in one line that names the option: Twisted's own refusal says only
-    "Parameter type enforcement failed: invalid literal for int() with base 10: 'x'"."""
+_COUNT = _Kind(options.count, "an integer, 0 or more")
+_NUMBER = _Kind(_number, "a number, 0 or more")
+_SIZE = _Kind(parse_size, "a size such as 64MiB")
+
+
+def _naming(name: str, kind: _Kind) -> Callable[[str], object]:
+    """`kind`'s reader, refusing a value in one line that names the option: Twisted's own refusal says
+    only "Parameter type enforcement failed: invalid literal for int() with base 10: 'x'"."""
     def typed(text: str) -> object:
         try:
-            return coerce(text)
+            return kind.read(text)
         except ValueError as error:
-            raise usage.UsageError(f"--{name} must be {_KINDS[coerce]}, not {text!r}") from error
+            raise usage.UsageError(f"--{name} must be {kind.what}, not {text!r}") from error
 
     return typed
 
 
-def _refusals_named(parameters: list[list[object]]) -> list[list[object]]:
-    """optParameters whose typed options (a coerce from `_KINDS`) name themselves when they refuse a value."""
-    return [[*spec[:4], _naming(cast(str, spec[0]), cast("Callable[[str], object]", spec[4]))] if len(spec) > 4
-            else spec for spec in parameters]
+def _typed(name: str, default: object, text: str, kind: _Kind) -> list[object]:
+    """A typed option as optParameters lists it, its refusal naming it."""
+    return [name, None, default, text, _naming(name, kind)]
 
 
-def _option(spec: tuple[str, object, str], *coerce: Callable[[str], object]) -> list[object]:
+def _option(spec: tuple[str, object, str], kind: _Kind | None = None) -> list[object]:
     """A shared option (cg.compaction.options: name, default, help) as optParameters lists it."""
     name, default, text = spec
-    return [name, None, default, text, *coerce]
+    return [name, None, default, text] if kind is None else _typed(name, default, text, kind)
 
 
 def _writable_file(path: str) -> None:
@@ -75,6 +82,29 @@ def _writable_file(path: str) -> None:
         raise ValueError(f"cannot write {path if os.path.exists(path) else 'in ' + folder}")
 
 
+def _check_listen(description: str) -> None:
+    """Raises unless `description` is an endpoint cg can parse before the reactor runs.
+
+    Twisted's own parsers (tcp, tcp6, ssl, unix; and their errors: a bad port, a missing key) use no
+    reactor until the endpoint listens, so they are run with none. systemd: sockets are looked up as cg
+    binds, and an endpoint plugin from another package (txtorcon's onion:, …) may need the reactor to
+    parse: those are left to the bind (`cg.web.service.bind_now`), which refuses a failure in one line
+    before twistd goes on, as an address in use.
+    """
+    kind = endpoint_fields(description)[0]
+    if kind == "systemd" or kind in _plugin_endpoint_types():
+        return
+    endpoint(None, description)
+
+
+def _plugin_endpoint_types() -> set[str]:
+    """The endpoint types other packages add through Twisted's plugins (a parser Twisted ships is
+    written in one of its own modules; another package's, in that package or in its plugin module)."""
+    return {parser.prefix for parser in getPlugins(IStreamServerEndpointStringParser)
+            if not type(parser).__module__.startswith("twisted.")
+            or type(parser).__module__.startswith("twisted.plugins.")}
+
+
 class Options(usage.Options):
     synopsis = "[options]"
     longdesc = (
@@ -84,7 +114,7 @@ class Options(usage.Options):
         "GET /metrics the same for Prometheus."
     )
 
-    optParameters = _refusals_named([
+    optParameters = [
         [
             "anthropic-upstream",
             None,
@@ -97,7 +127,8 @@ class Options(usage.Options):
             _DEFAULTS.openai_upstream,
             "Base URL of the OpenAI API: http(s)://host[:port], optionally with a path prefix.",
         ],
-        ["max-body", None, "64MiB", "Largest request body accepted; larger ones get a 413.", parse_size],
+        _typed("max-body", _DEFAULTS.max_body, "Largest request body accepted (bytes, or 64MiB, 2G); larger ones get a "
+               "413.", _SIZE),
         [
             "upstream-ca",
             None,
@@ -105,39 +136,35 @@ class Options(usage.Options):
             "PEM bundle of the CA(s) to trust for HTTPS upstreams instead of the system's "
             "(a corporate gateway's private CA).",
         ],
-        ["connect-timeout", None, _DEFAULTS.connect_timeout, "Seconds to connect upstream.", _number],
-        [
+        _typed("connect-timeout", _DEFAULTS.connect_timeout, "Seconds to connect upstream.", _NUMBER),
+        _typed(
             "header-timeout",
-            None,
             _DEFAULTS.header_timeout,
             "Seconds to wait for the upstream's response headers (long non-streaming "
             "generations need minutes); a live stream has no read timeout.",
-            _number,
-        ],
-        [
+            _NUMBER,
+        ),
+        _typed(
             "idle-timeout",
-            None,
             _DEFAULTS.idle_timeout,
             "Seconds an idle pooled upstream connection is kept open (closed by the next sweep, at most half as long again).",
-            _number,
-        ],
-        [
+            _NUMBER,
+        ),
+        _typed(
             "request-head-timeout",
-            None,
             _DEFAULTS.request_head_timeout,
             "Seconds a client has to send a complete request head (request line and headers), from "
             "its connection's start or, on a kept-alive connection, from the request's first byte, "
             "however slowly it trickles; past it the connection is closed. Bodies and responses "
             "(live streams) are not timed by it.",
-            _number,
-        ],
-        [
+            _NUMBER,
+        ),
+        _typed(
             "drain-timeout",
-            None,
             _DEFAULTS.drain_timeout,
             "On SIGTERM, seconds to let in-flight responses finish before cutting them.",
-            _number,
-        ],
+            _NUMBER,
+        ),
         [
             "store",
             None,
@@ -154,31 +181,28 @@ class Options(usage.Options):
             f"Read a Redis store's password from this file (read once, at start), so that it is not "
             f"on the command line; without it, ${PASSWORD_ENV} is used when the URL has none.",
         ],
-        ["store-max-mb", None, _DEFAULTS.store_max_mb, "Store size; least recently used out first.", _count],
-        [
+        _typed("store-max-mb", _DEFAULTS.store_max_mb, "Store size; least recently used out first.", _COUNT),
+        _typed(
             "ledger-days",
-            None,
             _DEFAULTS.ledger_days,
             "Days the store keeps the dashboard's history: per-minute and per-hour totals, and each "
             "conversation's summary (from its last request).",
-            _number,
-        ],
-        [
+            _NUMBER,
+        ),
+        _typed(
             "ledger-max-turns",
-            None,
             _DEFAULTS.ledger_max_turns,
             "Requests the store keeps one by one for the dashboard (the newest), each with what cg changed "
             "in it; also none older than --ledger-days.",
-            _count,
-        ],
-        [
+            _COUNT,
+        ),
+        _typed(
             "memo-mb",
-            None,
             _DEFAULTS.memo_mb,
             "Text the conversation memo keeps per process (each conversation's last body, and decisions), "
             "which makes a re-sent history cheap; the process holds ~1.5 times it. 0: none.",
-            _count,
-        ],
+            _COUNT,
+        ),
         [
             "memo-dir",
             None,
@@ -211,32 +235,29 @@ class Options(usage.Options):
             "forward: send the rewritten request. observe: decide everything and record what "
             "would be saved, but forward the original bytes.",
         ],
-        _option(options.OFFLOAD_MIN_TOKENS, _count),
+        _option(options.OFFLOAD_MIN_TOKENS, _COUNT),
         _option(options.COLD_POLICY),
-        [
+        _typed(
             "max-expand-rounds",
-            None,
             _DEFAULTS.max_expand_rounds,
             "Continuations cg runs per client request when the model calls context_guru_expand; "
             "at the cap the last response goes to the client as it is.",
-            _count,
-        ],
-        [
+            _COUNT,
+        ),
+        _typed(
             "max-held",
-            None,
-            "16MiB",
-            "Most bytes of a stream cg holds back while it decides on an expand call; past it, "
-            "it releases them as they came.",
-            parse_size,
-        ],
-        [
+            _DEFAULTS.max_held,
+            "Most bytes of a stream cg holds back while it decides on an expand call (bytes, or 16MiB); "
+            "past it, it releases them as they came.",
+            _SIZE,
+        ),
+        _typed(
             "workers",
-            None,
             _DEFAULTS.workers,
             "Processes serving the --listen sockets (one per core): the parent binds, the workers "
             "accept; originals are shared through the store.",
-            _count,
-        ],
+            _COUNT,
+        ),
         [
             "changelog",
             None,
@@ -245,10 +266,10 @@ class Options(usage.Options):
             "(read it with cg-report); reopened on SIGHUP, for logrotate.",
         ],
         _option(options.KEEP_TOOLS),
-        _option(keepalive.MAX_IDLE, _number),
-        _option(keepalive.BUDGET, _count),
-        _option(keepalive.MAX_CONVERSATIONS, _count),
-    ])
+        _option(keepalive.MAX_IDLE, _NUMBER),
+        _option(keepalive.BUDGET, _COUNT),
+        _option(keepalive.MAX_CONVERSATIONS, _COUNT),
+    ]
 
     optFlags = [
         [
@@ -272,9 +293,11 @@ class Options(usage.Options):
         self["listen"].append(description)
 
     opt_listen.__doc__ = (
-        f"Endpoint to listen on (strports description); repeatable. [default: {DEFAULT_LISTEN}] "
+        f"Endpoint to listen on (strports description: tcp:8080:interface=127.0.0.1, "
+        "tcp6:8080:interface=\\:\\:1, unix:/run/cg/cg.sock, ssl:8443:privateKey=key.pem); repeatable. "
+        f"[default: {DEFAULT_LISTEN}] "
         "backlog= is how many connections may wait to be accepted (the kernel caps it at "
-        f"net.core.somaxconn); a tcp:, ssl: or unix: endpoint without backlog= gets {DEFAULT_BACKLOG}, "
+        f"net.core.somaxconn); a tcp:, tcp6:, ssl: or unix: endpoint without backlog= gets {DEFAULT_BACKLOG}, "
         "not Twisted's 50. Under systemd socket activation: systemd:domain=INET:index=0 (the "
         "socket unit's Backlog=)"
     )
@@ -325,11 +348,10 @@ class Options(usage.Options):
                     raise usage.UsageError(f"--workers: --listen {description}: only tcp:, unix: and "
                                            "systemd: endpoints can be shared by workers")
         for description in self["listen"]:
-            if not description.startswith("systemd:"):  # its sockets are looked up as cg binds (cg.web.service)
-                try:
-                    endpoint(None, description)  # parsed only: the reactor is not used until it listens
-                except Exception as error:  # what a description's parser raises: ValueError, TypeError, OSError, OpenSSL's
-                    raise usage.UsageError(f"--listen {description}: {error}") from error
+            try:
+                _check_listen(description)
+            except Exception as error:  # what a description's parser raises: ValueError, TypeError, OSError, OpenSSL's
+                raise usage.UsageError(f"--listen {description}: {error}") from error
         try:
             self.store_password = store_password(
                 self["store"] or default_store_url(), self["store-password-file"], os.environ
@@ -361,7 +383,7 @@ class Options(usage.Options):
             listen=tuple(self["listen"]),
             anthropic_upstream=self["anthropic-upstream"],
             openai_upstream=self["openai-upstream"],
-            max_body=parse_size(self["max-body"]),
+            max_body=self["max-body"],
             upstream_ca=self["upstream-ca"],
             connect_timeout=self["connect-timeout"],
             header_timeout=self["header-timeout"],
@@ -383,7 +405,7 @@ class Options(usage.Options):
             cold_policy=self["cold-policy"] == "on",
             changelog=self["changelog"],
             max_expand_rounds=self["max-expand-rounds"],
-            max_held=parse_size(self["max-held"]),
+            max_held=self["max-held"],
             memo_mb=self["memo-mb"],
             memo_dir=self["memo-dir"],
             workers=self["workers"],
