@@ -45,7 +45,7 @@ _ITEM_GAP = re.compile(r"\s*,?\s*")
 
 # What a streamed chat request without stream_options gets, so the inspector can sum the rounds'
 # usage: the same bytes at the same place (the body's end) on every turn.
-_USAGE_OPTION = ',"stream_options":{"include_usage":true}'
+_USAGE_OPTION = '"stream_options":{"include_usage":true}'
 
 
 @attrs.frozen
@@ -123,7 +123,7 @@ class Rewriter:
         injection = self._injection(body, shape)
         # Exactly where cg manages expand does it repair the client's answers to expand calls.
         repairs = find_repairs(body, shape) if injection is not None else []
-        usage_added = injection is not None and any(text == _USAGE_OPTION for _, text in injection)
+        usage_added = injection is not None and any(text == "," + _USAGE_OPTION for _, text in injection)
         return Incoming(body, shape, stash, injection, repairs, usage_added, previous)
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
@@ -191,8 +191,7 @@ def _with_stream_usage(body: ParsedBody, edits: _Edits) -> _Edits | None:
         return None  # the stream inspector reads one choice: n > 1 streams pass through
     if "stream_options" in value:
         return edits  # the client's own options, byte for byte (with or without usage)
-    close = len(body.doc.rstrip()) - 1  # the object's closing brace
-    return [*edits, ((close, close), _USAGE_OPTION)]
+    return [*edits, body.added_last(_USAGE_OPTION)]
 
 
 def _opening(raw: bytes) -> str:

@@ -241,8 +241,7 @@ class _AnthropicLoop(_MessageLoop):
         ident = container.get("id") if isinstance(container, dict) else None
         if not isinstance(ident, str) or "container" in body.value:
             return []
-        close = len(body.doc.rstrip()) - 1  # the object's closing brace
-        return [((close, close), ',"container":' + style.dumps(ident))]
+        return [body.added_last('"container":' + style.dumps(ident))]
 
     def turn(self, assistant: dict[str, object], replies: list[Answer]) -> list[dict[str, object]]:
         return [
@@ -430,8 +429,7 @@ def stream_edit(body: ParsedBody, stream: bool | None) -> list[tuple[jsonbytes.S
     literal = "true" if stream else "false"
     if ("stream",) in body.spans:
         return [(body.spans[("stream",)], literal)]
-    close = len(body.doc.rstrip()) - 1  # the object's closing brace
-    return [((close, close), ',"stream":' + literal)]
+    return [body.added_last('"stream":' + literal)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -231,6 +231,12 @@ class ParsedBody:
         """What the conversation's next body is parsed against."""
         return Earlier(self.raw, _unread(self.value), self.spans, self.inner, self.carried)
 
+    def added_last(self, member: str) -> tuple[jsonbytes.Span, str]:
+        """The edit that adds `member` (``"key":value``, as written) last to the body's object, which
+        has a member already: after the others, before the closing brace."""
+        close = len(self.doc.rstrip()) - 1
+        return (close, close), "," + member
+
     def apply(self, edits: list[tuple[jsonbytes.Span, str]]) -> bytes:
         """The body with `edits` spliced in; the very same bytes object when there are none."""
         if not edits:
