@@ -125,7 +125,7 @@ def test_an_expand_call_opening_the_turn_is_held_and_the_client_gets_one_role():
 
 def test_an_opening_expand_call_released_keeps_its_role():
     events = opening_call()
-    events[2] = chunk({}, "stop")
+    events[2] = chunk({}, "length")
     data, action, insp = run([events])
     assert data == b"".join(events) and insp.released == "stop_reason"
 
@@ -170,7 +170,8 @@ def test_anything_but_expand_material_releases_verbatim(after, reason):
 
 
 @pytest.mark.parametrize(("events", "reason"), [
-    (turn(*expanding(), finish="stop"), "stop_reason"),
+    (turn(*expanding(), finish="length"), "stop_reason"),
+    (turn(*expanding(), finish="content_filter"), "stop_reason"),
     (turn(start(0, "call_x"), frag(0, '{"id": 7}'), finish="tool_calls"), "bad_input"),
     (turn(start(0, "call_x"), frag(0, '{"id": "a'), finish="tool_calls"), "bad_input"),
     ([chunk(d) for d in expanding()] + [sse_event(None, {"error": {"message": "overloaded"}})], "error"),

@@ -16,7 +16,7 @@ from pytest_twisted import inlineCallbacks
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
-from cg.testing import SSEReply, command_output
+from cg.testing import JSONReply, SSEReply, command_output, openai_completion
 from cg.wire.markers import EXPAND_TOOL, marker_id
 
 TIMEOUT = 15
@@ -79,3 +79,38 @@ def test_usage_the_client_asked_for_is_summed(make_cg, fake_openai):
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (100, 12, 112)
     assert b"stream_options" in fake_openai.received[0].body
     assert fake_openai.received[0].body.count(b"stream_options") == 1
+
+
+@pytest.mark.parametrize("finish", ["stop", "tool_calls", "length"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+@inlineCallbacks
+def test_the_json_and_streamed_paths_answer_the_same_finish_reasons(make_cg, fake_openai, finish, stream):
+    """Some OpenAI-compatible servers finish a turn of tool calls with ``stop``: cg answers that turn's
+    expand calls streamed and as JSON alike (and, alike, leaves a turn cut short by ``length`` to the
+    client, as the provider sent it)."""
+    cg = make_cg(openai_upstream=fake_openai.url, expand=True)
+    output = command_output()
+    ref = marker_id(output.encode())
+    if stream:
+        round1 = turn(*expanding(ref=ref), finish=finish)
+        fake_openai.enqueue(SSEReply(round1), SSEReply(turn({"content": "Line 450."}, finish="stop", head=LATER)))
+        chunks = yield sdk_stream(cg, output)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or () if call.id]
+    else:
+        round1 = openai_completion(None, calls=[("call_x", EXPAND_TOOL, '{"id":"' + ref + '"}')])
+        round1["choices"][0]["finish_reason"] = finish
+        fake_openai.enqueue(JSONReply(round1), JSONReply(openai_completion("Line 450.")))
+
+        def create():
+            client = openai.OpenAI(base_url=cg.url + "/v1", api_key="k", max_retries=0, timeout=TIMEOUT)
+            return client.chat.completions.create(model="gpt-5", messages=messages(output), tools=TOOLS)
+
+        completion = yield deferToThread(create).addTimeout(TIMEOUT + 5, reactor)
+        text, calls = completion.choices[0].message.content, completion.choices[0].message.tool_calls or []
+    if finish == "length":
+        assert len(fake_openai.received) == 1 and len(calls) == 1 and not text
+    else:
+        assert len(fake_openai.received) == 2 and text == "Line 450." and not calls
+        assert fake_openai.received[1].json()["messages"][-1] == {"role": "tool", "tool_call_id": "call_x",
+                                                                   "content": output}

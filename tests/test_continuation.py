@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from cg.stream import continuation
 from cg.stream.continuation import (
+    CHAT_CALL_FINISHES,
     CHAT_LOOP,
     EVICTED,
     MALFORMED,
@@ -250,6 +251,15 @@ def test_a_chat_turn_cut_short_is_not_cgs(finish_reason):
     cut = openai_response(tool_calls=[openai_call("call_1")], finish_reason=finish_reason)
     assert CHAT_LOOP.lone_expand_calls(cut) is None
     assert CHAT_LOOP.lone_expand_calls(openai_response(tool_calls=[openai_call("call_1")])) is not None
+
+
+@pytest.mark.parametrize(("finish_reason", "answered"), [("tool_calls", True), ("stop", True), (None, False),
+                                                         ("function_call", False)])
+def test_a_chat_turn_is_cgs_for_the_finish_reasons_the_stream_inspector_answers(finish_reason, answered):
+    """The JSON loop and the chat stream inspector read the same `CHAT_CALL_FINISHES`."""
+    response = openai_response(tool_calls=[openai_call("call_1")], finish_reason=finish_reason)
+    assert (CHAT_LOOP.lone_expand_calls(response) is not None) is answered
+    assert (finish_reason in CHAT_CALL_FINISHES) is answered
 
 @pytest.mark.parametrize("given", [None, '"container_given"', '{"id":"container_given"}'])
 def test_the_continuation_names_the_container_the_round_ran_code_in(given):

@@ -16,7 +16,8 @@ WATCH       another call's start; a chunk of choice index ≠ 0 (n>1)  forward �
 WATCH       anything else                                           forward (text is recorded)
 HOLD        pure: fragments of held calls, new expand starts,       hold
             ``finish_reason`` null; the usage chunk; a comment
-HOLD        pure with ``finish_reason: "tool_calls"``, every held   hold, mark *decided*
+HOLD        pure with ``finish_reason`` ``tool_calls`` or           hold, mark *decided*
+            ``stop`` (``CHAT_CALL_FINISHES``, as JSON), every held
             call's id a string and arguments a JSON object with a
             string ``id``
 HOLD        the same with a call that does not parse                release "bad_input" + fwd → THROUGH
@@ -72,7 +73,7 @@ from typing import cast
 
 import ujson
 
-from cg.stream.continuation import ExpandCall, merge_openai_usage
+from cg.stream.continuation import CHAT_CALL_FINISHES, ExpandCall, merge_openai_usage
 from cg.stream.inspector import (
     ABORT,
     DONE,
@@ -364,7 +365,7 @@ class ChatInspector(RoundInspector):
             self._expands[index].parts.append(_arguments(call))
         finish = choice.get("finish_reason")
         if finish is not None:
-            if finish != "tool_calls":
+            if finish not in CHAT_CALL_FINISHES:
                 return self._release_with("stop_reason", event, doc)
             calls = [self._validated(call) for call in self._expands.values()]
             if not calls or None in calls:

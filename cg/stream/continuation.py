@@ -12,8 +12,8 @@ Decisions:
 
 - A response is answered by cg only when **all** its tool calls are `context_guru_expand`
   (`lone_expand_calls`) and, on the Messages API, it stopped to use them (`stop_reason:
-  tool_use`, as the stream inspector decides; a chat turn cut short by ``length`` or
-  ``content_filter`` is not either); batched with a client tool it goes to the client verbatim. Server tools
+  tool_use`, as the stream inspector decides; a chat turn, with a finish reason in
+  `CHAT_CALL_FINISHES`, as the chat stream inspector decides); batched with a client tool it goes to the client verbatim. Server tools
   (`server_tool_use`) run at the provider and are not calls cg or the client must answer.
 - Every call is answered, in order, by text: the original (UTF-8), or a final answer. A ref not
   stored is EVICTED when it has the shape of the IDs cg gives out (16 hex digits: cg most likely
@@ -43,6 +43,7 @@ from cg.wire.body import ParsedBody
 from cg.wire.markers import EXPAND_TOOL, marker, parse_marker_ref
 
 __all__ = [
+    "CHAT_CALL_FINISHES",
     "CHAT_LOOP",
     "EVICTED",
     "MALFORMED",
@@ -259,7 +260,10 @@ class _AnthropicLoop(_MessageLoop):
         return [anthropic_usage(response) for response in rounds]
 
 
-_CUT_SHORT = frozenset({"length", "content_filter"})  # chat turns that did not end as the model chose
+# The finish reasons of a chat turn of tool calls that cg answers, streamed or not: ``tool_calls``, and
+# ``stop``, which some OpenAI-compatible servers send for one. Not ``length`` (the last arguments may be
+# cut) nor ``content_filter``: those turns are the client's, as the provider sent them.
+CHAT_CALL_FINISHES = frozenset({"tool_calls", "stop"})
 
 
 class _ChatLoop(_MessageLoop):
@@ -267,11 +271,10 @@ class _ChatLoop(_MessageLoop):
     returned message object and one `role: "tool"` message per call."""
 
     def lone_expand_calls(self, message: object) -> list[ExpandCall] | None:
-        """See `ExpandLoop`; not for a turn cut short (``finish_reason`` ``length``, whose last
-        arguments may be cut, or ``content_filter``): that one is the client's, as the provider sent
-        it. (Some OpenAI-compatible servers say ``stop`` for a turn of tool calls: that one is read.)"""
+        """See `ExpandLoop`; only for a turn that finished with a reason in `CHAT_CALL_FINISHES`, as
+        the chat stream inspector decides."""
         choices = _list(message.get("choices")) if isinstance(message, dict) else []
-        if choices and _dict(choices[0]).get("finish_reason") in _CUT_SHORT:
+        if not choices or _dict(choices[0]).get("finish_reason") not in CHAT_CALL_FINISHES:
             return None
         return super().lone_expand_calls(message)
 
