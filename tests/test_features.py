@@ -43,6 +43,7 @@ from cg.testing import (
     openai_completion,
     responses_function_call,
     responses_message,
+    responses_reasoning,
     responses_response,
     responses_stream_events,
     sse_event,
@@ -420,6 +421,39 @@ def test_an_expand_call_after_a_reasoning_item_a_web_search_or_compaction_is_spl
     assert final["output"] == [*output, reply]
 
 
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
+@inlineCallbacks
+def test_a_continuations_reasoning_item_reaches_the_client_and_goes_back_as_it_sends_it(
+        make_cg, fake_openai, streamed):
+    """The Responses API's rule for reasoning items is a pairing, not a prefix: a function_call
+    needs the reasoning item that led to it (the test above), and an item with `encrypted_content`
+    carries its own state (cg splices only `store: false` requests, whose items are never looked up
+    by id). The client never gets the expand call, so no call in its history lacks its reasoning;
+    a continuation's reasoning item reaches it with its `encrypted_content` byte for byte, and its
+    next turn goes upstream as it sent it: cg keeps no hidden turn for the Responses API."""
+    fake_openai.strict = True
+    cg = make_cg(openai_upstream=fake_openai.url)
+    shape = feature("responses_reasoning")
+    request = dict(shape["request"], input=with_responses_log(shape["request"]["input"]))
+    ref = yield first_pass(cg, fake_openai, shape, request, dumps(shape["response"]))
+    round1, call = responses_round_with_expand(shape, ref)
+    later = [responses_reasoning("gAAAAB-round-2-ENCRYPTED==", id="rs_cont"), responses_message("Line 450.", id="msg_cont")]
+    if streamed:
+        fake_openai.enqueue(SSEReply(round1), SSEReply(responses_stream_events(later, id="resp_cont")))
+    else:
+        fake_openai.enqueue(JSONReply(dict(shape["response"], output=[*shape["response"]["output"], call])),
+                            JSONReply(responses_response(later, id="resp_cont")))
+    status, _, body = yield post(cg, shape, client_bytes(dict(shape, request=request), streamed))
+    assert status == 200
+    assert dumps(later[0]) in body  # as the upstream wrote it (the stream's output_item.done, JSON's output)
+    shown = [*shape["response"]["output"], *later]
+    turn_after = dict(request, input=[*request["input"], *shown, {"role": "user", "content": "Fix it."}])
+    fake_openai.enqueue(JSONReply(responses_response([responses_message("ok")])))
+    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=turn_after), False))
+    assert status == 200 and fake_openai.rejections == []
+    assert fake_openai.received[-1].json()["input"][len(request["input"]):] == turn_after["input"][len(request["input"]):]
+
+
 # What each chat shape's server writes in a delta without reasoning (the expand call's chunks).
 QUIET = {"chat_reasoning_content": {"content": None, "reasoning_content": None},
          "chat_openrouter_reasoning": {"content": "", "reasoning": None, "reasoning_details": []}}
@@ -569,8 +603,6 @@ def thinking_prefixes(request: dict, content: list | None = None) -> dict[str, o
     return prefixes
 
 
-@pytest.mark.xfail(strict=True, reason="cg splices a continuation's thinking into the client's message, whose "
-                   "history then lacks the hidden expand turn that thinking followed (not fixed yet)")
 @inlineCallbacks
 def test_a_continuations_thinking_keeps_its_prefix_on_the_next_turn(make_cg, fake):
     """Preserved thinking: "If the prefix differs from what you sent when the block was produced,
@@ -606,3 +638,51 @@ def test_a_continuations_thinking_keeps_its_prefix_on_the_next_turn(make_cg, fak
     first = shape["response"]["content"][0]["signature"]  # round 1's thinking keeps its prefix
     assert forwarded[first] == thinking_prefixes(fake.received[1].json(), shape["response"]["content"])[first]
     assert forwarded[later["signature"]] == generated[later["signature"]]
+
+
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "json"])
+@inlineCallbacks
+def test_a_continuations_thinking_gets_the_same_hidden_turn_back_on_every_turn_and_after_a_restart(
+        make_cg, fake, tmp_path, streamed):
+    """The hidden turns are frozen in the store (cg.stream.hidden): a later turn carries the same
+    bytes whether it is sent again, or by a cg started afresh on the same store, and a store that
+    no longer has them (here: another) leaves the message as the client sent it."""
+    store = f"sqlite:{tmp_path / 'store.sqlite3'}"
+    cg = make_cg(anthropic_upstream=fake.url, store=store)
+    shape = feature("anthropic_thinking")
+    request = dict(shape["request"], messages=with_log(shape["request"]["messages"]))
+    ref = yield first_pass(cg, fake, shape, request, anthropic_message("ok"))
+    later = {"type": "thinking", "thinking": "The log shows line 450.", "signature": "EqQBCkYIround2sig=="}
+    blocks = shape["response"]["content"]
+    if streamed:
+        round2 = anthropic_stream_events(id="msg_cont", blocks=[
+            anthropic_thinking_block(0, later["thinking"], later["signature"]),
+            anthropic_text_block(1, ["Line 450 fails."])])
+        fake.enqueue(SSEReply(anthropic_round_with_expand(shape, ref)), SSEReply(round2))
+    else:
+        expand_use = {"type": "tool_use", "id": "toolu_expand_9", "name": EXPAND_TOOL, "input": {"id": ref}}
+        fake.enqueue(JSONReply(dict(shape["response"], content=[*blocks, expand_use], stop_reason="tool_use")),
+                     JSONReply(anthropic_message(content=[later, {"type": "text", "text": "Line 450 fails."}])))
+    status, _, _ = yield post(cg, shape, client_bytes(dict(shape, request=request), streamed))
+    assert status == 200
+    generated = thinking_prefixes(fake.received[2].json(), [later])
+    message = [*blocks, later, {"type": "text", "text": "Line 450 fails."}]
+    turn_after = client_bytes(dict(shape, request=dict(request, messages=[
+        *request["messages"], {"role": "assistant", "content": message}, {"role": "user", "content": "Fix it."}])),
+        False)
+
+    @inlineCallbacks
+    def forward(running):
+        fake.enqueue(JSONReply(anthropic_message("ok")))
+        status, _, _ = yield post(running, shape, turn_after)
+        assert status == 200
+        return fake.received[-1].body
+
+    sent = yield forward(cg)
+    assert thinking_prefixes(json.loads(sent))[later["signature"]] == generated[later["signature"]]
+    assert (yield forward(cg)) == sent
+    yield cg.stop()
+    assert (yield forward(make_cg(anthropic_upstream=fake.url, store=store))) == sent
+    elsewhere = f"sqlite:{tmp_path / 'another.sqlite3'}"
+    as_sent = json.loads((yield forward(make_cg(anthropic_upstream=fake.url, store=elsewhere))))
+    assert as_sent["messages"][-2] == {"role": "assistant", "content": message}

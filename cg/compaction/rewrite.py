@@ -127,8 +127,10 @@ class Rewriter:
         return Incoming(body, shape, stash, injection, repairs, usage_added, previous)
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
-               lossy: bool | frozenset[str] = True, older: Older | None = None) -> Rewrite:
-        """Repair, compact and inject in one splice.
+               lossy: bool | frozenset[str] = True, older: Older | None = None,
+               restored: list[tuple[jsonbytes.Span, str]] | None = None) -> Rewrite:
+        """Repair, compact and inject in one splice; with `restored`, the hidden turns a spliced
+        response's continuation wrote its thinking after (cg.stream.hidden), put back.
 
         `lossy=False` forbids lossy compaction; a set of marker IDs allows it only for those
         originals (the store could not keep the others). `older`: the cache-aware policy's
@@ -138,7 +140,7 @@ class Rewriter:
         injected = incoming.injection is not None
         compaction = plan(body, shape, self.config.compact, lossy if injected else False, self.memo, older)
         repairs = repair_edits(body, incoming.repairs, repair_texts) if repair_texts else []
-        edits = repairs + compaction.edits + (incoming.injection or [])
+        edits = repairs + compaction.edits + (incoming.injection or []) + (restored or [])
         forwarded(body, compaction)
         return Rewrite(
             body=body.apply(edits),

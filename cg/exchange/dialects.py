@@ -17,6 +17,7 @@ from typing import Protocol
 
 from cg.stream.chat_inspector import ChatInspector
 from cg.stream.continuation import CHAT_LOOP, MESSAGES_LOOP, ExpandCall, ExpandLoop, Resolution
+from cg.stream.hidden import HiddenTurn, Shown
 from cg.stream.inspector import PING, Inspector, ReleaseReason, Step
 from cg.stream.responses import RESPONSES_LOOP
 from cg.stream.responses_inspector import ResponsesInspector
@@ -64,6 +65,8 @@ class StreamInspector(Protocol):
 
     def assistant_message(self) -> dict[str, object]: ...
 
+    def shown(self) -> Shown | None: ...
+
 
 class Dialect(Protocol):
     """What the exchange asks of a provider API."""
@@ -103,6 +106,16 @@ class Dialect(Protocol):
         """What each JSON round was billed."""
         ...
 
+    def hidden_turn(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                    resolutions: Resolutions) -> HiddenTurn | None:
+        """The turn a continuation appends that the client never sees, where a later request gets it
+        back before a continuation's thinking (`cg.stream.hidden`); None in a dialect without one."""
+        ...
+
+    def shown(self, rounds: list[dict[str, object]]) -> Shown | None:
+        """What the client is shown of a JSON loop's rounds, merged; None as `hidden_turn`."""
+        ...
+
 
 class _JSONLoop:
     """The parts every dialect composes alike: its shape's name and errors, its usage meter, and
@@ -135,6 +148,13 @@ class _JSONLoop:
     def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
         return self._loop.billed(rounds)
 
+    def hidden_turn(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                    resolutions: Resolutions) -> HiddenTurn | None:
+        return None
+
+    def shown(self, rounds: list[dict[str, object]]) -> Shown | None:
+        return None
+
 
 class _AnthropicMessages(_JSONLoop):
     """Anthropic Messages: JSON, and streams through the incremental inspector."""
@@ -143,6 +163,13 @@ class _AnthropicMessages(_JSONLoop):
 
     def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
         return Inspector(max_held=max_held, max_rounds=max_rounds)
+
+    def hidden_turn(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                    resolutions: Resolutions) -> HiddenTurn | None:
+        return MESSAGES_LOOP.hidden_turn(forwarded, assistant, calls, resolutions)
+
+    def shown(self, rounds: list[dict[str, object]]) -> Shown | None:
+        return MESSAGES_LOOP.shown(rounds)
 
 
 class _OpenAIChat(_JSONLoop):

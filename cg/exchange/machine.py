@@ -28,10 +28,12 @@ PASSING       Chunk                                      Write
 PASSING       BodyEnd                                    Finish (complete) or Abort → ENDED
 INSPECTING    Chunk, BodyEnd                             Write what the inspector sends; at its
                                                          EXPAND: DetachBody, StartTimer PING, Resolve
-                                                         → RESOLVING; DONE: Finish; ABORT: Abort
+                                                         → RESOLVING; DONE: [KeepHidden], Finish;
+                                                         ABORT: Abort
 COLLECTING    Chunk                                      (kept)
 COLLECTING    BodyEnd, only expand calls, rounds left    Resolve → RESOLVING
-COLLECTING    BodyEnd, otherwise                         Write the round(s), merged, Finish → ENDED
+COLLECTING    BodyEnd, otherwise                         Write the round(s), merged, [KeepHidden],
+                                                         Finish → ENDED
                                                          (round 0 cut short: Abort)
 RESOLVING     Resolved                                   Send round k+1 → AWAITING
 RESOLVING     ResolveFailed                              *fall back* → ENDED
@@ -42,6 +44,9 @@ any live      ClientGone                                 StopUpstream → ENDED
 any live      Cut                                        StopUpstream, Abort → ENDED
 ENDED         Anything                                   nothing
 ============  =========================================  =============================================
+
+*KeepHidden*: a spliced Messages response whose continuation wrote a thinking block: the record of
+the turns the client never saw, which later requests put back before it (`cg.stream.hidden`).
 
 *Fall back*: the continuation failed before the client got any of it: a stream gets the
 inspector's release (what the upstream sent, verbatim), JSON the rounds so far, merged; then
@@ -68,7 +73,9 @@ from cg.compaction.pipeline import result_sizes
 from cg.compaction.rewrite import Rewrite
 from cg.exchange.dialects import Dialect, Resolutions, StreamInspector, for_dialect
 from cg.exchange.record import Compacted, ExchangeRecord, Inspected
+from cg.stream import hidden
 from cg.stream.continuation import ExpandCall
+from cg.stream.hidden import HiddenTurn
 from cg.stream.inspector import ABORT, DONE, EXPAND, Step
 from cg.stream.usage import ResponseUsage, Usage
 from cg.wire.sse import Event, SSEParser
@@ -92,6 +99,7 @@ __all__ = [
     "Exchange",
     "Finish",
     "Head",
+    "KeepHidden",
     "Prepared",
     "ReadBody",
     "Record",
@@ -278,6 +286,15 @@ class Resolve:
 
 
 @attrs.frozen(slots=True)
+class KeepHidden:
+    """Freeze the record of a spliced response's hidden turns under `key` (`cg.stream.hidden`), so
+    the next request puts them back before the thinking a continuation wrote; no answer."""
+
+    key: str
+    text: bytes
+
+
+@attrs.frozen(slots=True)
 class StartTimer:
     timer: Timer
     delay: float
@@ -299,7 +316,7 @@ class Record:
 
 Command = (
     SetHead | Write | Finish | Abort | Send | ReadBody | DiscardBody | DetachBody | StopUpstream | Resolve
-    | StartTimer | CancelTimer | Record
+    | KeepHidden | StartTimer | CancelTimer | Record
 )
 
 _PREPARING = State.PREPARING
@@ -370,6 +387,7 @@ class Exchange:
         self._bytes_out = 0
         self._round = 0  # continuations sent
         self._forwarded: bytes | None = None  # the body sent upstream last (a continuation extends it)
+        self._hidden: list[HiddenTurn | None] = []  # each continuation's turn the client never sees
         self._loop: Dialect = self._api  # the expand loop's dialect, once chosen
         self._meter: ResponseUsage | None = None  # usage off a response passed through
         self._inspector: StreamInspector | None = None
@@ -570,9 +588,11 @@ class Exchange:
         try:
             body = self._loop.continuation_body(self._forwarded, self._assistant, self._calls,
                                                 event.resolutions, stream)
+            unseen = self._loop.hidden_turn(self._forwarded, self._assistant, self._calls, event.resolutions)
         except Exception as error:  # fail open: the client gets what it would have without cg
             self._fall_back(f"building it failed: {error!r}")
             return
+        self._hidden.append(unseen)
         self._forwarded = body
         self._round += 1
         self._state = _AWAITING
@@ -647,8 +667,19 @@ class Exchange:
     def _finish(self) -> None:
         if self._t_client_first is None:
             self._write(b"")
+        if self._hidden and self._continuation_failed is None:
+            self._keep_hidden()
         self._out.append(_FINISH)
         self._end()
+
+    def _keep_hidden(self) -> None:
+        """A spliced response whose continuation wrote thinking: its hidden turns' record, kept
+        before the client has the response's end (so before it can send the next request)."""
+        inspector = self._inspector
+        shown = inspector.shown() if inspector is not None else self._loop.shown(self._rounds)
+        kept = None if shown is None else hidden.record(shown, self._hidden)
+        if kept is not None:
+            self._out.append(KeepHidden(*kept))
 
     def _upstream_broke(self) -> None:
         """A response cut short upstream must never look complete to the client."""
@@ -684,6 +715,7 @@ class Exchange:
         # settle_gc), and until then they would hold the forwarded body and the rounds.
         self._forwarded = self._rewrite = self._report = self._inspector = self._meter = None
         self._chunks, self._rounds, self._first_body, self._calls, self._assistant = [], [], b"", [], {}
+        self._hidden = []
 
     def _record(self) -> ExchangeRecord:
         usage, rounds = self._billed()

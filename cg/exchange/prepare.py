@@ -20,7 +20,8 @@ new one if the request is cold); rewrite; store the new originals before any mar
 state         event                                        commands → next state
 ============  ===========================================  ===========================================
 (start)       bypassed, nothing to parse, or no JSON       Ready (the body as it came) → READY
-(start)       A body cg parses                             ReadFrozen per repair, [RecordCache],
+(start)       A body cg parses                             ReadFrozen per repair and per thinking
+                                                           block not seen, [RecordCache],
                                                            [ReadFrozen epoch 0] → LOOKING_UP (with
                                                            nothing to look up: as on its last answer)
 LOOKING_UP    Answered ReadFrozen (a repair's text)        a text: kept. None: Freeze (this body holds
@@ -30,6 +31,9 @@ LOOKING_UP    Answered ReadOriginal                        None from an unhealth
                                                            answer stays; else Freeze (count_tokens:
                                                            kept unfrozen)
 LOOKING_UP    Answered / Failed Freeze (a repair's text)   what is frozen is kept / the answer stays
+LOOKING_UP    Answered ReadFrozen (hidden turns)           a record: its turns put back before the
+                                                           thinking block; None: as the client sent it
+LOOKING_UP    Failed ReadFrozen (hidden turns)             the message as the client sent it
 LOOKING_UP    Answered / Failed RecordCache                the expiry before (Known.stored) / None
 LOOKING_UP    Answered ReadFrozen (epoch n)                a text: ReadFrozen epoch n+1 (to
                                                            MAX_EPOCHS); None: every epoch is read
@@ -68,8 +72,11 @@ from cg.compaction.repair import Repair, repair_answer
 from cg.compaction.rewrite import Incoming, Rewrite, Rewriter
 from cg.exchange import keepalive, verdict
 from cg.exchange.machine import Unexpected
+from cg.stream.hidden import MISSING, Seen, anchors, restore
 from cg.stream.usage import session_key
 from cg.wire import dialect
+from cg.wire.body import ParsedBody
+from cg.wire.jsonbytes import Span
 
 __all__ = [
     "TRANSITIONS",
@@ -251,6 +258,7 @@ TRANSITIONS: frozenset[tuple[State, type, type]] = frozenset(
 
 
 _Handler = Callable[[object], None]
+_ANCHORS = "hidden-turn anchors"  # what ParsedBody.per_message carries each message's thinking blocks under
 
 
 class Preparation:
@@ -272,8 +280,11 @@ class Preparation:
         observe: bool = False,
         keepalive: bool = False,
         now: float,
+        hidden: Seen | None = None,
     ) -> None:
         self._request = request
+        self._hidden = hidden if hidden is not None else Seen()
+        self._restored: list[tuple[Span, str]] = []  # hidden turns put back (cg.stream.hidden)
         self._rewriter = rewriter
         self._known = known
         self._index = index
@@ -336,6 +347,8 @@ class Preparation:
             in_body = rewriter.originals(incoming)
             for repair in incoming.repairs:
                 self._look_up_repair(repair, in_body)
+        if self._index is not None and incoming.injection is not None:
+            self._look_up_hidden(incoming.body, incoming.dialect)
         self._start_cold(conversation)
         self._maybe_rewrite()
         return out
@@ -398,6 +411,33 @@ class Preparation:
                 answered(None)
 
         self._ask(ReadFrozen(tenant, repair.tool_use_id), frozen, _stays)
+
+    # -----------------------------------------------------------------------------------------
+    # Hidden turns: a continuation's thinking gets back the expand turn it was written after
+
+    def _look_up_hidden(self, body: ParsedBody, shape: dialect.Shape) -> None:
+        """Each assistant thinking block a spliced response's continuation wrote has a record of
+        the turns the client never saw (`cg.stream.hidden`): they are put back before it, the same
+        bytes on every turn. The blocks are read from the new messages only (the others' answers are
+        carried), and the store is asked only about those this process has not seen. A store that
+        cannot say leaves the message as the client sent it, for that turn."""
+        reader = shape.select(anchors, None, None)
+        if reader is None:
+            return
+        tenant, seen = self._request.tenant, self._hidden
+        for message, found in enumerate(body.per_message(_ANCHORS, shape.items, reader)):
+            for block, key in found:
+
+                def read(text: object, message: int = message, block: int = block, key: str = key) -> None:
+                    seen.put(tenant, key, _as_bytes(text) if text is not None else None)
+                    if text is not None:
+                        self._restored += restore(body, message, block, _as_bytes(text))
+
+                known = seen.get(tenant, key)
+                if known is MISSING:
+                    self._ask(ReadFrozen(tenant, key), read, _stays)
+                elif known is not None:
+                    self._restored += restore(body, message, block, _as_bytes(known))
 
     # -----------------------------------------------------------------------------------------
     # The cache-aware policy (--cold-policy, cg.compaction.cold)
@@ -541,7 +581,8 @@ class Preparation:
         incoming, rewriter = self._incoming, self._rewriter
         assert incoming is not None and rewriter is not None
         lossy = self._index is not None  # no store: no original could be kept, so no marker goes
-        rewrite = self._rewrite = rewriter.finish(incoming, self._texts, lossy=lossy, older=self._older)
+        rewrite = self._rewrite = rewriter.finish(incoming, self._texts, lossy=lossy, older=self._older,
+                                                  restored=self._restored)
         if self._observe or not rewrite.originals:
             self._chosen(rewrite, {})
             return
@@ -581,7 +622,7 @@ class Preparation:
         assert incoming is not None and rewriter is not None and index is not None
         self._report.store_fail_open = True
         vouched = rewriter.finish(incoming, self._texts, lossy=frozenset(index.known(self._request.tenant, known)),
-                                  older=self._older)
+                                  older=self._older, restored=self._restored)
         self._chosen(vouched, vouched.originals)
 
     def _chosen(self, rewrite: Rewrite, originals: Mapping[str, bytes]) -> None:

@@ -37,6 +37,7 @@ from typing import Protocol
 
 import attrs
 
+from cg.stream.hidden import HiddenTurn, Shown, thinking_key
 from cg.stream.usage import Usage, anthropic_usage, openai_usage
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
@@ -255,6 +256,39 @@ class _AnthropicLoop(_MessageLoop):
 
     def merged(self, rounds: list[dict[str, object]]) -> dict[str, object]:
         return _merge_anthropic(rounds)
+
+    def hidden_turn(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                    resolutions: dict[str, bytes | Resolution]) -> HiddenTurn | None:
+        """The turn `continuation_body` appends that the client never sees (`cg.stream.hidden`): the
+        round's expand calls and their answers, in the same bytes. None when an expand call comes
+        before a block the client is shown: put back after them, it would not be where it was."""
+        content = assistant.get("content")
+        if not isinstance(content, list):
+            return None
+        expands = [block for block in content if _is_expand_use(block)]
+        if not expands or not all(map(_is_expand_use, content[len(content) - len(expands):])):
+            return None
+        style = ClientStyle(forwarded.decode("latin-1"))
+        answered = self.turn(assistant, answers(calls, resolutions))[1]
+        return HiddenTurn(",".join(map(style.dumps, expands)), style.dumps(answered))
+
+    def shown(self, rounds: list[dict[str, object]]) -> Shown:
+        """What `merge(rounds)` shows the client (`cg.stream.hidden`)."""
+        types: list[str] = []
+        starts: list[int] = []
+        thinking: tuple[int, str] | None = None
+        for number, response in enumerate(rounds):
+            if number:
+                starts.append(len(types))
+            last = number == len(rounds) - 1
+            for block in _list(response.get("content")):
+                if _is_expand_use(block) and not last:
+                    continue
+                key = thinking_key(block)
+                if number and key is not None and thinking is None:
+                    thinking = (len(types), key)
+                types.append(str(_dict(block).get("type")))
+        return Shown(tuple(types), tuple(starts), thinking)
 
     def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
         return [anthropic_usage(response) for response in rounds]

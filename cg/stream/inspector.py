@@ -71,6 +71,7 @@ import attrs
 import ujson
 
 from cg.stream.continuation import ExpandCall
+from cg.stream.hidden import Shown, thinking_key
 from cg.stream.usage import StreamUsage, Usage
 from cg.wire.dialect import MESSAGES_SHAPE
 from cg.wire.markers import EXPAND_TOOL, parse_marker_ref
@@ -351,6 +352,11 @@ class RoundInspector:
         """The usage each round reported (its own cumulative totals), for /stats and the change log."""
         return [*self._billed, self._usage.usage]
 
+    def shown(self) -> Shown | None:
+        """What the client was shown of a spliced response, where its dialect puts a continuation's
+        hidden turns back (`cg.stream.hidden`); None where it does not."""
+        return None
+
     def release(self, reason: ReleaseReason = "continuation_failed") -> bytes:
         """Everything held, for the caller's failure path (``b""`` when nothing is held).
 
@@ -454,6 +460,12 @@ class Inspector(RoundInspector):
         self._next_index = 0  # the client's next block index
         self._output_before = 0  # output tokens of the finished rounds
         self._input_fields: dict[str, object] = {}  # round 1's message_start usage, input side
+        # What the client is shown (`shown`): each block's type, where each continuation's begin,
+        # a continuation's first thinking block, and its thinking blocks awaiting their signature.
+        self._types: list[str] = []
+        self._starts: list[int] = []
+        self._thinking: tuple[int, str] | None = None
+        self._signing: dict[int, int] = {}  # the round's index -> the client's
         self._new_round(_WATCH if max_rounds > 0 else _THROUGH)
 
     def _new_round(self, state: State) -> None:
@@ -484,6 +496,10 @@ class Inspector(RoundInspector):
         if self.container is not None:
             message["container"] = self.container
         return message
+
+    def shown(self) -> Shown:
+        """What the client was shown of the response so far (`cg.stream.hidden`)."""
+        return Shown(tuple(self._types), tuple(self._starts), self._thinking)
 
     def feed(self, event: Event) -> Step:
         """One complete upstream event in; what to send the client now out."""
@@ -544,10 +560,13 @@ class Inspector(RoundInspector):
         if self._state is not _AWAIT:
             raise RuntimeError("begin_continuation() without an EXPAND")
         # The release this round would give, kept until the continuation commits.
-        next_index = self._next_index
+        next_index, shown = self._next_index, len(self._types)
         self._fallback = self._render(self._held)
         self._next_index = next_index
+        del self._types[shown:]
         self._output_before += self._usage.usage.output_tokens
+        self._starts.append(next_index)
+        self._signing = {}
         self._next_round()
 
     # -----------------------------------------------------------------------------------------
@@ -655,9 +674,11 @@ class Inspector(RoundInspector):
         """The bytes the client gets for ``event``, forwarded now."""
         if self._round == 0:
             if kind == "content_block_start":
-                index = _index(json_object(event))
+                doc = json_object(event)
+                index = _index(doc)
                 if index is not None and index >= self._next_index:
                     self._next_index = index + 1
+                    self._types.append(str(_start_block(doc).get("type")))
                 if self.max_rounds == 0:
                     self._note_capped(event)
             return event.raw
@@ -680,11 +701,32 @@ class Inspector(RoundInspector):
             self._next_index += 1
             if self._round >= self.max_rounds:
                 self._note_capped(event)
+            self._note_shown(_start_block(doc), index, client)
         else:
             mapped = self._map.get(index)
             # A block never started: the client would see the same fault.
             client = self._base + index if mapped is None else mapped
+            if index in self._signing:
+                self._note_signature(doc, index)
         return _renumbered(event, kind, doc, index, client)
+
+    def _note_shown(self, block: dict[str, object], index: int, client: int) -> None:
+        """A continuation's block the client is shown: its type, and its key if it is the first
+        thinking block (a thinking block's signature comes in a later delta)."""
+        self._types.append(str(block.get("type")))
+        if self._thinking is None:
+            key = thinking_key(block)
+            if key is not None:
+                self._thinking = (client, key)
+            elif block.get("type") == "thinking":
+                self._signing[index] = client
+
+    def _note_signature(self, doc: dict[str, object], index: int) -> None:
+        delta = doc.get("delta")
+        signature = delta.get("signature") if isinstance(delta, dict) else None
+        if isinstance(delta, dict) and delta.get("type") == "signature_delta" and self._thinking is None:
+            if isinstance(signature, str) and signature:
+                self._thinking = (self._signing.pop(index), signature)
 
     def _commit(self) -> None:
         if not self._committed:

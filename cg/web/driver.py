@@ -50,6 +50,7 @@ from cg.exchange.machine import (
     Exchange,
     Finish,
     Head,
+    KeepHidden,
     Prepared,
     ReadBody,
     Record,
@@ -126,6 +127,8 @@ class Host(typing.Protocol):
     def prepared(self, ready: Ready) -> None: ...
 
     def cache_used(self, tenant: str, cache: tuple[str, float]) -> None: ...
+
+    def keep_hidden(self, tenant: str, key: str, text: bytes) -> None: ...
 
     def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None,
                model: str | None, usage: Usage) -> None: ...
@@ -319,6 +322,9 @@ class ExchangeDriver:
         store = self.host.store
         assert store is not None
         store.touch(command.tenant, command.ids)
+
+    def _keep_hidden(self, command: KeepHidden) -> None:
+        self.host.keep_hidden(self.tenant, command.key, command.text)
 
     def _bug(self, failure: Failure) -> None:
         log.failure("proxying {path} failed", failure, path=self.request.uri)
@@ -582,6 +588,7 @@ _DO: dict[type, Callable[[ExchangeDriver, typing.Any], None]] = {
     DetachBody: ExchangeDriver._detach_body,
     StopUpstream: ExchangeDriver._stop_upstream,
     Resolve: ExchangeDriver._resolve,
+    KeepHidden: ExchangeDriver._keep_hidden,
     StartTimer: ExchangeDriver._start_timer,
     CancelTimer: ExchangeDriver._cancel_timer,
     Record: ExchangeDriver._record,

@@ -26,6 +26,7 @@ from cg.record.changelog import ChangeLog, NullChangeLog, compaction_record, usa
 from cg.record.ledger import Book, Sent
 from cg.record.stats import Stats
 from cg.store.base import ILedger, IStore
+from cg.stream import hidden
 from cg.stream.usage import Usage
 from cg.web.driver import ExchangeDriver
 from cg.web.keepalive import KeepAlive
@@ -95,6 +96,8 @@ class Forwarder:
         self.now = now  # wall-clock time: when a conversation's prompt cache expires (cg.compaction.cold)
         # What the cache-aware policy learned from the store, per (tenant, conversation key).
         self.known = cold.Known()
+        # The records of hidden turns this process read or wrote (cg.stream.hidden).
+        self.hidden = hidden.Seen()
         self._index = None if store is None else _Index(store)
         self.ledger = ledger  # the dashboard's rows (cg.exchange.ledger), in the store
         self.book = Book()
@@ -112,7 +115,17 @@ class Forwarder:
 
     def preparation(self, request: PrepareRequest) -> Preparation:
         return Preparation(request, rewriter=self.rewriter, known=self.known, index=self._index,
-                           observe=self.observe, keepalive=self.keepalive is not None, now=self.now())
+                           observe=self.observe, keepalive=self.keepalive is not None, now=self.now(),
+                           hidden=self.hidden)
+
+    def keep_hidden(self, tenant: str, key: str, text: bytes) -> None:
+        """A spliced response's hidden turns: known here at once (the client's next request may come
+        before the store commits them), and frozen in the store for every other cg and a restart."""
+        self.hidden.put(tenant, key, text)
+        if self.store is not None:
+            self.store.freeze(tenant, key, text).addErrback(
+                lambda failure: log.warn("keeping a response's hidden turns failed: {why}",
+                                         why=failure.getErrorMessage()))
 
     def prepared(self, ready: Ready) -> None:
         """Counts and logs what the request side did."""

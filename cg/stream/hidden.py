@@ -1,0 +1,154 @@
+"""A spliced response's hidden turns, put back where a continuation's thinking was written after them.
+
+Anthropic's preserved thinking: "If the prefix differs from what you sent when the block was
+produced, that block and every later thinking block are invalid, and the API rejects the request
+with a 400 error or drops the invalid blocks" (platform.claude.com/docs/build-with-claude/
+preserved-thinking); a block's prefix is `system`, `tools` and everything before it. A thinking
+block an expand continuation writes follows the expand call cg hid from the client and its answer;
+the client, which never saw them, sends the block back after round 1's blocks alone.
+
+So when a spliced Messages response's continuation wrote a thinking (or redacted_thinking) block,
+cg freezes a record of its hidden turns in the store, keyed by that block's signature (its data),
+before the response ends (`record`). A later request that carries the block gets them back in place
+(`anchors`, then `restore`): after each round's shown blocks its expand calls, their answers as a
+user turn, then the next round's blocks in an assistant turn of their own, in the bytes the
+continuation sent, on every later turn and after a restart. The record is the store's, first writer
+wins (`IStore.freeze`). A record that is gone, or a message that is not the one it describes (the
+client changed its blocks), leaves the message as the client sent it: the provider then drops those
+thinking blocks or refuses the request, as it would have without the record.
+
+Pure: dicts and bytes in, span edits out.
+"""
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+
+from cg.wire import jsonbytes
+from cg.wire.body import ParsedBody
+
+__all__ = ["MISSING", "HiddenTurn", "Seen", "Shown", "anchors", "record", "record_key", "restore", "thinking_key"]
+
+
+@attrs.frozen
+class HiddenTurn:
+    """One expand round's turn the client never saw, as the continuation wrote it."""
+
+    calls: str  # the round's expand tool_use blocks, comma-joined
+    answers: str  # the user message of their tool_result blocks
+
+
+@attrs.frozen
+class Shown:
+    """What the client was shown of a spliced response."""
+
+    types: tuple[str, ...]  # each block's type, in order
+    starts: tuple[int, ...]  # where each continuation round's blocks begin among them
+    thinking: tuple[int, str] | None  # a continuation's first thinking block: its place, its key
+
+
+def thinking_key(block: object) -> str | None:
+    """A thinking block's signature, a redacted_thinking block's data: what names it (None for another)."""
+    if not isinstance(block, dict):
+        return None
+    kind = block.get("type")
+    key = block.get("signature") if kind == "thinking" else block.get("data") if kind == "redacted_thinking" else None
+    return key if isinstance(key, str) and key else None
+
+
+def record_key(thinking: str) -> str:
+    """The store's key (a frozen text's) for the record of the block named `thinking`."""
+    return "hidden-turns:" + hashlib.sha256(thinking.encode("utf-8")).hexdigest()[:32]
+
+
+def record(shown: Shown, turns: Sequence[HiddenTurn | None]) -> tuple[str, bytes] | None:
+    """(store key, record) for a spliced response whose continuation wrote thinking; None when it
+    wrote none, or a round's turn cannot be put back (`turns` has a None)."""
+    if shown.thinking is None or not turns or len(turns) != len(shown.starts):
+        return None
+    hidden = [[turn.calls, turn.answers] for turn in turns if turn is not None]
+    if len(hidden) != len(turns):
+        return None
+    at, key = shown.thinking
+    doc = {"types": list(shown.types), "starts": list(shown.starts), "at": at, "hidden": hidden}
+    return record_key(key), json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def anchors(message: object) -> tuple[tuple[int, str], ...]:
+    """(block index, record key) of each thinking block of an assistant message: where a record may
+    put hidden turns back."""
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return ()
+    content = message.get("content")
+    if not isinstance(content, list):
+        return ()
+    return tuple((index, record_key(key)) for index, key in enumerate(map(thinking_key, content)) if key is not None)
+
+
+_MESSAGE_SPINE: jsonbytes.Spine = {"role": {}, "content": {jsonbytes.EACH: {}}}
+_REOPEN: Final = ',{"role":"assistant","content":['
+
+
+def restore(body: ParsedBody, message: int, block: int, text: bytes) -> list[tuple[jsonbytes.Span, str]]:
+    """The edits that put a record's hidden turns back into `body`'s message `message`, whose block
+    `block` is the record's thinking block: none when the message is not the one it describes."""
+    try:
+        doc = json.loads(text)
+        types, starts, at = list(doc["types"]), list(doc["starts"]), int(doc["at"])
+        hidden = [(str(calls), str(answers)) for calls, answers in doc["hidden"]]
+    except (ValueError, TypeError, KeyError):
+        return []
+    messages = body.value.get("messages")
+    content = messages[message].get("content") if isinstance(messages, list) else None
+    first = block - at
+    if (not isinstance(content, list) or len(hidden) != len(starts) or first < 0
+            or first + len(types) > len(content)
+            or [_type(part) for part in content[first:first + len(types)]] != types):
+        return []
+    start = body.spans[("messages", message)][0]
+    inner = jsonbytes.spans_below(body.doc, start, _MESSAGE_SPINE)
+    role = inner.get(("role",))
+    if role is None or role[0] > inner[("content",)][0]:
+        return []  # the turn is cut after its content: its role must come before
+    inserted: dict[int, str] = {}
+    for (calls, answers), begins in zip(hidden, starts):
+        if begins < len(types):  # a round after the last shown block has nothing to precede
+            at_block = inner[("content", first + begins)][0]
+            inserted[at_block] = inserted.get(at_block, "") + calls + "]}," + answers + _REOPEN
+    return [((offset, offset), insert) for offset, insert in inserted.items()]
+
+
+def _type(block: object) -> object:
+    return block.get("type") if isinstance(block, dict) else None
+
+
+MISSING: Final = object()
+
+
+class Seen:
+    """The records this process read or wrote, and the keys it found none under (a bounded LRU):
+    a request asks the store only about thinking blocks it has not seen. A key is a new signature's,
+    which no request carried before the response that wrote it ended, so "none" stays true but
+    for the moment between that response's end and its record's commit: the process that wrote a
+    record knows it at once."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._limit = limit
+        self._entries: OrderedDict[tuple[str, str], bytes | None] = OrderedDict()
+
+    def get(self, tenant: str, key: str) -> object:
+        """The record, None (there is none), or `MISSING` (not asked yet)."""
+        found = self._entries.get((tenant, key), MISSING)
+        if found is not MISSING:
+            self._entries.move_to_end((tenant, key))
+        return found
+
+    def put(self, tenant: str, key: str, text: bytes | None) -> None:
+        self._entries[(tenant, key)] = text
+        self._entries.move_to_end((tenant, key))
+        if len(self._entries) > self._limit:
+            self._entries.popitem(last=False)
