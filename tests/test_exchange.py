@@ -21,6 +21,7 @@ from cg.exchange.machine import (
     Exchange,
     Finish,
     Head,
+    KeepHidden,
     Prepared,
     ReadBody,
     Record,
@@ -38,6 +39,7 @@ from cg.exchange.machine import (
     Write,
 )
 from cg.stream.continuation import ExpandCall
+from cg.stream.hidden import record_key
 from cg.stream.inspector import PING
 from cg.stream.streamcheck import check_anthropic_stream
 from cg.stream.usage import Usage
@@ -228,6 +230,32 @@ def test_a_json_expand_round_trip_answers_the_client_once():
     record = the_record(commands)
     assert (record.expand_rounds, record.continuation_failed) == (1, None)
     assert record.usage == Usage(input_tokens=20, output_tokens=10)  # both rounds billed
+
+
+@pytest.mark.parametrize("thinks", [True, False])
+def test_a_continuation_that_thinks_keeps_its_hidden_turn_before_the_client_has_the_end(thinks):
+    """KeepHidden comes before Finish, so before the client can send the turn that carries the
+    thinking back (cg.stream.hidden); a continuation without thinking keeps nothing."""
+    ex = started(exchange(), rewrite())
+    ex.feed(Chunk(json.dumps(expand_message()).encode()))
+    ex.feed(BodyEnd(True))
+    ex.feed(Resolved({REF: ORIGINAL}))
+    ex.feed(head(headers=None))
+    thinking = [{"type": "thinking", "thinking": "So.", "signature": "sig-2"}] if thinks else []
+    ex.feed(Chunk(json.dumps(anthropic_message(content=[*thinking, {"type": "text", "text": "Found it."}])).encode()))
+    commands = without_writes(ex.feed(BodyEnd(True)))
+    kept = [c for c in commands if isinstance(c, KeepHidden)]
+    if not thinks:
+        assert kept == [] and commands[0] == Finish()
+        return
+    assert commands[:2] == [kept[0], Finish()]
+    assert kept[0].key == record_key("sig-2")
+    record = json.loads(kept[0].text)
+    assert (record["types"], record["starts"], record["at"]) == (["text", "thinking", "text"], [1], 1)
+    [(calls, answers)] = record["hidden"]
+    assert json.loads(calls) == expand_message()["content"][1]
+    assert json.loads(answers) == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": ORIGINAL.decode()}]}
 
 
 def test_each_continuation_extends_the_last_one_byte_for_byte():

@@ -25,6 +25,7 @@ from cg.exchange.prepare import (
     StoreContractBroken,
     Touch,
 )
+from cg.stream.hidden import HiddenTurn, Seen, Shown, record, record_key
 from cg.testing import command_output
 from cg.testing.tables import names_in, table_rows
 from cg.wire.markers import EXPAND_TOOL, marker_id
@@ -286,3 +287,40 @@ def test_without_a_store_nothing_is_offloaded_and_no_store_command_goes_out():
     repaired = ready(Preparation(Request(raw, b"/v1/messages", 8, "", b"", {}.get), rewriter=Rewriter(rewrite_config()),
                                  known=cold.Known(), index=None, now=NOW).start())
     assert sent_messages(repaired.forward)[2]["content"][0]["content"] == NO_SUCH_TOOL
+
+
+# ---------------------------------------------------------------------------------------------
+# Hidden turns (cg.stream.hidden)
+
+THINKING = {"type": "thinking", "thinking": "Then.", "signature": "sig-later"}
+
+
+def thinking_body() -> bytes:
+    return body([{"role": "user", "content": "go"},
+                 {"role": "assistant", "content": [{"type": "text", "text": "a"}, THINKING]},
+                 {"role": "user", "content": "Fix it."}])
+
+
+def test_a_thinking_block_is_asked_about_once_per_process_and_a_failed_read_leaves_it_as_sent():
+    seen = Seen()
+    raw = thinking_body()
+    machine = preparation(raw, hidden=seen)
+    (read,) = machine.start()
+    assert isinstance(read, ReadFrozen) and (read.tenant, read.key) == ("tenant-a", record_key("sig-later"))
+    assert sent_messages(ready(machine.feed(Failed(read, "the store cannot tell"))).forward) == json.loads(raw)["messages"]
+    machine = preparation(raw, hidden=seen)  # a failure is not an answer: asked again
+    (read,) = machine.start()
+    assert sent_messages(ready(machine.feed(Answered(read, None))).forward) == json.loads(raw)["messages"]
+    assert isinstance(ready(preparation(raw, hidden=seen).start()), Ready)  # "none" is known: no read
+
+
+def test_a_record_this_process_kept_puts_the_turn_back_without_a_read():
+    seen = Seen()
+    shown = Shown(("text", "thinking"), (1,), (1, "sig-later"))
+    call = '{"type":"tool_use","id":"toolu_x","name":"context_guru_expand","input":{"id":"0123456789abcdef"}}'
+    answer = '{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_x","content":"LOG"}]}'
+    key, text = record(shown, [HiddenTurn(call, answer)])
+    seen.put("tenant-a", key, text)
+    messages = sent_messages(ready(preparation(thinking_body(), hidden=seen).start()).forward)
+    assert messages[1:4] == [{"role": "assistant", "content": [{"type": "text", "text": "a"}, json.loads(call)]},
+                             json.loads(answer), {"role": "assistant", "content": [THINKING]}]
