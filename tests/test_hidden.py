@@ -163,3 +163,13 @@ def test_seen_keeps_a_bounded_number_of_answers():
     assert seen.get("t", "a") is None  # and "a" is now the most recent
     seen.put("t", "c", None)
     assert seen.get("t", "b") is MISSING and seen.get("t", "b") is MISSING and seen.get("t", "a") is None
+
+
+def test_seen_keeps_a_bounded_size_of_records():
+    seen = Seen(max_bytes=10)
+    seen.put("t", "a", b"123456")
+    seen.put("t", "b", b"123456")  # 12 bytes: "a" goes
+    assert seen.get("t", "a") is MISSING and seen.get("t", "b") == b"123456"
+    seen.put("t", "b", None)
+    seen.put("t", "c", b"1234567890")
+    assert seen.get("t", "c") == b"1234567890" and seen.get("t", "b") is None

@@ -130,25 +130,29 @@ MISSING: Final = object()
 
 
 class Seen:
-    """The records this process read or wrote, and the keys it found none under (a bounded LRU):
-    a request asks the store only about thinking blocks it has not seen. A key is a new signature's,
-    which no request carried before the response that wrote it ended, so "none" stays true but
-    for the moment between that response's end and its record's commit: the process that wrote a
-    record knows it at once."""
+    """The records this process read or wrote, and the keys it found none under (a bounded LRU:
+    `limit` keys, `max_bytes` of records): a request asks the store only about thinking blocks it has
+    not seen. A key is a new signature's, which no request carried before the response that wrote
+    it ended, so "none" stays true but for the moment between that response's end and its record's
+    commit: the process that wrote a record knows it at once."""
 
-    def __init__(self, limit: int = 50_000) -> None:
+    def __init__(self, limit: int = 50_000, max_bytes: int = 32 << 20) -> None:
         self._limit = limit
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._entries: OrderedDict[tuple[str, str], bytes | None] = OrderedDict()
 
     def get(self, tenant: str, key: str) -> object:
-        """The record, None (there is none), or `MISSING` (not asked yet)."""
+        """The record, None (there is none), or `MISSING` (not asked yet, or forgotten)."""
         found = self._entries.get((tenant, key), MISSING)
         if found is not MISSING:
             self._entries.move_to_end((tenant, key))
         return found
 
     def put(self, tenant: str, key: str, text: bytes | None) -> None:
-        self._entries[(tenant, key)] = text
-        self._entries.move_to_end((tenant, key))
-        if len(self._entries) > self._limit:
-            self._entries.popitem(last=False)
+        entries = self._entries
+        self._bytes += len(text or b"") - len(entries.get((tenant, key)) or b"")
+        entries[(tenant, key)] = text
+        entries.move_to_end((tenant, key))
+        while len(entries) > self._limit or self._bytes > self._max_bytes:
+            self._bytes -= len(entries.popitem(last=False)[1] or b"")
