@@ -155,21 +155,16 @@ def test_a_streamed_thinking_block_is_named_by_its_signature_delta():
     assert inspector.shown() == Shown(("text", "thinking"), (0,), (1, "sig-late"))
 
 
-def test_seen_keeps_a_bounded_number_of_answers():
-    seen = Seen(limit=2)
+def test_seen_keeps_a_bounded_number_of_nones_and_size_of_records():
+    seen = Seen(limit=2, max_bytes=10)
     assert seen.get("t", "a") is MISSING
     seen.put("t", "a", None)
-    seen.put("t", "b", b"record")
-    assert seen.get("t", "a") is None  # and "a" is now the most recent
-    seen.put("t", "c", None)
-    assert seen.get("t", "b") is MISSING and seen.get("t", "b") is MISSING and seen.get("t", "a") is None
-
-
-def test_seen_keeps_a_bounded_size_of_records():
-    seen = Seen(max_bytes=10)
-    seen.put("t", "a", b"123456")
-    seen.put("t", "b", b"123456")  # 12 bytes: "a" goes
-    assert seen.get("t", "a") is MISSING and seen.get("t", "b") == b"123456"
     seen.put("t", "b", None)
-    seen.put("t", "c", b"1234567890")
-    assert seen.get("t", "c") == b"1234567890" and seen.get("t", "b") is None
+    seen.put("t", "c", None)  # the oldest "none" goes
+    assert seen.get("t", "a") is MISSING and seen.get("t", "b") is None and seen.get("t", "c") is None
+    seen.put("t", "r1", b"123456")
+    seen.put("t", "r2", b"123456")  # 12 bytes: the least recently used record goes
+    assert seen.get("t", "r1") is MISSING and seen.get("t", "r2") == b"123456"
+    seen.put("t", "r2", None)  # a record replaced (by a purge read back) is no longer counted
+    seen.put("t", "r3", b"1234567890")
+    assert seen.get("t", "r3") == b"1234567890" and seen.get("t", "r2") is None

@@ -130,29 +130,41 @@ MISSING: Final = object()
 
 
 class Seen:
-    """The records this process read or wrote, and the keys it found none under (a bounded LRU:
-    `limit` keys, `max_bytes` of records): a request asks the store only about thinking blocks it has
-    not seen. A key is a new signature's, which no request carried before the response that wrote
-    it ended, so "none" stays true but for the moment between that response's end and its record's
-    commit: the process that wrote a record knows it at once."""
+    """The records this process read or wrote (an LRU of `max_bytes`), and the keys it found none
+    under (the last `limit`): a request asks the store only about thinking blocks it has not seen. A
+    key is a new signature's, which no request carried before the response that wrote it ended, so
+    "none" stays true but for the moment between that response's end and its record's commit: the
+    process that wrote a record knows it at once."""
 
     def __init__(self, limit: int = 50_000, max_bytes: int = 32 << 20) -> None:
         self._limit = limit
         self._max_bytes = max_bytes
         self._bytes = 0
-        self._entries: OrderedDict[tuple[str, str], bytes | None] = OrderedDict()
+        self._records: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._none: dict[tuple[str, str], None] = {}  # in the order they were found: the oldest go first
 
     def get(self, tenant: str, key: str) -> object:
         """The record, None (there is none), or `MISSING` (not asked yet, or forgotten)."""
-        found = self._entries.get((tenant, key), MISSING)
-        if found is not MISSING:
-            self._entries.move_to_end((tenant, key))
+        entry = (tenant, key)
+        if entry in self._none:
+            return None
+        found = self._records.get(entry)
+        if found is None:
+            return MISSING
+        self._records.move_to_end(entry)
         return found
 
     def put(self, tenant: str, key: str, text: bytes | None) -> None:
-        entries = self._entries
-        self._bytes += len(text or b"") - len(entries.get((tenant, key)) or b"")
-        entries[(tenant, key)] = text
-        entries.move_to_end((tenant, key))
-        while len(entries) > self._limit or self._bytes > self._max_bytes:
-            self._bytes -= len(entries.popitem(last=False)[1] or b"")
+        entry = (tenant, key)
+        records, none = self._records, self._none
+        self._bytes -= len(records.pop(entry, b""))
+        none.pop(entry, None)
+        if text is None:
+            none[entry] = None
+            if len(none) > self._limit:
+                del none[next(iter(none))]
+            return
+        records[entry] = text
+        self._bytes += len(text)
+        while self._bytes > self._max_bytes:
+            self._bytes -= len(records.popitem(last=False)[1])
