@@ -10,15 +10,19 @@ from claude_harness import (
     EXPAND_TOOL,
     OffloadExpand,
     Script,
+    Text,
     ToolUse,
+    Turn,
     bash_round_trip,
     claude_env,
     needle_scenario,
     run_claude,
+    tool_use_block_events,
     turn_blocks,
 )
 from pytest_twisted import ensureDeferred
 
+from cg.testing import SSEReply, anthropic_stream_events, anthropic_thinking_block
 from cg.wire import dialect
 
 
@@ -335,3 +339,66 @@ async def test_expand_in_non_streaming_fallback(claude_bin, claude_home, workdir
     _common_stats(stats, fake, 1, fail)
     assert stats["expand"]["resolved"] == 1 and stats["expand"]["repairs"] == 0, fail("expand counts")
     assert stats["sse_spliced"] == 0 and stats["sse_released"] == {}, fail("the inspector did something")
+
+
+@ensureDeferred
+async def test_thinking_in_a_continuation_gets_its_hidden_turn_back_next_turn(claude_bin, claude_home, workdir, fake,
+                                                                               make_cg):
+    """Preserved thinking (cg.stream.hidden) with the real client: the continuation cg splices in
+    thinks, then calls Bash; Claude Code runs it and sends its turn back (the lead text, that
+    thinking, the Bash call) with the result. cg puts the expand call and its answer back before the
+    thinking, so the fake (strict: the thinking it signed, unmodified) sees that block after exactly
+    the messages of the request it was written for."""
+    token = secrets.token_hex(4)
+    scenario, output, line = _expand_scenario(token)
+    second_id, signature = f"toolu_cge2e_count_{token}", f"EqQBCkYIcge2e{token}sig=="
+    thought = "The listing is long; count its lines before answering."
+    later: list = []
+
+    def decide(request):
+        if not request.is_main_loop:
+            return None
+        results = {r.tool_use_id for r in request.tool_results()}
+        if second_id in results:
+            later.append(request)
+            return Turn([Text(OffloadExpand.answer(line))])
+        if scenario.expand_id in results:
+            scenario.expanded.append(request)
+            call = ToolUse(second_id, "Bash", {"command": "echo counted", "description": "Count the lines"})
+            return SSEReply(anthropic_stream_events(
+                id=f"msg_cge2e_cont_{token}", model=request.model, stop_reason="tool_use",
+                blocks=[anthropic_thinking_block(0, thought, signature), tool_use_block_events(1, call)]))
+        return scenario(request)
+
+    script = Script(decide)
+    fake.default_reply = script
+    fake.strict = True
+    cg = make_cg(anthropic_upstream=fake.url, expand=True)
+    run = await run_claude(
+        claude_bin,
+        ["-p", PROMPT, "--output-format", "stream-json", "--verbose", "--allowedTools", "Bash", "--max-turns", "8"],
+        env=claude_env(claude_home, cg.url), cwd=workdir,
+    )
+
+    def fail(what: str) -> str:
+        return _failure(what, run, script, cg)
+
+    _assert_claude_ok(run, line, fail)
+    assert fake.rejections == [], fail(f"the fake (strict) rejected requests: {fake.rejections}")
+    [continuation] = scenario.expanded
+    assert len(later) == 1, fail("Claude Code did not send the Bash result back once")
+    # Claude Code moves its cache_control breakpoints each turn: markup, not the prompt's content.
+    sent, before = _without_breakpoints(later[0].messages), _without_breakpoints(continuation.messages)
+    n = len(before)
+    assert sent[:n] == before, fail("the thinking's prefix is not the continuation's request")
+    thinking = sent[n]["content"][0]
+    assert sent[n]["role"] == "assistant" and thinking == {"type": "thinking", "thinking": thought,
+                                                           "signature": signature}, fail("the thinking block")
+
+
+def _without_breakpoints(value):
+    if isinstance(value, dict):
+        return {key: _without_breakpoints(item) for key, item in value.items() if key != "cache_control"}
+    if isinstance(value, list):
+        return [_without_breakpoints(item) for item in value]
+    return value
