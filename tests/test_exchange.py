@@ -252,7 +252,8 @@ def test_a_continuation_that_thinks_keeps_its_hidden_turn_before_the_client_has_
     assert kept[0].key == record_key("sig-2")
     record = json.loads(kept[0].text)
     assert (record["types"], record["starts"], record["at"]) == (["text", "thinking", "text"], [1], 1)
-    [(calls, answers)] = record["hidden"]
+    [(calls, answers, blanks)] = record["hidden"]
+    assert blanks == []
     assert json.loads(calls) == expand_message()["content"][1]
     assert json.loads(answers) == {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": ORIGINAL.decode()}]}

@@ -6,6 +6,7 @@ hidden turn and merge view (JSON), and the edits that put the turns back into a 
 
 import json
 
+import attrs
 from helpers.streams import feed_round
 
 from cg.stream.continuation import MESSAGES_LOOP, ClientStyle, ExpandCall
@@ -78,6 +79,26 @@ def test_rounds_the_client_saw_nothing_of_keep_their_turns_in_order():
         ("user", ["tool_result"]), ("assistant", ["thinking", "text"]), ("user", "Fix it.")]
 
 
+def blank_turn(call_id: str) -> HiddenTurn:
+    """A round that showed a thinking block and a whitespace-only text block, then called expand."""
+    return attrs.evolve(turn(call_id), blanks=((1, '{"type":"text","text":"\\n\\n"}'),))
+
+
+def test_a_blank_text_block_the_client_dropped_goes_back_where_it_was():
+    """Claude Code drops a whitespace-only text block from the turn it sends back; it was in the
+    continuation's request, so in the prefix of the thinking after it."""
+    shown = Shown(("thinking", "text", "thinking", "text"), (2,), (2, LATER["signature"]))
+    _, kept = record(shown, [blank_turn("toolu_x")])
+    out = json.loads(put_back(request(THOUGHT, LATER, {"type": "text", "text": "t"}), kept))
+    assert out["messages"][1:3] == [
+        {"role": "assistant", "content": [THOUGHT, {"type": "text", "text": "\n\n"}, expand_use("toolu_x")]},
+        json.loads(turn("toolu_x").answers)]
+    assert out["messages"][3] == {"role": "assistant", "content": [LATER, {"type": "text", "text": "t"}]}
+    kept_blank = json.loads(put_back(request(THOUGHT, {"type": "text", "text": "\n\n"}, LATER,
+                                             {"type": "text", "text": "t"}), kept))
+    assert kept_blank == out  # a client that keeps it: the same request
+
+
 def test_a_round_after_the_last_shown_block_has_nothing_to_precede():
     shown = Shown(("text", "thinking"), (1, 2), (1, LATER["signature"]))
     _, kept = record(shown, [turn("toolu_1"), turn("toolu_2")])
@@ -108,7 +129,9 @@ def test_a_message_that_is_not_the_recorded_one_is_left_as_the_client_sent_it():
 
 def test_the_hidden_turn_is_the_bytes_the_continuation_appended():
     forwarded = request(THOUGHT).replace(b'"Go."', b'"G\\/o."')  # a client that escapes "/" (PHP)
-    assistant = {"role": "assistant", "content": [THOUGHT, {"type": "text", "text": "é</"}, expand_use("toolu_x")]}
+    blank = {"type": "text", "text": " \n"}
+    assistant = {"role": "assistant", "content": [THOUGHT, {"type": "text", "text": "é</"}, blank,
+                                                  expand_use("toolu_x")]}
     calls = MESSAGES_LOOP.lone_expand_calls(dict(assistant, stop_reason="tool_use"))
     resolutions = {REF: "the original ü".encode()}
     body = MESSAGES_LOOP.continuation_body(forwarded, assistant, calls, resolutions)
@@ -116,8 +139,9 @@ def test_the_hidden_turn_is_the_bytes_the_continuation_appended():
     style = ClientStyle(forwarded.decode("latin-1"))
     appended = body[len(forwarded) - 2:-2].decode()  # after the history's last message, before "]}"
     assert "\\/" in hidden.answers or "/" not in hidden.answers
-    assert appended == "," + ",".join([style.dumps(dict(assistant, content=assistant["content"][:2]))[:-2] + ","
+    assert appended == "," + ",".join([style.dumps(dict(assistant, content=assistant["content"][:3]))[:-2] + ","
                                  + hidden.calls + "]}", hidden.answers])
+    assert hidden.blanks == ((2, style.dumps(blank)),) and style.dumps(blank).encode() in body
 
 
 def test_an_expand_call_before_a_shown_block_cannot_go_back():

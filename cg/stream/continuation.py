@@ -37,7 +37,7 @@ from typing import Protocol
 
 import attrs
 
-from cg.stream.hidden import HiddenTurn, Shown, thinking_key
+from cg.stream.hidden import HiddenTurn, Shown, is_blank_text, thinking_key
 from cg.stream.usage import Usage, anthropic_usage, openai_usage
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
@@ -270,7 +270,9 @@ class _AnthropicLoop(_MessageLoop):
             return None
         style = ClientStyle(forwarded.decode("latin-1"))
         answered = self.turn(assistant, answers(calls, resolutions))[1]
-        return HiddenTurn(",".join(map(style.dumps, expands)), style.dumps(answered))
+        blanks = tuple((place, style.dumps(block)) for place, block in enumerate(content[:len(content) - len(expands)])
+                       if is_blank_text(block))
+        return HiddenTurn(",".join(map(style.dumps, expands)), style.dumps(answered), blanks)
 
     def shown(self, rounds: list[dict[str, object]]) -> Shown:
         """What `merge(rounds)` shows the client (`cg.stream.hidden`)."""

@@ -31,7 +31,8 @@ import attrs
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
 
-__all__ = ["MISSING", "HiddenTurn", "Seen", "Shown", "anchors", "record", "record_key", "restore", "thinking_key"]
+__all__ = ["MISSING", "HiddenTurn", "Seen", "Shown", "anchors", "is_blank_text", "record", "record_key", "restore",
+           "thinking_key"]
 
 
 @attrs.frozen
@@ -40,6 +41,9 @@ class HiddenTurn:
 
     calls: str  # the round's expand tool_use blocks, comma-joined
     answers: str  # the user message of their tool_result blocks
+    # The round's whitespace-only text blocks (by place among the blocks it showed), as written:
+    # a client may drop those (Claude Code does), and they are in the thinking's prefix too.
+    blanks: tuple[tuple[int, str], ...] = ()
 
 
 @attrs.frozen
@@ -70,7 +74,7 @@ def record(shown: Shown, turns: Sequence[HiddenTurn | None]) -> tuple[str, bytes
     wrote none, or a round's turn cannot be put back (`turns` has a None)."""
     if shown.thinking is None or not turns or len(turns) != len(shown.starts):
         return None
-    hidden = [[turn.calls, turn.answers] for turn in turns if turn is not None]
+    hidden = [[turn.calls, turn.answers, [list(blank) for blank in turn.blanks]] for turn in turns if turn is not None]
     if len(hidden) != len(turns):
         return None
     at, key = shown.thinking
@@ -95,31 +99,80 @@ _REOPEN: Final = ',{"role":"assistant","content":['
 
 def restore(body: ParsedBody, message: int, block: int, text: bytes) -> list[tuple[jsonbytes.Span, str]]:
     """The edits that put a record's hidden turns back into `body`'s message `message`, whose block
-    `block` is the record's thinking block: none when the message is not the one it describes."""
+    `block` is the record's thinking block: none when the message is not the one it describes.
+
+    The message's blocks are matched to the record's by type, back from the thinking block and on
+    after it; a whitespace-only text block the client dropped is put back as it was written."""
     try:
         doc = json.loads(text)
-        types, starts, at = list(doc["types"]), list(doc["starts"]), int(doc["at"])
-        hidden = [(str(calls), str(answers)) for calls, answers in doc["hidden"]]
+        types, starts, at = [str(kind) for kind in doc["types"]], [int(begins) for begins in doc["starts"]], int(doc["at"])
+        hidden = [(str(calls), str(answers), [(int(place), str(written)) for place, written in blanks])
+                  for calls, answers, blanks in doc["hidden"]]
     except (ValueError, TypeError, KeyError):
         return []
     messages = body.value.get("messages")
     content = messages[message].get("content") if isinstance(messages, list) else None
-    first = block - at
-    if (not isinstance(content, list) or len(hidden) != len(starts) or first < 0
-            or first + len(types) > len(content)
-            or [_type(part) for part in content[first:first + len(types)]] != types):
+    if not isinstance(content, list) or len(hidden) != len(starts) or not 0 <= at < len(types):
+        return []
+    blanks = {begins + place: written for (_, _, round_blanks), begins in zip(hidden, [0, *starts])
+              for place, written in round_blanks}
+    places = _places(types, blanks, at, content, block)
+    if places is None:
         return []
     start = body.spans[("messages", message)][0]
     inner = jsonbytes.spans_below(body.doc, start, _MESSAGE_SPINE)
     role = inner.get(("role",))
     if role is None or role[0] > inner[("content",)][0]:
         return []  # the turn is cut after its content: its role must come before
-    inserted: dict[int, str] = {}
-    for (calls, answers), begins in zip(hidden, starts):
-        if begins < len(types):  # a round after the last shown block has nothing to precede
-            at_block = inner[("content", first + begins)][0]
-            inserted[at_block] = inserted.get(at_block, "") + calls + "]}," + answers + _REOPEN
-    return [((offset, offset), insert) for offset, insert in inserted.items()]
+    turns: dict[int, str] = {}
+    for (calls, answers, _), begins in zip(hidden, starts):
+        turns[begins] = turns.get(begins, "") + calls + "]}," + answers + _REOPEN
+    edits: list[tuple[jsonbytes.Span, str]] = []
+    pending = ""
+    for index, place in enumerate(places):
+        pending += turns.get(index, "")
+        if place is None:
+            pending += blanks[index] + ","
+        elif pending:
+            offset = inner[("content", place)][0]
+            edits.append(((offset, offset), pending))
+            pending = ""
+    return edits  # what is still pending has no block after it: a round that showed nothing more
+
+
+def _places(types: list[str], blanks: dict[int, str], at: int, content: list[object],
+            block: int) -> list[int | None] | None:
+    """Where each of the record's blocks is in `content` (None: a blank the client dropped), from
+    the first to as far after the thinking block as they match; None unless all before it do."""
+    if not 0 <= block < len(content) or _type(content[block]) != types[at]:
+        return None
+    before: list[int | None] = []
+    place = block - 1
+    for index in range(at - 1, -1, -1):
+        if index in blanks and not (place >= 0 and is_blank_text(content[place])):
+            before.append(None)
+        elif place >= 0 and _type(content[place]) == types[index]:
+            before.append(place)
+            place -= 1
+        else:
+            return None
+    after: list[int | None] = [block]
+    place = block + 1
+    for index in range(at + 1, len(types)):
+        if index in blanks and not (place < len(content) and is_blank_text(content[place])):
+            after.append(None)
+        elif place < len(content) and _type(content[place]) == types[index]:
+            after.append(place)
+            place += 1
+        else:
+            break
+    return before[::-1] + after
+
+
+def is_blank_text(block: object) -> bool:
+    """A whitespace-only text block."""
+    text = block.get("text") if isinstance(block, dict) and block.get("type") == "text" else None
+    return isinstance(text, str) and not text.strip()
 
 
 def _type(block: object) -> object:

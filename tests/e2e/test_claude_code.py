@@ -6,6 +6,7 @@ $CG_E2E_NPM_DIR (default ~/.cache/cg-e2e/claude-code) and reused by later runs.
 
 import secrets
 
+import pytest
 from claude_harness import (
     EXPAND_TOOL,
     OffloadExpand,
@@ -341,16 +342,18 @@ async def test_expand_in_non_streaming_fallback(claude_bin, claude_home, workdir
     assert stats["sse_spliced"] == 0 and stats["sse_released"] == {}, fail("the inspector did something")
 
 
+@pytest.mark.parametrize("lead", [None, "\n\n"], ids=["text", "blank"])
 @ensureDeferred
 async def test_thinking_in_a_continuation_gets_its_hidden_turn_back_next_turn(claude_bin, claude_home, workdir, fake,
-                                                                               make_cg):
+                                                                               make_cg, lead):
     """Preserved thinking (cg.stream.hidden) with the real client: the continuation cg splices in
     thinks, then calls Bash; Claude Code runs it and sends its turn back (the lead text, that
     thinking, the Bash call) with the result. cg puts the expand call and its answer back before the
     thinking, so the fake (strict: the thinking it signed, unmodified) sees that block after exactly
-    the messages of the request it was written for."""
+    the messages of the request it was written for; also when round 1's text was whitespace only,
+    which Claude Code drops from the turn it sends back."""
     token = secrets.token_hex(4)
-    scenario, output, line = _expand_scenario(token)
+    scenario, output, line = _expand_scenario(token, **({} if lead is None else {"lead": lead}))
     second_id, signature = f"toolu_cge2e_count_{token}", f"EqQBCkYIcge2e{token}sig=="
     thought = "The listing is long; count its lines before answering."
     later: list = []
