@@ -680,6 +680,8 @@ def test_a_continuations_thinking_gets_the_same_hidden_turn_back_on_every_turn_a
 
     sent = yield forward(cg)
     assert thinking_prefixes(json.loads(sent))[later["signature"]] == generated[later["signature"]]
+    expand = cg.stats.snapshot()["expand"]
+    assert (expand["hidden_kept"], expand["hidden_restored"]) == (1, 1)
     assert (yield forward(cg)) == sent
     yield cg.stop()
     assert (yield forward(make_cg(anthropic_upstream=fake.url, store=store))) == sent

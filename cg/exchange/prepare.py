@@ -211,6 +211,7 @@ class Report:
     cold: cold.ColdStats = attrs.Factory(cold.ColdStats)
     store_fail_open: bool = False
     cache: verdict.CacheFacts | None = None  # for the cache verdict (None: not a turn cg can judge)
+    hidden_restored: int = 0  # messages given back the hidden turns a continuation's thinking follows
 
 
 @attrs.frozen(eq=False)
@@ -431,13 +432,18 @@ class Preparation:
                 def read(text: object, message: int = message, block: int = block, key: str = key) -> None:
                     seen.put(tenant, key, _as_bytes(text) if text is not None else None)
                     if text is not None:
-                        self._restored += restore(body, message, block, _as_bytes(text))
+                        self._restore(body, message, block, _as_bytes(text))
 
                 known = seen.get(tenant, key)
                 if known is MISSING:
                     self._ask(ReadFrozen(tenant, key), read, _stays)
                 elif known is not None:
-                    self._restored += restore(body, message, block, _as_bytes(known))
+                    self._restore(body, message, block, _as_bytes(known))
+
+    def _restore(self, body: ParsedBody, message: int, block: int, text: bytes) -> None:
+        edits = restore(body, message, block, text)
+        self._restored += edits
+        self._report.hidden_restored += bool(edits)
 
     # -----------------------------------------------------------------------------------------
     # The cache-aware policy (--cold-policy, cg.compaction.cold)

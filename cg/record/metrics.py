@@ -292,6 +292,8 @@ class Metrics:
             follow("cg_expand_calls_total", getattr(expand, outcome), outcome)
         follow("cg_expand_original_tokens_total", expand.wasted_tokens)
         follow("cg_expand_repairs_total", expand.repairs)
+        follow("cg_expand_hidden_turns_total", expand.hidden_kept, "kept")
+        follow("cg_expand_hidden_turns_total", expand.hidden_restored, "restored")
         follow("cg_changelog_errors_total", getattr(stats.changelog, "errors", 0))
         store = stats.store
         if store is not None:
@@ -360,6 +362,8 @@ _MIRRORED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("cg_expand_calls_total", "Originals the model asked for with the expand tool, by outcome.", ("outcome",)),
     ("cg_expand_original_tokens_total", "Estimated tokens of originals sent back to the model.", ()),
     ("cg_expand_repairs_total", "Client answers to expand calls replaced by the original.", ()),
+    ("cg_expand_hidden_turns_total", "Hidden expand turns a continuation's thinking follows: kept (responses), "
+     "restored (request messages).", ("event",)),
     ("cg_changelog_errors_total", "Change-log records lost (the file could not be written).", ()),
     ("cg_store_writes_total", "Originals written to the store.", ()),
     ("cg_store_errors_total", "Store reads and writes that failed, by operation.", ("operation",)),

@@ -269,6 +269,8 @@ class ExpandStats:
     malformed: int = 0
     repairs: int = 0  # client answers to expand calls replaced by the original
     continuations_failed: int = 0
+    hidden_kept: int = 0  # spliced responses whose continuation thought: their hidden turns kept (cg.stream.hidden)
+    hidden_restored: int = 0  # messages of requests that got those turns back
 
     def count(self, kind: str, text: str) -> None:
         setattr(self, kind, getattr(self, kind) + 1)

@@ -122,6 +122,7 @@ class Forwarder:
         """A spliced response's hidden turns: known here at once (the client's next request may come
         before the store commits them), and frozen in the store for every other cg and a restart."""
         self.hidden.put(tenant, key, text)
+        self.stats.expand.hidden_kept += 1
         if self.store is not None:
             self.store.freeze(tenant, key, text).addErrback(
                 lambda failure: log.warn("keeping a response's hidden turns failed: {why}",
@@ -134,6 +135,7 @@ class Forwarder:
         stats.bypassed += report.bypassed
         stats.compaction.cold.add(report.cold)
         stats.compaction.store_fail_open += report.store_fail_open
+        stats.expand.hidden_restored += report.hidden_restored
         rewrite = report.rewrite
         if rewrite is None:
             return
