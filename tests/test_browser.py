@@ -27,7 +27,7 @@ from twisted.internet import reactor
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 from twisted.web.http_headers import Headers
 
-from cg.exchange.ledger import CG_PREFIX, CLIENT_PREFIX, EXPECTED, EXPIRED, KEPT_WARM, Change, Turn
+from cg.exchange.ledger import CG_PREFIX, CLIENT_PREFIX, EXPECTED, EXPIRED, KEPT_WARM, PING, Change, Turn
 from cg.stream.usage import Usage
 from cg.testing import JSONReply, anthropic_message, command_output
 from cg.wire.markers import marker_id
@@ -298,6 +298,36 @@ def test_a_conversation_shows_its_offloads_verdicts_and_originals_as_text(driver
     assert "FAIL " + SCRIPT in shown  # the markup as text
     assert page.script("return document.querySelectorAll('#original-text *').length") == 0
     assert page.script("return document.title") != "pwned"
+    assert page.console_errors() == []
+
+
+PINGS_ROW = 13  # "Keep-alive pings, cost (list price)": after the requests' own figures
+
+
+@on_a_thread
+def test_keepalive_pings_show_apart_from_the_requests(driver, make_cg, fake):
+    running = make_cg(anthropic_upstream=fake.url)
+    ledger = running.service.store.ledger
+    now = time.time() - 1200
+    on_the_reactor(ledger.record, ledger_turn("s-warm", now, 1, cost=0.5), ())
+    for seq, at in ((2, now + 270), (3, now + 540)):
+        on_the_reactor(ledger.record, ledger_turn("s-warm", at, seq, cost=0.0625, kind=PING,
+                                                  billed=Usage(3, 19_000, 0, 1)), ())
+    on_the_reactor(ledger.record, ledger_turn("s-warm", now + 700, 4, cost=0.25, verdict=KEPT_WARM), ())
+    page = Page(driver, running)
+    page.open("#/overview")
+    page.shows(OVERVIEW.format(row=0, column=WEEK), "2")  # the two requests, not the pings
+    assert page.text(f"#overview-figures tbody tr[data-row='{PINGS_ROW}'] th") == "Keep-alive pings, cost (list price)"
+    assert page.text(OVERVIEW.format(row=PINGS_ROW, column=WEEK)) == "2 · $0.13"
+    assert page.text(OVERVIEW.format(row=8, column=WEEK)) == "$0.75"  # cost via cg: the requests'
+
+    page.open("#/conversation/s-warm")
+    page.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "article.turn")) == 4)
+    assert [h.split(" · ")[0] for h in page.texts("article.turn h4")] == [
+        "Turn 1", "Keep-alive ping", "Keep-alive ping", "Turn 2"]
+    assert "cache read 19,000" in page.text("article.turn.ping[data-seq='2']")
+    facts = dict(zip(page.texts("#conversation-summary th"), page.texts("#conversation-summary td")))
+    assert (facts["Turns"], facts["Keep-alive pings, cost"]) == ("2", "2 · $0.13")
     assert page.console_errors() == []
 
 

@@ -139,11 +139,13 @@ def test_a_conversations_cache_state_now(until, kept, state):
 
 def test_a_conversation_row_names_every_figure_and_its_tenant_only_to_who_sees_all():
     row = Conversation("s1", "tenant-a", "codex", "gpt-5", T0, T0 + 60,
-                       totals(3, 3000, 1200, 0.03, 0.06, expand_rounds=2, repairs=1), cache_until=T0 + 400)
+                       totals(3, 3000, 1200, 0.03, 0.06, expand_rounds=2, repairs=1, pings=4, cost_pings=0.004),
+                       cache_until=T0 + 400)
     assert api.conversation_json(row, T0 + 100, all_tenants=True) == {
         "id": "s1", "tenant": "tenant-a", "client": "codex", "model": "gpt-5", "first_seen": T0,
         "last_seen": T0 + 60, "requests": 3, "tokens_before": 3000, "tokens_after": 1200, "cost_usd": 0.03,
-        "cost_direct_usd": 0.06, "expand_rounds": 2, "repairs": 1, "cache": {"state": "warm", "until": T0 + 400}}
+        "cost_direct_usd": 0.06, "expand_rounds": 2, "repairs": 1, "pings": {"count": 4, "cost_usd": 0.004},
+        "cache": {"state": "warm", "until": T0 + 400}}
     assert "tenant" not in api.conversation_json(row, T0 + 100, all_tenants=False)
     page = api.conversations_json([row], 7, 5, 1, "cost", T0, all_tenants=False)
     assert (page["total"], page["offset"], page["limit"], page["order"]) == (7, 5, 1, "cost")
@@ -160,7 +162,7 @@ def test_a_turn_names_every_figure_and_its_own_changes():
     assert doc["conversation"]["id"] == "c1"
     one, two = doc["turns"]
     assert one == {
-        "seq": 1, "time": T0, "client": "claude-code", "model": "claude-sonnet-4-5", "dialect": "anthropic",
+        "seq": 1, "kind": "request", "time": T0, "client": "claude-code", "model": "claude-sonnet-4-5", "dialect": "anthropic",
         "path": "/v1/messages", "status": 200, "outcome": "ok", "tokens_before": 1000, "tokens_after": 400,
         "results_before": 800, "results_after": 200,
         "billed": {"input": 10, "cache_read": 300, "cache_write": 90, "cache_write_1h": 40, "output": 50},

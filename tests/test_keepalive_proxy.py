@@ -5,19 +5,23 @@ everything else is the real reactor on 127.0.0.1."""
 
 import json
 
+import anthropic
 import pytest
 from helpers.bodies import bash_body
 from helpers.drive import HEADERS, scrape, until, value
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
 from twisted.internet.task import Clock
+from twisted.internet.threads import deferToThread
 from twisted.python import usage
 
 from cg.record.pricing import Tokens, prices
+from cg.record.report import Tally, render, tally
 from cg.testing import JSONReply, anthropic_message, claude_code_bytes
 from cg.web.tap import Options
 from cg.wire.cache import TTL_5M
 
+ADMIN = "operator-token-9a2c"
 CLIENT = [*HEADERS, ("x-api-key", "sk-ant-test-key"), ("anthropic-beta", "prompt-caching-scope-2026-01-05"),
           ("x-claude-code-session-id", "5e55-10n")]
 
@@ -67,6 +71,14 @@ def test_a_ping_is_the_forwarded_body_with_max_tokens_and_stream_changed(make_cg
     assert clock.getDelayedCalls() == [] and cg.stats.keepalive.ended == {"stopped": 1}
 
 
+@inlineCallbacks
+def get_json(cg, path: str, *headers: tuple[str, str]):
+    client = yield connect(cg.port, http_request("GET", path, headers=headers))
+    status, _, body = split_response((yield client.closed))
+    assert status == 200, body
+    return json.loads(body)
+
+
 def test_the_options_and_their_refusals():
     options = Options()
     options.parseOptions([])
@@ -82,3 +94,52 @@ def test_the_options_and_their_refusals():
                           (["--keepalive-max-conversations", "0"], "--keepalive-max-conversations must be 1 or more")):
         with pytest.raises(usage.UsageError, match=message):
             Options().parseOptions(["--keepalive", *argv])
+
+
+@inlineCallbacks
+def test_a_ping_is_counted_in_the_change_log_the_ledger_cg_report_and_the_dashboard(make_cg, fake, tmp_path):
+    """A ping is cg's spending: the change log has a line for it and the ledger a row (kind "ping"),
+    which cg-report (either source) and /cg/api count apart from the clients' requests."""
+    changelog = tmp_path / "changes.jsonl"
+    cg = make_cg(anthropic_upstream=fake.url, keepalive=True, changelog=str(changelog), admin_token=ADMIN)
+    clock = cg.service.keepalive.clock = Clock()
+    sdk = anthropic.Anthropic(base_url=cg.url, api_key="sk-ant-test-key", max_retries=0)
+    fake.enqueue(JSONReply(anthropic_message("hi", usage={"input_tokens": 5, "cache_read_input_tokens": 0,
+                                                          "cache_creation_input_tokens": 4000, "output_tokens": 2})))
+    yield deferToThread(sdk.messages.create, model="claude-opus-4-8", max_tokens=64, extra_headers={
+        "x-claude-code-session-id": "s-ping", "user-agent": "claude-cli/2.1.197 (external, cli)"},
+        system=[{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+        messages=[{"role": "user", "content": "hi"}])
+    fake.enqueue(JSONReply(anthropic_message("", usage={"input_tokens": 3, "cache_read_input_tokens": 4000,
+                                                        "cache_creation_input_tokens": 0, "output_tokens": 1})))
+    clock.advance(TTL_5M - 30.0)
+    yield until(lambda: cg.stats.keepalive.usage.cache_read_tokens > 0)
+    ledger = cg.service.forwarder.ledger
+    yield until(lambda: ledger.totals(None, None).result.pings == 1)
+    price = prices().price("claude-opus-4-8", "anthropic")
+    cost = price.cost(Tokens(input=3, cache_read=4000, output=1))
+
+    admin = ("authorization", f"Bearer {ADMIN}")
+    summary = yield get_json(cg, "/cg/api/summary?window=start", admin)
+    assert summary["requests"] == 1 and summary["pings"] == {"count": 1, "cost_usd": pytest.approx(cost)}
+    assert summary["billed"]["cache_read"] == 0  # the request's own bill, without the ping's
+    assert summary["cost_usd"]["via_cg"] == pytest.approx(price.cost(Tokens(input=5, cache_write_5m=4000, output=2)))
+    (row,) = (yield get_json(cg, "/cg/api/conversations", admin))["conversations"]
+    assert (row["requests"], row["pings"]["count"], row["cache"]["state"]) == (1, 1, "kept_warm")
+    detail = yield get_json(cg, f"/cg/api/conversations/{row['id']}", admin)
+    assert [(t["kind"], t["billed"]["cache_read"]) for t in detail["turns"]] == [("request", 0), ("ping", 4000)]
+
+    yield cg.service.forwarder.changelog.flush()
+    lines = [json.loads(line) for line in changelog.read_text().splitlines()]
+    (line,) = [line for line in lines if line["kind"] == "ping"]
+    assert (line["session"], line["model"], line["cache_read_tokens"]) == (row["id"], "claude-opus-4-8", 4000)
+    assert line["cost_usd"] == pytest.approx(cost)
+    from_log = tally([str(changelog)], quiet=True).summary()
+    from_store = Tally()
+    for turn, changes in ledger.turns(None, None).result:
+        from_store.add_turn(turn, changes)
+    for report in (from_log, from_store.summary()):
+        assert report["usage"]["requests"] == 1 and report["usage"]["cache_read_tokens"] == 0
+        assert report["pings"]["count"] == 1 and report["pings"]["cache_read_tokens"] == 4000
+        assert report["pings"]["cost_usd"] == pytest.approx(cost, abs=1e-6)
+        assert "Keep-alive pings: 1, $" in render(report)

@@ -13,7 +13,18 @@ from twisted.internet.testing import MemoryReactorClock
 from zope.interface.verify import verifyObject
 
 import cg.store.threaded
-from cg.exchange.ledger import DEFAULT_MAX_TURNS, HOUR, MINUTE, ORDERS, Change, Totals, Turn, order_key
+from cg.exchange.ledger import (
+    DEFAULT_MAX_TURNS,
+    HOUR,
+    MINUTE,
+    ORDERS,
+    PING,
+    REQUEST,
+    Change,
+    Totals,
+    Turn,
+    order_key,
+)
 from cg.store import RedisStore, SQLiteStore, StoreError
 from cg.store.base import ILedger
 from cg.store.ledger import MemoryLedger
@@ -147,17 +158,41 @@ async def test_conversations_sort_by_any_order_and_count_all(make_ledger):
     assert [c.id for c in rows] == ["big"] and total == 2
 
 
+def ping(at: float, conversation="c1", cost=0.001, **over) -> Turn:
+    """A keep-alive ping's row, as cg.record.ledger.Book.ping makes it."""
+    return turn(at, conversation=conversation, kind=PING, tokens_before=0, results_before=0, results_after=0,
+                billed=Usage(cache_read_tokens=390, output_tokens=1), cost_via_cg=cost, cost_direct=None, **over)
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_ping_keeps_a_conversation_warm_until_its_next_turn(make_ledger):
     ledger = make_ledger()
     ledger.record(turn(T0, cache_until=T0 + 300), [])
-    ledger.warmed("", "c1", T0 + 600)
-    ledger.warmed("", "unknown", T0 + 600)  # nothing to warm: no row appears
+    ledger.record(ping(T0 + 270, cache_until=T0 + 570), [])
+    ledger.record(ping(T0 + 270, conversation="unknown", cache_until=T0 + 570), [])  # no row of its own appears
     (summary,), _ = (await ledger.conversations(None, 0, 10))
-    assert (summary.cache_until, summary.kept_warm) == (T0 + 600, True)
+    assert (summary.cache_until, summary.kept_warm) == (T0 + 570, True)
+    assert summary.last == T0  # a ping is not the conversation's activity
     ledger.record(turn(T0 + 700, cache_until=T0 + 1000), [])
     (summary,), _ = (await ledger.conversations(None, 0, 10))
     assert (summary.cache_until, summary.kept_warm) == (T0 + 1000, False)
+
+
+@pytest_twisted.ensureDeferred
+async def test_pings_are_counted_apart_from_requests(make_ledger):
+    ledger = make_ledger()
+    ledger.record(turn(T0, seq=1), [])
+    await ledger.totals(None, None)  # a store's next batch holds the pings alone: they add to a row it has
+    ledger.record(ping(T0 + 270, seq=2, cost=0.25), [])
+    ledger.record(ping(T0 + 540, seq=3, cost=0.5), [])
+    totals = await ledger.totals(None, None)
+    assert (totals.requests, totals.pings, totals.cost_pings) == (1, 2, pytest.approx(0.75))
+    assert totals.cost_via_cg == pytest.approx(0.01) and totals.billed.cache_read_tokens == 300  # the request's only
+    assert [(b.totals.requests, b.totals.pings) for b in await ledger.buckets(None, T0, HOUR)] == [(1, 2)]
+    found, turns, _ = await ledger.conversation(None, "c1")
+    assert (found.totals.requests, found.totals.pings, found.totals.cost_pings) == (1, 2, pytest.approx(0.75))
+    assert [(t.seq, t.kind) for t in turns] == [(1, REQUEST), (2, PING), (3, PING)]
+    assert turns[1].billed == Usage(cache_read_tokens=390, output_tokens=1) and turns[1].cost_via_cg == 0.25
 
 
 @pytest_twisted.ensureDeferred
@@ -289,11 +324,12 @@ async def test_trim_drops_only_what_is_past_retention(make_ledger):
 async def test_a_ping_for_a_conversation_only_recorded_in_the_same_batch_warms_it(make_ledger):
     ledger = make_ledger()
     ledger.record(turn(T0, cache_until=None), [])
-    ledger.warmed("", "c1", T0 + 600)
-    ledger.warmed("", "c1", T0 + 500)  # an earlier expiry does not move it back
-    ledger.warmed("other", "c1", T0 + 600)  # another tenant's: nothing to warm
+    ledger.record(ping(T0 + 270, cache_until=T0 + 600), [])
+    ledger.record(ping(T0 + 280, cache_until=T0 + 500), [])  # an earlier expiry does not move it back
+    ledger.record(ping(T0 + 270, tenant="other", cache_until=T0 + 600), [])  # another tenant's: nothing to warm
     (summary,), total = await ledger.conversations(None, 0, 10)
     assert (summary.cache_until, summary.kept_warm, total) == (T0 + 600, True, 1)
+    assert summary.totals.pings == 2
 
 
 # The threaded stores' ledgers: batched off the reactor, failures counted, rows that outlive a restart.
@@ -309,25 +345,31 @@ def test_rows_wait_on_the_reactor_and_go_to_the_worker_as_one_batch():
 
     ledger = ThreadedLedger(submit, SimpleNamespace(ledger_write="write", ledger_read="read"), clock, failed=None)
     ledger.record(turn(T0, seq=1), [])
-    ledger.warmed("", "c1", T0 + 600)
-    ledger.record(turn(T0 + 1, seq=2), [])
+    ledger.record(ping(T0 + 0.5, seq=2), [])
+    ledger.record(turn(T0 + 1, seq=3), [])
     assert jobs == []  # nothing for the worker yet: record() only appended
     clock.advance(LEDGER_BATCH_DELAY)
     ((_, (ops, max_turns)),) = jobs
-    assert [op[0].seq if isinstance(op[0], Turn) else op for op in ops] == [1, ("", "c1", T0 + 600), 2]
+    assert [op[0].seq for op in ops] == [1, 2, 3]
     assert max_turns == DEFAULT_MAX_TURNS and clock.getDelayedCalls() == []
-    ledger.record(turn(T0 + 2, seq=3), [])
+    ledger.record(turn(T0 + 2, seq=4), [])
     ledger.totals(None, None)  # a query sends what is pending first, then itself
-    assert [(fn, args[0]) for fn, args in jobs[1:]] == [("write", [(turn(T0 + 2, seq=3), ())]), ("read", "totals")]
+    assert [(fn, args[0]) for fn, args in jobs[1:]] == [("write", [(turn(T0 + 2, seq=4), ())]), ("read", "totals")]
     assert clock.getDelayedCalls() == []
 
 
-@pytest_twisted.ensureDeferred
-async def test_close_writes_what_is_pending_and_a_reopened_store_has_it(tmp_path):
+async def closed_with_a_turn(tmp_path) -> str:
+    """The path of a SQLite store that recorded a turn (seq 1) and was closed."""
     path = str(tmp_path / "store.sqlite3")
     store = SQLiteStore(path)
     store.ledger.record(turn(T0, seq=1), [])
     await store.close()
+    return path
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_writes_what_is_pending_and_a_reopened_store_has_it(tmp_path):
+    path = await closed_with_a_turn(tmp_path)
     store = SQLiteStore(path)
     try:
         _, turns, _ = await store.ledger.conversation(None, "c1")
@@ -519,3 +561,50 @@ async def test_turns_are_every_kept_turn_oldest_first_with_their_changes(make_le
     assert [t.seq for t, _ in await ledger.turns(None, T0 + 70)] == [2, 3]
     assert [t.seq for t, _ in await ledger.turns("b:/%", None)] == [3]
     assert [t.seq for t, _ in await ledger.turns("", T0 + 6)] == [2]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sqlite_ledger_from_before_pings_were_counted_reads_and_counts_them(tmp_path):
+    """A file an older cg made has no pings columns: opened, they are added (0 in the rows it has)."""
+    path = await closed_with_a_turn(tmp_path)
+    conn = sqlite3.connect(ledger_path(path))
+    for table in ("ledger_buckets", "ledger_conversations"):
+        for column in ("pings", "cost_pings"):
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    try:
+        assert (await store.ledger.totals(None, None)).requests == 1
+        store.ledger.record(ping(T0 + 270, seq=2, cost=0.25), [])
+        store.ledger.record(turn(T0 + 600, seq=3), [])
+        totals = await store.ledger.totals(None, None)
+        assert (totals.requests, totals.pings, totals.cost_pings) == (2, 1, 0.25)
+        found, turns, _ = await store.ledger.conversation(None, "c1")
+        assert (found.totals.requests, found.totals.pings, found.last) == (2, 1, T0 + 600)
+    finally:
+        await store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_ledger_from_before_pings_were_counted_reads_and_counts_them(redis_server, closing):
+    """Sums an older cg packed have FLAT's first 14 numbers: read, the rest are 0; added to, they grow."""
+    store = RedisStore(redis_server.url)
+    closing(store)
+    store.ledger.record(turn(T0, seq=1), [])
+    await store.ledger.totals(None, None)
+    admin = redis_server.admin
+    keys = admin.keys("cg:l:[bsc]:*")
+    assert len(keys) == 5  # a minute's and an hour's bucket and tenant sums, the conversation
+    for key in keys:
+        for field, packed in admin.hgetall(key).items():
+            if field in (b"client", b"first", b"last", b"model", b"until", b"warm"):
+                continue
+            admin.hset(key, field, b",".join(packed.split(b",")[:14]))
+    assert (await store.ledger.totals(None, None)).pings == 0
+    store.ledger.record(ping(T0 + 270, seq=2, cost=0.25), [])
+    store.ledger.record(turn(T0 + 600, seq=3), [])
+    totals = await store.ledger.totals(None, None)
+    assert (totals.requests, totals.pings, totals.cost_pings) == (2, 1, 0.25)
+    (found,), _ = await store.ledger.conversations(None, 0, 10)
+    assert (found.totals.requests, found.totals.pings) == (2, 1)

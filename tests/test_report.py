@@ -251,7 +251,7 @@ JSON_KEYS = [
     "cumulative_deleted_no_marker", "unique_deleted_tokens", "unique_deleted_marker",
     "unique_deleted_no_marker", "cumulative_over_unique", "distinct_markers", "requests",
     "requests_from", "sessions", "results", "results_tokens_before", "results_tokens_after",
-    "results_savings_pct", "components", "usage", "note", "cost", "store", "rows", "rows_counted",
+    "results_savings_pct", "components", "usage", "note", "cost", "store", "rows", "rows_counted", "pings",
 ]  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from helpers.clients import CG_PORT
 from rawhttp import RawClient, http_request
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
-from cg.exchange.ledger import CLIENT_PREFIX, EXPECTED, EXPIRED, KEPT_WARM
+from cg.exchange.ledger import CLIENT_PREFIX, EXPECTED, EXPIRED, KEPT_WARM, PING, REQUEST
 from cg.testing import FakeUpstream, command_output
 from cg.testing.loopback import result_of
 
@@ -66,11 +66,14 @@ class Session:
         self.net.pump()
         assert client.closed.called and client.data.startswith(b"HTTP/1.1 200"), client.data[:200]
 
-    def verdicts(self) -> list[tuple[str | None, str]]:
+    def turns(self):
         found = result_of(self.cg.store.ledger.conversation(None, SESSION))
         assert found is not None
-        _, turns, _ = found
-        return [(turn.verdict, turn.verdict_detail) for turn in sorted(turns, key=lambda t: t.seq)]
+        return sorted(found[1], key=lambda t: t.seq)
+
+    def verdicts(self) -> list[tuple[str | None, str]]:
+        """Of the requests (a keep-alive ping's row has none)."""
+        return [(turn.verdict, turn.verdict_detail) for turn in self.turns() if turn.kind == REQUEST]
 
     def billed(self) -> list[tuple[int, int]]:
         return [(r.usage["cache_creation_input_tokens"], r.usage["cache_read_input_tokens"])
@@ -101,6 +104,7 @@ def test_a_keep_alive_ping_bridges_the_gap(clock, net, cg_in_memory):
     pings = [r for r in session.fake.received if r.json()["max_tokens"] == 1]
     assert len(pings) >= 1 and pings[0].usage["cache_read_input_tokens"] > 0
     assert session.verdicts() == [(EXPECTED, "first turn"), (KEPT_WARM, "idle 7m12s > 5m, read back")]
+    assert [turn.kind for turn in session.turns()] == [REQUEST] + [PING] * len(pings) + [REQUEST]
 
 
 def test_a_turn_whose_new_content_outweighs_what_it_read(clock, net, cg_in_memory):

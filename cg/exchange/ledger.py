@@ -21,6 +21,12 @@ from cg.stream.usage import Usage
 # Who sent a request, by its user-agent.
 CLIENTS = ("claude-code", "codex", "sdk", "other")
 
+# What a turn was (`Turn.kind`): a request a client sent, or a keep-alive ping cg sent on its own
+# (cg.web.keepalive), billed like any request but counted apart: it is cg's spending, not the client's.
+REQUEST = "request"
+PING = "ping"
+KINDS = (REQUEST, PING)
+
 # Why a turn wrote more to the provider's prompt cache than it read (`Turn.verdict`):
 EXPECTED = "expected"  # the conversation's first turn, or only new content was written
 EXPIRED = "expired"  # the previous request came longer ago than the cache's lifetime
@@ -66,6 +72,7 @@ class Turn:
     verdict_detail: str = ""  # "idle 7m12s", "messages[3].content[0]", "epoch 2", …
     added_ms: float | None = None  # cg's own share of the client's time to first byte
     cache_until: float | None = None  # when the conversation's prompt cache expires after this turn
+    kind: str = REQUEST  # one of KINDS; last, so that rows written before it read back as requests
 
 
 @attrs.frozen
@@ -91,7 +98,8 @@ class Change:
 
 @attrs.frozen
 class Totals:
-    """A sum of turns: what the overview and the API's summary show."""
+    """A sum of turns: what the overview and the API's summary show. Keep-alive pings are counted in
+    ``pings`` and ``cost_pings`` only: every other figure is the clients' requests'."""
 
     requests: int = 0
     tokens_before: int = 0
@@ -103,22 +111,28 @@ class Totals:
     cost_direct: float = 0.0
     expand_rounds: int = 0
     repairs: int = 0
+    pings: int = 0
+    cost_pings: float = 0.0  # USD at list price of what the pings were billed
 
     def __add__(self, other: Totals) -> Totals:
         return Totals(self.requests + other.requests, self.tokens_before + other.tokens_before,
                       self.tokens_after + other.tokens_after, self.results_before + other.results_before,
                       self.results_after + other.results_after, self.billed + other.billed,
                       self.cost_via_cg + other.cost_via_cg, self.cost_direct + other.cost_direct,
-                      self.expand_rounds + other.expand_rounds, self.repairs + other.repairs)
+                      self.expand_rounds + other.expand_rounds, self.repairs + other.repairs,
+                      self.pings + other.pings, self.cost_pings + other.cost_pings)
 
     def add(self, turn: Turn) -> Totals:
         """These totals and `turn`'s (field by field: a store adds three a request, on its worker)."""
+        if turn.kind == PING:
+            return attrs.evolve(self, pings=self.pings + 1, cost_pings=self.cost_pings + (turn.cost_via_cg or 0.0))
         return Totals(self.requests + 1, self.tokens_before + turn.tokens_before,
                       self.tokens_after + turn.tokens_after, self.results_before + turn.results_before,
                       self.results_after + turn.results_after,
                       self.billed if turn.billed is None else self.billed + turn.billed,
                       self.cost_via_cg + (turn.cost_via_cg or 0.0), self.cost_direct + (turn.cost_direct or 0.0),
-                      self.expand_rounds + turn.expand_rounds, self.repairs + turn.repairs)
+                      self.expand_rounds + turn.expand_rounds, self.repairs + turn.repairs,
+                      self.pings, self.cost_pings)
 
 
 @attrs.frozen
@@ -146,7 +160,7 @@ class Conversation:
     last: float
     totals: Totals
     cache_until: float | None = None  # when its prompt cache expires: the latest of its turns' and pings'
-    kept_warm: bool = False  # a keep-alive ping extended it since its last turn
+    kept_warm: bool = False  # a keep-alive ping extended it since its last request
 
 
 def order_key(order: str) -> Callable[[Conversation], float]:

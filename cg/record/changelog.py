@@ -1,4 +1,5 @@
-"""The change log (``--changelog PATH``): one JSON line per compaction and per request's usage.
+"""The change log (``--changelog PATH``): one JSON line per compaction, per request's usage and per
+keep-alive ping.
 
 ``cg-report`` (cg/report.py) reads it. The record builders below are the schema: a field is
 only ever added, never renamed or removed, so old logs stay readable.
@@ -126,6 +127,38 @@ def usage_record(
         "expand_rounds": expand_rounds,
         "model": model,
         "cache_write_1h_tokens": cache_write_1h_tokens,
+    }
+
+
+def ping_record(
+    *,
+    time: float,
+    session: str,
+    seq: int,
+    model: str | None,
+    input_tokens: int,
+    cache_read_tokens: int,
+    cache_write_tokens: int,
+    output_tokens: int,
+    cache_write_1h_tokens: int,
+    cost_usd: float,
+) -> dict[str, object]:
+    """A keep-alive ping cg sent on its own (``--keepalive``) and the usage it was billed, as
+    ``usage_record``'s, with its cost at list price: spending of cg's, which ``cg-report`` counts
+    apart from the clients' requests. ``seq`` is the ping's own number, from the same sequence."""
+    return {
+        "kind": "ping",
+        "time": time,
+        "session": session,
+        "seq": seq,
+        "dialect": "anthropic",
+        "model": model,
+        "input_tokens": input_tokens,
+        "cache_read_tokens": cache_read_tokens,
+        "cache_write_tokens": cache_write_tokens,
+        "output_tokens": output_tokens,
+        "cache_write_1h_tokens": cache_write_1h_tokens,
+        "cost_usd": cost_usd,
     }
 
 

@@ -26,6 +26,7 @@ from cg.compaction.expand import tool_tokens
 from cg.compaction.pipeline import Change as Compaction
 from cg.compaction.pipeline import result_sizes
 from cg.exchange import ledger
+from cg.exchange.keepalive import MESSAGES_PATH
 from cg.exchange.prepare import Report
 from cg.exchange.record import ExchangeRecord
 from cg.exchange.verdict import judge
@@ -114,6 +115,16 @@ class Book:
                                  c.marker_id, c.tokens_before, c.tokens_after, content_id=c.content_id,
                                  part=c.part_index, step=c.step) for c in compactions]
         return turn, changes
+
+    def ping(self, sent: Sent, conversation: str, seq: int, usage: Usage) -> ledger.Turn:
+        """A keep-alive ping's row (``sent``: its conversation's last request, at the ping's time):
+        what it was billed, at list price; no direct cost, as without cg there is no ping."""
+        return ledger.Turn(
+            time=sent.time, seq=seq, tenant=sent.tenant, conversation=conversation, client=client_of(sent.user_agent),
+            model=sent.model, dialect="anthropic", path=MESSAGES_PATH, status=200, outcome="ok", tokens_before=0,
+            tokens_after=usage.prompt_tokens, results_before=0, results_after=0, billed=usage,
+            cost_via_cg=self.cost(sent.model, "anthropic", usage), cost_direct=None,
+            cache_until=None if sent.lifetime is None else sent.time + sent.lifetime, kind=ledger.PING)
 
     def cost(self, model: str | None, route: str, usage: Usage) -> float:
         """`usage` at `model`'s list price (`route`: the API it was billed on, for an unknown model)."""

@@ -26,7 +26,7 @@ import attrs
 import ujson
 from tqdm import tqdm
 
-from cg.exchange.ledger import Change, Turn
+from cg.exchange.ledger import PING, Change, Turn
 from cg.record.pricing import OPENAI, Tokens, prices
 from cg.wire.dialect import SHAPES
 
@@ -37,6 +37,7 @@ NOTE = (
 
 _USAGE_FIELDS = ("input_tokens", "cache_read_tokens", "cache_write_tokens", "output_tokens", "expand_rounds",
                  "cache_write_1h_tokens")
+_PING_FIELDS = ("input_tokens", "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens", "output_tokens")
 
 
 class BadRecord(ValueError):
@@ -123,6 +124,10 @@ class Tally:
     results: int = 0
     results_tokens_before: int = 0
     results_tokens_after: int = 0
+    # Keep-alive pings (--keepalive): cg's own spending, apart from the requests' usage and cost.
+    pings: int = 0
+    pings_usage: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(_PING_FIELDS, 0))
+    pings_usd: float = 0.0
     # The last compaction line's (session, seq, message, block, part) and size after it: a line
     # from a cg that wrote no ``step`` continues that result when it starts from that size.
     _previous: tuple[_Location, int] | None = None
@@ -141,6 +146,11 @@ class Tally:
                 self._compaction(record)
             elif kind == "usage":
                 self._usage(record)
+            elif kind == "ping":
+                cost = record.get("cost_usd")
+                if not isinstance(cost, (int, float)) or isinstance(cost, bool):
+                    raise BadRecord("no cost_usd")
+                self._count_ping({key: _int(record, key, default=0) for key in _PING_FIELDS}, float(cost))
             else:
                 self.other_lines += 1  # a kind added after this cg-report
                 return
@@ -151,7 +161,12 @@ class Tally:
 
     def add_turn(self, turn: Turn, changes: Sequence[Change]) -> None:
         """A ledger's row (cg.exchange.ledger), counted as the change log's lines for the same
-        request are: a compaction line per change, and a usage line if its usage was read."""
+        request are: a compaction line per change, and a usage line if its usage was read; a keep-alive
+        ping's row as its ping line."""
+        if turn.kind == PING:  # not a request: `rows` counts those
+            self._count_ping(turn.billed.as_dict() if turn.billed is not None else {}, turn.cost_via_cg or 0.0)
+            self._seen(turn.time)
+            return
         self.rows += 1
         for change in changes:
             key = change.marker or change.content_id
@@ -248,6 +263,12 @@ class Tally:
         priced_by = (model, provider)
         self.billed[priced_by] = self.billed.get(priced_by, Tokens()) + tokens
 
+    def _count_ping(self, counts: dict[str, int], usd: float) -> None:
+        self.pings += 1
+        self.pings_usd += usd
+        for key, value in counts.items():
+            self.pings_usage[key] += value
+
     def cost(self) -> dict[str, Any]:
         """The billed usage at list prices (cg/record/prices.json), by model."""
         table = prices()
@@ -321,6 +342,7 @@ class Tally:
             "store": self.store,
             "rows": self.rows,
             "rows_counted": self.rows_counted,
+            "pings": {"count": self.pings, **self.pings_usage, "cost_usd": round(self.pings_usd, 6)},
         }
 
 
@@ -478,6 +500,10 @@ def render(s: dict[str, Any]) -> str:
         out += [f"  note: {note}" for note in cost["notes"]]
     else:
         out.append("Billed usage: no usage lines")
+    pings = s["pings"]
+    if pings["count"]:
+        out.append(f"Keep-alive pings: {pings['count']:,}, ${pings['cost_usd']:,.4f} at list prices "
+                   f"(cache read {_n(pings['cache_read_tokens'])} tokens); not in the figures above")
     out += ["", NOTE]
     return "\n".join(out) + "\n"
 

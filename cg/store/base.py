@@ -130,7 +130,10 @@ class ILedger(Interface):
 
     def record(turn: Turn, changes: Sequence[Change]) -> None:
         """Keep a `Turn` and its `Change`s (a sequence), and add it to its rollups and its
-        conversation's summary. Returns at once; the write happens on the store's thread."""
+        conversation's summary. A keep-alive ping's turn (``kind`` PING) adds to a summary that
+        exists only: its ``cache_until`` moves on (if later) and ``kept_warm`` holds until the next
+        request; ``first`` and ``last`` stay the requests'. Returns at once; the write happens on
+        the store's thread."""
 
     def totals(tenant: str | None, since: float | None) -> Deferred[Totals]:
         """`Totals` of the turns in the minutes that end after `since` (Unix time; None: all the
@@ -139,11 +142,6 @@ class ILedger(Interface):
     def buckets(tenant: str | None, since: float, width: float) -> Deferred[list[Bucket]]:
         """The `Bucket`s of `width` (MINUTE or HOUR) that end after `since` (one that holds `since`
         counts whole), oldest first."""
-
-    def warmed(tenant: str, conversation: str, until: float) -> None:
-        """A keep-alive ping kept `conversation`'s prompt cache until `until`: its summary's
-        ``cache_until`` moves on (if later) and ``kept_warm`` holds until its next turn. Returns at
-        once, like `record`."""
 
     def conversations(tenant: str | None, offset: int, limit: int,
                       order: str = "last") -> Deferred[tuple[list[Conversation], int]]:

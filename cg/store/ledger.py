@@ -20,6 +20,7 @@ from cg.exchange.ledger import (
     DEFAULT_MAX_TURNS,
     HOUR,
     MINUTE,
+    PING,
     Bucket,
     Change,
     Conversation,
@@ -58,18 +59,18 @@ class MemoryLedger:
             return
         ckey = (turn.tenant, turn.conversation)
         known = self._conversations.get(ckey)
+        if turn.kind == PING:  # counted on its conversation's row, which it neither makes nor makes active
+            if known is not None:
+                self._conversations[ckey] = attrs.evolve(
+                    known, totals=known.totals.add(turn), cache_until=_later(known.cache_until, turn.cache_until),
+                    kept_warm=True)
+            return
         if known is None:
             known = Conversation(turn.conversation, turn.tenant, turn.client, turn.model, turn.time, turn.time,
                                  Totals())
         self._conversations[ckey] = attrs.evolve(
             known, model=turn.model or known.model, first=min(known.first, turn.time), last=max(known.last, turn.time),
             totals=known.totals.add(turn), cache_until=_later(known.cache_until, turn.cache_until), kept_warm=False)
-
-    def warmed(self, tenant: str, conversation: str, until: float) -> None:
-        known = self._conversations.get((tenant, conversation))
-        if known is not None:
-            self._conversations[(tenant, conversation)] = attrs.evolve(
-                known, cache_until=_later(known.cache_until, until), kept_warm=True)
 
     def totals(self, tenant: str | None, since: float | None) -> Deferred[Totals]:
         total = Totals()
@@ -131,8 +132,10 @@ def _later(a: float | None, b: float | None) -> float | None:
 
 # What a backend keeps of a `Totals`, in this order: flat numbers, so that a row (SQLite) or a packed
 # string (Redis) adds up field by field.
+# Fields are only appended (a row or a packed string written before one was added reads it as 0).
 FLAT = ("requests", "tokens_before", "tokens_after", "results_before", "results_after", "input", "cache_read",
-        "cache_write", "cache_write_1h", "output", "cost_via_cg", "cost_direct", "expand_rounds", "repairs")
+        "cache_write", "cache_write_1h", "output", "cost_via_cg", "cost_direct", "expand_rounds", "repairs",
+        "pings", "cost_pings")
 
 
 def flatten(totals: Totals) -> tuple[float, ...]:
@@ -140,27 +143,29 @@ def flatten(totals: Totals) -> tuple[float, ...]:
     billed = totals.billed
     return (totals.requests, totals.tokens_before, totals.tokens_after, totals.results_before, totals.results_after,
             billed.input_tokens, billed.cache_read_tokens, billed.cache_write_tokens, billed.cache_write_1h_tokens,
-            billed.output_tokens, totals.cost_via_cg, totals.cost_direct, totals.expand_rounds, totals.repairs)
+            billed.output_tokens, totals.cost_via_cg, totals.cost_direct, totals.expand_rounds, totals.repairs,
+            totals.pings, totals.cost_pings)
 
 
 def unflatten(n: Sequence[Any]) -> Totals:
-    """The `Totals` of `flatten`'s numbers, read back (counts as ints, costs as floats)."""
-    return Totals(n[0], n[1], n[2], n[3], n[4], Usage(n[5], n[6], n[7], n[9], n[8]), n[10], n[11], n[12], n[13])
+    """The `Totals` of `flatten`'s numbers, read back (counts as ints, costs as floats; FLAT's later
+    fields 0 when `n` was written before them)."""
+    n = [*n, *(0,) * (len(FLAT) - len(n))]
+    return Totals(n[0], n[1], n[2], n[3], n[4], Usage(n[5], n[6], n[7], n[9], n[8]), n[10], n[11], n[12], n[13],
+                  n[14], n[15])
 
 
 def unpack(packed: bytes) -> Totals:
     """The `Totals` of `flatten`'s numbers as text, comma-separated (a Redis rollup's)."""
     n = packed.split(b",")
     try:
-        return Totals(int(n[0]), int(n[1]), int(n[2]), int(n[3]), int(n[4]),
-                      Usage(int(n[5]), int(n[6]), int(n[7]), int(n[9]), int(n[8])), float(n[10]), float(n[11]),
-                      int(n[12]), int(n[13]))
+        return unflatten([float(v) if i in _COSTS else int(v) for i, v in enumerate(n)])
     except ValueError:  # a count written with an exponent (past 1e14)
         return unflatten([float(v) if i in _COSTS else int(float(v)) for i, v in enumerate(n)])
 
 
-_COSTS = (FLAT.index("cost_via_cg"), FLAT.index("cost_direct"))
-assert _COSTS == (10, 11)
+_COSTS = (FLAT.index("cost_via_cg"), FLAT.index("cost_direct"), FLAT.index("cost_pings"))
+assert _COSTS == (10, 11, 15)
 
 
 def dump_turn(turn: Turn, changes: Sequence[Change]) -> str:
@@ -201,7 +206,7 @@ def spans(since: float | None) -> tuple[float | None, float]:
     return first, hour if hour == first else hour + HOUR
 
 
-Op = tuple[Turn, tuple[Change, ...]] | tuple[str, str, float]  # a record() or a warmed(), as they came
+Op = tuple[Turn, tuple[Change, ...]]  # a record(), as it came
 
 
 @attrs.define
@@ -210,7 +215,7 @@ class Summary:
 
     tenant: str
     id: str
-    client: str | None = None  # None: the batch holds no turn of it, only pings
+    client: str | None = None  # None: the batch holds no request of it, only pings (they add to a known row)
     model: str | None = None
     first: float = float("inf")
     last: float = float("-inf")
@@ -221,7 +226,7 @@ class Summary:
 
 @attrs.define
 class Batch:
-    """`record`s and `warmed`s summed the way a backend writes them: turn rows, rollup increments per
+    """`record`s summed the way a backend writes them: turn rows, rollup increments per
     (start, width, tenant, client, model), and one `Summary` per conversation, in the order they came."""
 
     turns: list[tuple[Turn, tuple[Change, ...]]] = attrs.Factory(list)
@@ -231,11 +236,8 @@ class Batch:
     @classmethod
     def of(cls, ops: Sequence[Op]) -> Batch:
         batch = cls()
-        for op in ops:
-            if isinstance(op[0], Turn):
-                batch.add(op[0], op[1])
-            else:
-                batch.warm(*op)
+        for turn, changes in ops:
+            batch.add(turn, changes)
         return batch
 
     def add(self, turn: Turn, changes: tuple[Change, ...]) -> None:
@@ -247,14 +249,12 @@ class Batch:
             return
         summary = self.conversations.setdefault((turn.tenant, turn.conversation),
                                                 Summary(turn.tenant, turn.conversation))
+        summary.totals = summary.totals.add(turn)
+        summary.cache_until = _later(summary.cache_until, turn.cache_until)
+        if turn.kind == PING:  # as MemoryLedger.record: no new row, no activity
+            summary.kept_warm = True
+            return
         summary.client = summary.client or turn.client
         summary.model = turn.model or summary.model
         summary.first, summary.last = min(summary.first, turn.time), max(summary.last, turn.time)
-        summary.totals = summary.totals.add(turn)
-        summary.cache_until = _later(summary.cache_until, turn.cache_until)
         summary.kept_warm = False
-
-    def warm(self, tenant: str, conversation: str, until: float) -> None:
-        summary = self.conversations.setdefault((tenant, conversation), Summary(tenant, conversation))
-        summary.cache_until = _later(summary.cache_until, until)
-        summary.kept_warm = True

@@ -41,16 +41,10 @@ TURNS_BATCH = 1000
 
 _ADD = """
 local function add(key, field, delta)
-  local old = redis.call('HGET', key, field)
-  local sum, i = {}, 1
-  if old then
-    for v in string.gmatch(old, '[^,]+') do
-      sum[i] = string.format('%.14g', tonumber(v) + delta[i])
-      i = i + 1
-    end
-  else
-    for j = 1, #delta do sum[j] = string.format('%.14g', delta[j]) end
-  end
+  local old, sum = {}, {}
+  for v in string.gmatch(redis.call('HGET', key, field) or '', '[^,]+') do old[#old + 1] = tonumber(v) end
+  -- a sum packed before FLAT's later fields has none of them: they start at 0
+  for j = 1, math.max(#old, #delta) do sum[j] = string.format('%.14g', (old[j] or 0) + (delta[j] or 0)) end
   local packed = table.concat(sum, ',')
   redis.call('HSET', key, field, packed)
   return sum
@@ -70,7 +64,7 @@ for _, c in ipairs(d.c) do
   local member = c.t .. ':' .. c.id
   local key = p .. 'l:c:' .. member
   local known = redis.call('EXISTS', key) == 1
-  if c.v then
+  if c.client then
     if known then
       local first, last = unpack(redis.call('HMGET', key, 'first', 'last'))
       redis.call('HSET', key, 'first', math.min(tonumber(first), c.first), 'last', math.max(tonumber(last), c.last))
@@ -79,9 +73,9 @@ for _, c in ipairs(d.c) do
       redis.call('SADD', p .. 'l:tenants', c.t)
     end
     if c.model then redis.call('HSET', key, 'model', c.model) end
-    add(key, 't', c.v)
   end
-  if c.v or known then
+  if c.client or known then
+    add(key, 't', c.v)
     if c['until'] then
       local before = redis.call('HGET', key, 'until')
       if not before or tonumber(before) < c['until'] then redis.call('HSET', key, 'until', c['until']) end
@@ -209,9 +203,8 @@ class RedisLedger:
         payload = {
             "b": [{"w": repr(width), "s": repr(start), "t": _quote(tenant), "k": _combo(tenant, client, model),
                    "v": flatten(totals)} for (start, width, tenant, client, model), totals in batch.buckets.items()],
-            "c": [{"t": _quote(s.tenant), "id": s.id, "warm": int(s.kept_warm),
-                   **({"v": flatten(s.totals), "client": s.client, "first": s.first, "last": s.last}
-                      if s.client is not None else {}),
+            "c": [{"t": _quote(s.tenant), "id": s.id, "warm": int(s.kept_warm), "v": flatten(s.totals),
+                   **({"client": s.client, "first": s.first, "last": s.last} if s.client is not None else {}),
                    **({"model": s.model} if s.model is not None else {}),
                    **({"until": s.cache_until} if s.cache_until is not None else {})}
                   for s in batch.conversations.values()],

@@ -86,6 +86,7 @@ def attach_ledger(conn: sqlite3.Connection, path: str, *, create: bool) -> None:
         conn.execute("PRAGMA ledger.journal_size_limit = 67108864")
         if create:
             conn.executescript(f"BEGIN; {SCHEMA} COMMIT;")
+        _migrate(conn)
     except (OSError, sqlite3.Error):
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
@@ -93,19 +94,34 @@ def attach_ledger(conn: sqlite3.Connection, path: str, *, create: bool) -> None:
             conn.execute("DETACH DATABASE ledger")
 
 
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Add the FLAT columns a file made by an older cg lacks (0 in its rows: it counted no pings)."""
+    for table in ("ledger_buckets", "ledger_conversations"):
+        have = {row[1] for row in conn.execute(f"PRAGMA ledger.table_info({table})")}
+        for name in FLAT:
+            if have and name not in have:
+                kind = "REAL" if name.startswith("cost") else "INTEGER"
+                conn.execute(f"ALTER TABLE ledger.{table} ADD COLUMN {name} {kind} NOT NULL DEFAULT 0")
+
+
 _PLACES = ", ".join("?" * len(FLAT))
-_ADD_BUCKET = (f"INSERT INTO ledger_buckets VALUES (?, ?, ?, ?, ?, {_PLACES})"
+# Columns by name, never by place: a file made before one of FLAT's later fields has it at the end
+# (`_migrate`).
+_CONVERSATION_COLUMNS = f"tenant, id, client, model, first, last, {', '.join(FLAT)}, cache_until, kept_warm"
+_ADD_BUCKET = (f"INSERT INTO ledger_buckets (width, start, tenant, client, model, {', '.join(FLAT)})"
+               f" VALUES (?, ?, ?, ?, ?, {_PLACES})"
                f" ON CONFLICT (width, start, tenant, client, model) DO UPDATE SET {_SUMS}")
 # The later of two expiries, either of which may be NULL.
 _LATER = "max(coalesce(cache_until, excluded.cache_until), coalesce(excluded.cache_until, cache_until))"
 _ADD_CONVERSATION = (
-    f"INSERT INTO ledger_conversations VALUES (?, ?, ?, ?, ?, ?, {_PLACES}, ?, ?)"
+    f"INSERT INTO ledger_conversations ({_CONVERSATION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, {_PLACES}, ?, ?)"
     f" ON CONFLICT (tenant, id) DO UPDATE SET model = coalesce(excluded.model, model),"
     f" first = min(first, excluded.first), last = max(last, excluded.last), {_SUMS},"
     f" cache_until = {_LATER}, kept_warm = excluded.kept_warm"
 )
-_WARM = ("UPDATE ledger_conversations SET kept_warm = 1,"
-         " cache_until = max(coalesce(cache_until, ?1), ?1) WHERE tenant = ?2 AND id = ?3")
+# A batch's pings of a conversation it holds no request of: added to its row, if there is one.
+_PINGED = ("UPDATE ledger_conversations SET kept_warm = 1, cache_until = max(coalesce(cache_until, ?1), ?1),"
+           " pings = pings + ?4, cost_pings = cost_pings + ?5 WHERE tenant = ?2 AND id = ?3")
 
 
 class SQLiteLedger:
@@ -116,7 +132,7 @@ class SQLiteLedger:
         self.conn = conn
 
     def write(self, ops: Sequence[Op], max_turns: int) -> None:
-        """One batch of `record`s and `warmed`s, in one transaction, then the turns past `max_turns`
+        """One batch of `record`s, in one transaction, then the turns past `max_turns`
         (the oldest written) go. BEGIN, not BEGIN IMMEDIATE: that would lock the store's file too."""
         batch = Batch.of(ops)
         self.conn.execute("BEGIN")
@@ -128,8 +144,9 @@ class SQLiteLedger:
                 (s.tenant, s.id, s.client, s.model, s.first, s.last, *flatten(s.totals), s.cache_until,
                  int(s.kept_warm))
                 for s in batch.conversations.values() if s.client is not None])
-            self.conn.executemany(_WARM, [
-                (s.cache_until, s.tenant, s.id) for s in batch.conversations.values() if s.client is None])
+            self.conn.executemany(_PINGED, [
+                (s.cache_until, s.tenant, s.id, s.totals.pings, s.totals.cost_pings)
+                for s in batch.conversations.values() if s.client is None])
             self.conn.executemany(
                 "INSERT INTO ledger_turns (time, tenant, conversation, row) VALUES (?, ?, ?, ?)",
                 [(turn.time, turn.tenant, turn.conversation, dump_turn(turn, changes)) for turn, changes in batch.turns])
@@ -165,7 +182,7 @@ class SQLiteLedger:
         where, args = _tenant(tenant)
         where = where.replace(" AND", " WHERE", 1)
         rows = self.conn.execute(
-            f"SELECT * FROM ledger_conversations{where} ORDER BY {_ORDER_COLUMNS[order]} DESC LIMIT ? OFFSET ?",
+            f"SELECT {_CONVERSATION_COLUMNS} FROM ledger_conversations{where} ORDER BY {_ORDER_COLUMNS[order]} DESC LIMIT ? OFFSET ?",
             (*args, limit, offset)).fetchall()
         (count,) = self.conn.execute(f"SELECT count(*) FROM ledger_conversations{where}", args).fetchone()
         return [_conversation(row) for row in rows], count
@@ -216,7 +233,8 @@ def find_conversation(tenant: str | None, id_: str) -> tuple[str, tuple[str, ...
     """The query for a conversation's summary row (tenant None: the most recently active of its
     id's): a search of an index either way, not a scan of every conversation."""
     where, args = _tenant(tenant)
-    return f"SELECT * FROM ledger_conversations WHERE id = ?{where} ORDER BY last DESC LIMIT 1", (id_, *args)
+    return (f"SELECT {_CONVERSATION_COLUMNS} FROM ledger_conversations WHERE id = ?{where} ORDER BY last DESC"
+            " LIMIT 1", (id_, *args))
 
 
 def _tenant(tenant: str | None) -> tuple[str, tuple[str, ...]]:

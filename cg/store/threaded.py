@@ -522,7 +522,7 @@ class ThreadedStore:
 @implementer(ILedger)
 @attrs.define
 class ThreadedLedger:
-    """The reactor's side of a threaded store's ledger: `record` and `warmed` append to a batch (all
+    """The reactor's side of a threaded store's ledger: `record` appends to a batch (all
     they cost the request), which goes to the worker as one write LEDGER_BATCH_DELAY seconds after
     its first row, before any query (so a query sees every row recorded before it), and on close. A
     write that fails loses its batch: counted (StoreStats.ledger_write_errors) and logged, never
@@ -540,9 +540,6 @@ class ThreadedLedger:
 
     def record(self, turn: Turn, changes: Sequence[Change]) -> None:
         self._add((turn, tuple(changes)))
-
-    def warmed(self, tenant: str, conversation: str, until: float) -> None:
-        self._add((tenant, conversation, until))
 
     def _add(self, op: Op) -> None:
         if self._closed:

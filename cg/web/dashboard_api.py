@@ -229,6 +229,7 @@ def summary_json(window: str, since: float | None, now: float, totals: Totals, b
         "cost_usd": {"via_cg": totals.cost_via_cg, "direct": totals.cost_direct,
                      "ratio": totals.cost_via_cg / totals.cost_direct if totals.cost_direct else None},
         "expand_rounds": totals.expand_rounds, "repairs": totals.repairs,
+        "pings": pings_json(totals),
         "series": {"width": int(width), "points": _points(buckets, since, now, width)},
         "by_client": _breakdown(buckets, "client", lambda b: b.client),
         "by_model": _breakdown(buckets, "model", lambda b: b.model),
@@ -265,6 +266,11 @@ def _breakdown(buckets: Sequence[Bucket], name: str, key: Callable[[Bucket], str
     return [{name: value, **figures.json()} for value, figures in rows]
 
 
+def pings_json(totals: Totals) -> dict[str, Any]:
+    """The keep-alive pings cg sent on its own (--keepalive) and their cost: not in the requests' figures."""
+    return {"count": totals.pings, "cost_usd": totals.cost_pings}
+
+
 def cache_json(conversation: Conversation, now: float) -> dict[str, Any]:
     """The conversation's prompt cache now: warm (or kept warm by a ping) until when, expired, or
     unknown (cg never learned its lifetime)."""
@@ -290,7 +296,7 @@ def conversation_json(conversation: Conversation, now: float, all_tenants: bool)
         "requests": totals.requests, "tokens_before": totals.tokens_before, "tokens_after": totals.tokens_after,
         "cost_usd": totals.cost_via_cg, "cost_direct_usd": totals.cost_direct,
         "expand_rounds": totals.expand_rounds, "repairs": totals.repairs,
-        "cache": cache_json(conversation, now),
+        "pings": pings_json(totals), "cache": cache_json(conversation, now),
     })
     return doc
 
@@ -309,9 +315,9 @@ def change_json(change: Change) -> dict[str, Any]:
 
 
 def turn_json(turn: Turn, changes: Sequence[Change]) -> dict[str, Any]:
-    """One request of a conversation, with what compaction changed in it."""
+    """One request of a conversation (or a keep-alive ping: ``kind``), with what compaction changed in it."""
     return {
-        "seq": turn.seq, "time": turn.time, "client": turn.client, "model": turn.model, "dialect": turn.dialect,
+        "seq": turn.seq, "kind": turn.kind, "time": turn.time, "client": turn.client, "model": turn.model, "dialect": turn.dialect,
         "path": turn.path, "status": turn.status, "outcome": turn.outcome,
         "tokens_before": turn.tokens_before, "tokens_after": turn.tokens_after,
         "results_before": turn.results_before, "results_after": turn.results_after,

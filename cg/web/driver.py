@@ -130,8 +130,7 @@ class Host(typing.Protocol):
 
     def keep_hidden(self, tenant: str, key: str, text: bytes) -> None: ...
 
-    def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None,
-               model: str | None, usage: Usage) -> None: ...
+    def pinged(self, sent: Sent, session: str, cache: tuple[str, float] | None, usage: Usage) -> None: ...
 
     def recorded(self, record: ExchangeRecord, report: prepare.Report, sent: Sent) -> None: ...
 
@@ -326,6 +325,10 @@ class ExchangeDriver:
     def _keep_hidden(self, command: KeepHidden) -> None:
         self.host.keep_hidden(self.tenant, command.key, command.text)
 
+    def _user_agent(self) -> str | None:
+        agent = self.request.requestHeaders.getRawHeaders(b"user-agent")
+        return agent[0].decode("latin-1") if agent else None
+
     def _bug(self, failure: Failure) -> None:
         log.failure("proxying {path} failed", failure, path=self.request.uri)
         self.feed(_CUT)
@@ -340,7 +343,8 @@ class ExchangeDriver:
         if command.round == 0 and self.warm is not None:
             key, lifetime = self.warm
             # A ping refreshes the prompt cache: the cache-aware policy must count it as a use.
-            refreshed = functools.partial(self.host.pinged, self.tenant, self.session, lifetime, self.cache, self.model)
+            sent = Sent(self.arrived, self.tenant, self.model, self._user_agent(), lifetime)
+            refreshed = functools.partial(self.host.pinged, sent, self.session, self.cache)
             assert self.host.keepalive is not None and body is not None  # Forward.keepalive is set only with it
             self.warm_generation = self.host.keepalive.sent(key, lifetime, body, self.request.uri,
                                                              self.upstream_headers, refreshed)
@@ -507,14 +511,12 @@ class ExchangeDriver:
         if record.continuation_failed is not None:
             log.warn("expand continuation failed ({why}): the client gets the rounds so far",
                      why=record.continuation_failed)
-        agent = self.request.requestHeaders.getRawHeaders(b"user-agent")
         lifetime = self.cache[1] if self.cache is not None else self.warm[1] if self.warm is not None else None
         report, tenant = command.report, self.tenant
         if report is None:  # the client left before its preparation finished: a row all the same, as
             # /stats counted the request (what is known: its tenant; no rewrite, nothing billed)
             report, tenant = prepare.Report(0), self.host.tenant_of(self.request.requestHeaders)
-        self.host.recorded(record, report, Sent(self.arrived, tenant, self.model,
-                                                agent[0].decode("latin-1") if agent else None, lifetime))
+        self.host.recorded(record, report, Sent(self.arrived, tenant, self.model, self._user_agent(), lifetime))
         self._answered(record.status)
         self.host.ended(self)
         self.originals = {}  # as the exchange keeps no body (Exchange._end): the cycles it is in free late

@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
 
+import attrs
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -22,7 +23,7 @@ from cg.compaction.rewrite import Rewriter
 from cg.exchange.prepare import Preparation, Ready, Report
 from cg.exchange.prepare import Request as PrepareRequest
 from cg.exchange.record import ExchangeRecord
-from cg.record.changelog import ChangeLog, NullChangeLog, compaction_record, usage_record
+from cg.record.changelog import ChangeLog, NullChangeLog, compaction_record, ping_record, usage_record
 from cg.record.ledger import Book, Sent
 from cg.record.stats import Stats
 from cg.store.base import ILedger, IStore
@@ -166,15 +167,26 @@ class Forwarder:
 
         self.store.cache_until(tenant, key, until).addCallbacks(recorded, lambda failure: None)
 
-    def pinged(self, tenant: str, session: str, lifetime: float | None, cache: tuple[str, float] | None,
-               model: str | None, usage: Usage) -> None:
-        """A keep-alive ping was answered: the conversation's prompt cache lives on, for the
-        cache-aware policy (`cache_used`) and the ledger's summary; its bill at list price, for /stats."""
-        self.stats.keepalive.cost_usd += self.book.cost(model, "anthropic", usage)  # pings are Anthropic's
+    def pinged(self, sent: Sent, session: str, cache: tuple[str, float] | None, usage: Usage) -> None:
+        """A keep-alive ping of ``session`` (``sent``: its last request) was answered: the conversation's
+        prompt cache lives on, for the cache-aware policy (`cache_used`); the ping and its bill at list
+        price go into /stats, the ledger (a row of kind PING, with the cache's new expiry) and the
+        change log, each apart from the clients' requests."""
+        now = self.now()
+        cost = self.book.cost(sent.model, "anthropic", usage)  # pings are Anthropic's
+        self.stats.keepalive.cost_usd += cost
         if cache is not None:
-            self.cache_used(tenant, cache)
-        if self.ledger is not None and lifetime is not None and session != "-":
-            self.ledger.warmed(tenant, session, self.now() + lifetime)
+            self.cache_used(sent.tenant, cache)
+        seq = next(self.seqs)
+        if self.ledger is not None:
+            self.ledger.record(self.book.ping(attrs.evolve(sent, time=now), session, seq, usage), [])
+        self.changelog.write(
+            ping_record(
+                time=now, session=session, seq=seq, model=sent.model, input_tokens=usage.input_tokens,
+                cache_read_tokens=usage.cache_read_tokens, cache_write_tokens=usage.cache_write_tokens,
+                output_tokens=usage.output_tokens, cache_write_1h_tokens=usage.cache_write_1h_tokens, cost_usd=cost,
+            )
+        )
 
     def recorded(self, record: ExchangeRecord, report: Report, sent: Sent) -> None:
         """An exchange ended: its row into the ledger, its billed usage (every round of it) into

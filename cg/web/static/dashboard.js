@@ -169,7 +169,13 @@
     ["Ratio, via cg ÷ without", (s) => s.cost_usd.ratio == null ? "—" : `${s.cost_usd.ratio.toFixed(3)}×`],
     ["Expand rounds", (s) => int(s.expand_rounds)],
     ["Repairs", (s) => int(s.repairs)],
+    ["Keep-alive pings, cost (list price)", (s) => pingsAndCost(s.pings)],
   ];
+
+  // cg's own spending with --keepalive: apart from the requests' figures above.
+  function pingsAndCost(p) {
+    return `${int(p.count)} · ${usd(p.cost_usd)}`;
+  }
 
   async function showOverview(current) {
     const midnight = new Date();
@@ -325,10 +331,12 @@
       ["Tenant", c.tenant === undefined ? null : c.tenant || "(none)"], ["Client", c.client], ["Model", c.model ?? "—"],
       ["First request", when(c.first_seen)], ["Last request", when(c.last_seen)], ["Turns", int(c.requests)],
       ["Tokens before → after", beforeAfter(c.tokens_before, c.tokens_after)], ["Cost via cg", usd(c.cost_usd)],
-      ["Expand rounds", int(c.expand_rounds)], ["Repairs", int(c.repairs)], ["Cache now", cacheState(c.cache)],
+      ["Expand rounds", int(c.expand_rounds)], ["Repairs", int(c.repairs)],
+      ["Keep-alive pings, cost", pingsAndCost(c.pings)], ["Cache now", cacheState(c.cache)],
     ].filter(([, value]) => value !== null);
     fill($("conversation-summary").tBodies[0], facts.map(([label, value]) => el("tr", {}, el("th", {}, label), el("td", {}, value))));
-    fill($("turns"), data.turns.map((t, i) => turn(t, i + 1, c.tenant)));
+    let n = 0;  // requests are numbered; the pings between them are not turns
+    fill($("turns"), data.turns.map((t) => t.kind === "ping" ? ping(t) : turn(t, ++n, c.tenant)));
   }
 
   function billed(b) {
@@ -366,6 +374,14 @@
         flags.length ? [el("dt", {}, "Also"), el("dd", {}, flags.join(" · "))] : null),
       verdict(t.cache_verdict),
       t.changes.length ? changes(t.changes, tenant) : el("p", {class: "muted"}, "cg changed no tool result in this turn."));
+  }
+
+  function ping(t) {
+    return el("article", {class: "turn ping", "data-seq": t.seq},
+      el("h4", {}, "Keep-alive ping", el("span", {class: "muted"}, ` · ${when(t.time)} · ${t.model ?? "—"}`)),
+      el("dl", {},
+        el("dt", {}, "Billed"), el("dd", {}, billed(t.billed)),
+        el("dt", {}, "Cost"), el("dd", {}, `${usd(t.cost_usd.via_cg)}, sent by cg to keep the prompt cache warm`)));
   }
 
   function changes(list, tenant) {
