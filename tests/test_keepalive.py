@@ -229,3 +229,17 @@ def test_pings_never_break_the_bounds(events, budget, max_idle):
                 pings_since += 1
                 assert not dead and now < last_request + max_idle and pings_since <= budget
                 assert command.payload == last_request  # the last real request's body
+
+
+def test_a_client_gone_ends_its_conversation_at_once_and_its_ping_in_flight_for_nobody():
+    scheduler = Scheduler(Policy())
+    started(scheduler, "c")
+    started(scheduler, "other")
+    assert scheduler.gone("c") == [End("c", "gone")]
+    assert "c" not in scheduler and "other" in scheduler
+    assert scheduler.gone("c") == [] and scheduler.gone("never seen") == []
+
+    (ping,) = [c for c in scheduler.due("other", TTL_5M - 30.0) if isinstance(c, Ping)]
+    assert scheduler.gone("other") == [End("other", "gone")]
+    assert scheduler.pinged("other", ping.generation, True, 1000) == []  # answered after: nothing to arm
+    assert started(scheduler, "other", now=900.0) == [Arm("other", 900.0 + TTL_5M - 30.0)]  # it came back

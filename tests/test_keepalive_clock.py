@@ -7,9 +7,10 @@ import json
 import pytest
 from helpers.clients import PEER, Client
 from rawhttp import http_request
-from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
+from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
 from cg.compaction.rewrite import Rewriter
@@ -19,10 +20,11 @@ from cg.store.memory import MemoryStore
 from cg.testing import MemoryUpstream, anthropic_message, claude_code_bytes
 from cg.web.config import Config
 from cg.web.forwarder import Forwarder
-from cg.web.keepalive import KeepAlive
+from cg.web.keepalive import IDLE_TIMEOUT, KeepAlive
 from cg.web.proxy import ProxyResource
-from cg.web.service import rewrite_config
+from cg.web.service import CGService, rewrite_config
 from cg.web.site import ProxySite
+from cg.web.tap import Options
 from cg.web.tenant import parse_tenant
 from cg.web.upstream import split_base
 from cg.wire.cache import TTL_1H, TTL_5M, ping_body
@@ -204,7 +206,7 @@ class Proxy:
             rewriter=Rewriter(rewrite_config(config)), store=MemoryStore(), tenant_of=parse_tenant(config.tenant),
             reactor=self.clock, keepalive=self.keepalive,
         ))
-        self.site = ProxySite(resource, config.max_body, reactor=self.clock)
+        self.site = ProxySite(resource, config.max_body, reactor=self.clock, timeout=IDLE_TIMEOUT)
 
     def send(self, request: bytes) -> Client:
         client = Client(self.site.buildProtocol(PEER))
@@ -212,10 +214,11 @@ class Proxy:
         return client
 
 
-def client_request(session: bytes | None = b"session-1", path: str = "/v1/messages?beta=true") -> bytes:
+def client_request(session: bytes | None = b"session-1", path: str = "/v1/messages?beta=true",
+                   close: bool = True) -> bytes:
     extra = [("x-claude-code-session-id", session.decode())] if session else []
     return http_request("POST", path, BODY, [("content-type", "application/json"), ("x-api-key", "sk-test"),
-                                             ("anthropic-version", "2023-06-01"), *extra])
+                                             ("anthropic-version", "2023-06-01"), *extra], close=close)
 
 
 def test_a_clients_request_through_cg_is_pinged_with_its_forwarded_bytes():
@@ -239,3 +242,58 @@ def test_requests_that_are_not_kept_warm(what):
     answer(proxy.upstream.requests[0], 529 if what == "upstream 529" else 200)
     proxy.clock.advance(3600.0)
     assert len(proxy.upstream.requests) == 1
+
+
+# A client gone: what Claude Code does (docs/how-to/keep-the-cache-warm.md) on cg's own channels.
+
+
+def kept_alive(proxy: Proxy) -> Client:
+    """A request of session-1 on a connection of its own that the client keeps open, answered."""
+    client = proxy.send(client_request(close=False))
+    answer(proxy.upstream.requests[-1])
+    return client
+
+
+def test_a_client_that_closed_its_connections_is_not_pinged():
+    proxy = Proxy()
+    client = kept_alive(proxy)
+    proxy.clock.advance(60.0)
+    client.channel.connectionLost(Failure(ConnectionDone()))  # it exited: a FIN on every connection
+    proxy.clock.advance(3600.0)
+    assert len(proxy.upstream.requests) == 1
+    assert proxy.stats.keepalive.ended == {"gone": 1} and proxy.stats.keepalive.conversations == 0
+
+
+@pytest.mark.parametrize("how", ["reset", "closed by cg"])
+def test_a_client_whose_connection_was_reset_or_closed_by_cg_is_still_pinged(how):
+    """A running Claude Code resets its connections idle for 5 minutes; a suspended one (a laptop
+    asleep) closes nothing, and cg's own idle timeout closes it: neither is a client that left."""
+    proxy = Proxy()
+    client = kept_alive(proxy)
+    if how == "closed by cg":
+        client.transport.loseConnection()
+    client.channel.connectionLost(Failure(ConnectionLost() if how == "reset" else ConnectionDone()))
+    proxy.clock.advance(FIRST)
+    assert len(proxy.upstream.requests) == 2 and proxy.stats.keepalive.ended == {}
+
+
+def test_a_client_is_gone_once_the_last_of_its_connections_is_closed():
+    proxy = Proxy()
+    first, second = kept_alive(proxy), kept_alive(proxy)  # Claude Code has a few open at once
+    first.channel.connectionLost(Failure(ConnectionDone()))
+    proxy.clock.advance(FIRST)
+    assert len(proxy.upstream.requests) == 3  # two requests and a ping: one connection is still open
+    answer(proxy.upstream.requests[-1])
+    second.channel.connectionLost(Failure(ConnectionDone()))
+    proxy.clock.advance(3600.0)
+    assert len(proxy.upstream.requests) == 3 and proxy.stats.keepalive.ended == {"gone": 1}
+
+
+def test_a_client_idle_at_its_prompt_keeps_its_connection_past_the_first_ping():
+    """With --keepalive, cg's idle timeout outlasts the first ping (twisted.web's 60 s would close
+    the connection first, and a client's leaving after that could not be seen)."""
+    for argv, timeout in ((["--keepalive"], IDLE_TIMEOUT), ([], 60)):
+        options = Options()
+        options.parseOptions([*argv, "--store", "memory:"])
+        assert CGService(options.config(), MemoryReactorClock()).site.timeOut == timeout
+    assert IDLE_TIMEOUT > FIRST

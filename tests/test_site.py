@@ -3,10 +3,11 @@
 import pytest
 from pytest_twisted import inlineCallbacks
 from rawhttp import connect, http_request, split_response
-from twisted.internet import reactor
+from twisted.internet import error, reactor
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.web import resource, server
 
 from cg.testing import SSEReply, anthropic_stream_events
@@ -140,3 +141,44 @@ def test_a_stream_longer_than_the_timeout_arrives_whole_over_real_sockets(make_c
     assert status == 200
     assert body == b"".join(events)  # whole: split_response refuses a chunked body cut short
     assert (yield stalled.closed.addTimeout(5, reactor)).startswith(b"HTTP/1.1 408 ")
+
+
+def closes(connection) -> list[bool]:
+    """What `when_closed` tells of `connection`'s end: [by_client], once it is gone."""
+    channel, _, _ = connection
+    told = []
+    channel.when_closed(told.append)
+    return told
+
+
+def test_a_clean_close_of_the_clients_own_is_told_as_by_the_client(connection):
+    channel, _, _ = connection
+    told = closes(connection)
+    channel.dataReceived(b"GET / HTTP/1.1\r\nHost: cg\r\n\r\n")
+    assert told == []
+    channel.connectionLost(Failure(error.ConnectionDone()))  # its FIN: it exited, or let go
+    assert told == [True]
+
+
+def test_a_reset_or_a_close_of_cgs_is_not_the_clients_leaving(clock, connection):
+    channel, _, _ = connection
+    told = closes(connection)
+    channel.connectionLost(Failure(error.ConnectionLost()))  # a reset (Claude Code's idle connections)
+    assert told == [False]
+
+    for idle in (True, False):
+        answers = Answers()
+        site = ProxySite(answers, 1 << 20, request_head_timeout=TIMEOUT, reactor=clock, timeout=600)
+        channel = site.buildProtocol(PEER)
+        transport = StringTransport(peerAddress=PEER)
+        channel.makeConnection(transport)
+        told = []
+        channel.when_closed(told.append)
+        if idle:  # cg's idle timeout closes it
+            channel.dataReceived(b"GET / HTTP/1.1\r\nHost: cg\r\n\r\n")
+            clock.advance(600)
+        else:  # the client asked for it
+            channel.dataReceived(b"GET / HTTP/1.1\r\nHost: cg\r\nConnection: close\r\n\r\n")
+        assert transport.disconnecting
+        channel.connectionLost(Failure(error.ConnectionDone()))
+        assert told == [False], idle

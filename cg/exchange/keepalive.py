@@ -8,7 +8,7 @@ cg.wire.cache.ping_body) sent before the lifetime ends reads the prefix, which r
 the next real turn reads too.
 
 ``Scheduler`` holds one state per conversation and is fed events (a real request sent, its answer,
-a ping's timer fired, a ping's answer) with the time; it answers with commands (arm a conversation's
+a ping's timer fired, a ping's answer, its client gone) with the time; it answers with commands (arm a conversation's
 timer at a time, disarm it, send a ping, end the conversation's keep-alive). It keeps no time and
 touches no socket: cg.web.keepalive runs it on a reactor, cg.record.replay on a transcript's
 timestamps, so cg-estimate prices exactly what cg would send.
@@ -31,6 +31,8 @@ The rules:
   the bytes cg thought), since every later ping would miss too. Nothing is ever retried.
 - At most ``max_conversations`` are kept; a new one evicts the one whose last real request is
   oldest.
+- A conversation whose client is gone (``gone``: the client itself closed every connection its
+  requests came on, as cg.web.keepalive sees it) ends at once: its pings would be paid for nobody.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ class End:
     """The conversation's keep-alive ends: cancel its timer, forget its payload."""
 
     key: Key
-    why: str  # idle, budget, failed, missed, refused, ineligible, evicted, stopped
+    why: str  # idle, budget, failed, missed, refused, ineligible, evicted, stopped, gone
 
 
 Command = Arm | Disarm | Ping[P] | End
@@ -248,6 +250,10 @@ class Scheduler(Generic[P]):
         if cache_read <= 0:
             return self._end(key, "missed")
         return self._next(key, conversation)
+
+    def gone(self, key: Key) -> list[Command[P]]:
+        """The client of ``key`` is gone (its ping in flight, if any, is answered for nobody)."""
+        return self._end(key, "gone") if key in self._conversations else []
 
     def stop(self) -> list[Command[P]]:
         """End every conversation's keep-alive (cg is stopping)."""

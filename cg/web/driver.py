@@ -347,7 +347,7 @@ class ExchangeDriver:
             refreshed = functools.partial(self.host.pinged, sent, self.session, self.cache)
             assert self.host.keepalive is not None and body is not None  # Forward.keepalive is set only with it
             self.warm_generation = self.host.keepalive.sent(key, lifetime, body, self.request.uri,
-                                                             self.upstream_headers, refreshed)
+                                                             self.upstream_headers, refreshed, self.request.channel)
         if command.round and self.cache is not None:
             self.host.cache_used(self.tenant, self.cache)  # an expand round: the cache lives on
         self.stats.bytes_to_upstream += len(body or b"")

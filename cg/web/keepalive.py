@@ -6,10 +6,21 @@ the headers as sent) and how it was answered. A ping re-sends that body with ``m
 ``stream`` false (cg.wire.cache.ping_body) and the same headers (the client's credentials among
 them), asking for an identity-encoded answer whose usage it reads. Bodies and headers are held in
 memory only, never logged nor stored, and dropped when the conversation's keep-alive ends.
+
+A conversation whose client is gone is not pinged again: the connections a conversation's requests
+came on are watched (`Connection.when_closed`), and once the client itself has closed the last of
+them cleanly, the scheduler hears ``gone``. What that rests on (docs/how-to/keep-the-cache-warm.md,
+measured with Claude Code 2.1.197): a running Claude Code keeps its connections open between turns,
+and resets (not closes) those idle for 5 minutes; one that exits, is killed or crashes closes every
+connection at once, cleanly. A suspended one (a laptop asleep) closes nothing, and stays pinged.
+With ``--keepalive`` cg keeps an idle client connection open for `IDLE_TIMEOUT` instead of
+twisted.web's 60 s, so that it is still there to be closed when the first ping is due.
 """
 
 from __future__ import annotations
 
+import functools
+import typing
 from collections.abc import Callable
 
 import attrs
@@ -23,16 +34,27 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 
-from cg.exchange.keepalive import Arm, Command, Disarm, End, Key, Ping, Policy, Scheduler
+from cg.exchange.keepalive import MARGIN, Arm, Command, Disarm, End, Key, Ping, Policy, Scheduler
 from cg.record.stats import KeepaliveStats
 from cg.stream.usage import Usage, anthropic_usage
 from cg.web.upstream import IUpstream, IUpstreamResponse
-from cg.wire.cache import ping_body
+from cg.wire.cache import TTL_5M, ping_body
 
 log = Logger(namespace="cg.web.keepalive")
 
 _MAX_ANSWER = 1 << 20  # bytes of a ping's answer kept: a max_tokens 1 message is a few hundred
-_QUIET = ("idle", "budget", "ineligible", "evicted", "stopped")  # endings that are no news
+_QUIET = ("idle", "budget", "ineligible", "evicted", "stopped", "gone")  # endings that are no news
+# How long cg keeps a client connection that waits for its next request, with --keepalive: past the
+# first ping (a 5-minute lifetime less the margin, from the last request), so that a client that
+# exits before it is due is seen to close its connections (twisted.web's default, 60 s, would have
+# closed them first).
+IDLE_TIMEOUT = TTL_5M + MARGIN
+
+
+class Connection(typing.Protocol):
+    """A client connection, as cg.web.site.HeadTimedChannel reports its end."""
+
+    def when_closed(self, watcher: Callable[[bool], object]) -> None: ...
 
 
 @attrs.frozen
@@ -60,19 +82,24 @@ class KeepAlive:
         self.stats = stats
         self.scheduler: Scheduler[Last] = Scheduler(policy)
         self._timers: dict[Key, IDelayedCall] = {}
+        self._connections: dict[Key, set[Connection]] = {}  # open ones each conversation's requests came on
         self._pinging: set[defer.Deferred[None]] = set()
         self._stopped = False
         stats.enabled = True
 
     def sent(self, key: Key, lifetime: float | None, body: bytes, target: bytes, headers: Headers,
-             refreshed: Callable[[Usage], object] | None = None) -> int | None:
+             refreshed: Callable[[Usage], object] | None = None,
+             connection: Connection | None = None) -> int | None:
         """A real request of conversation ``key`` went upstream; returns its generation for ``answered``
-        (None: this conversation is not kept warm). ``refreshed``: called with each answered ping's bill."""
+        (None: this conversation is not kept warm). ``refreshed``: called with each answered ping's bill;
+        ``connection``: the client's it came on (None: gone already), watched for the client's leaving."""
         if self._stopped:
             return None
         last = Last(body, target, headers, refreshed)
         generation, commands = self.scheduler.sent(key, self.clock.seconds(), lifetime, last)
         self._do(commands)
+        if generation is not None and connection is not None:
+            self._watch(key, connection)
         return generation
 
     def answered(self, key: Key, generation: int, status: int | None) -> None:
@@ -85,6 +112,25 @@ class KeepAlive:
         self._do(self.scheduler.stop())
         for pinging in list(self._pinging):
             pinging.cancel()
+
+    def _watch(self, key: Key, connection: Connection) -> None:
+        connections = self._connections.setdefault(key, set())
+        if connection not in connections:
+            connections.add(connection)
+            connection.when_closed(functools.partial(self._closed, key, connection))
+
+    def _closed(self, key: Key, connection: Connection, by_client: bool) -> None:
+        """One of the connections ``key``'s requests came on is gone; the last of them, closed by
+        the client itself, ends the conversation's keep-alive."""
+        connections = self._connections.get(key)
+        if connections is None or connection not in connections:
+            return
+        connections.discard(connection)
+        if connections:
+            return
+        del self._connections[key]
+        if by_client:
+            self._do(self.scheduler.gone(key))
 
     def _do(self, commands: list[Command[Last]]) -> None:
         for command in commands:

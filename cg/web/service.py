@@ -31,7 +31,7 @@ from cg.web import memofile, systemd
 from cg.web.config import Config, with_backlog
 from cg.web.dashboard_api import Access
 from cg.web.forwarder import Forwarder
-from cg.web.keepalive import KeepAlive
+from cg.web.keepalive import IDLE_TIMEOUT, KeepAlive
 from cg.web.metrics import MeteredStore
 from cg.web.proxy import ProxyResource
 from cg.web.site import Connections, ProxySite
@@ -243,7 +243,8 @@ class CGService(service.Service):
         )
         self.resource = ProxyResource(self.forwarder, Access(config.tenant, config.admin_token))
         self.site = ProxySite(
-            self.resource, config.max_body, request_head_timeout=config.request_head_timeout, reactor=reactor
+            self.resource, config.max_body, request_head_timeout=config.request_head_timeout, reactor=reactor,
+            **({"timeout": IDLE_TIMEOUT} if config.keepalive else {}),  # cg.web.keepalive: a client's leaving seen
         )
         self.site.noisy = False
         self.connections = Connections(self.site)

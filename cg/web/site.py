@@ -7,9 +7,10 @@ so the proxy answers 413 instead of forwarding a truncated body.
 """
 
 import io
+from collections.abc import Callable
 from typing import Any, cast
 
-from twisted.internet import defer
+from twisted.internet import defer, error
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.interfaces import IAddress, IDelayedCall
 from twisted.internet.protocol import connectionDone
@@ -66,6 +67,16 @@ class HeadTimedChannel(http.HTTPChannel):
     site: "ProxySite"  # set by the site that built the channel
     _head_deadline: IDelayedCall | None = None
     _between_requests = False
+    _closed_watchers: list[Callable[[bool], object]] | None = None
+
+    def when_closed(self, watcher: Callable[[bool], object]) -> None:
+        """Call ``watcher(by_client)`` once, when this connection is gone. ``by_client``: the client
+        closed it itself, cleanly (a FIN: it exited, or let go of the connection), as opposed to a
+        reset (Claude Code's own idle timeout resets) or a close of cg's (its idle timeout, a
+        ``connection: close``). cg.web.keepalive tells a client that is gone by it."""
+        if self._closed_watchers is None:
+            self._closed_watchers = []
+        self._closed_watchers.append(watcher)
 
     def connectionMade(self) -> None:
         super().connectionMade()  # type: ignore[no-untyped-call]  # untyped in Twisted
@@ -87,7 +98,11 @@ class HeadTimedChannel(http.HTTPChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_head_deadline()
+        by_client = reason.check(error.ConnectionDone) is not None and not getattr(self.transport, "disconnecting", False)
         super().connectionLost(reason)  # type: ignore[no-untyped-call]  # untyped in Twisted
+        watchers, self._closed_watchers = self._closed_watchers or [], None
+        for watcher in watchers:
+            watcher(by_client)
 
     def _await_head(self) -> None:
         self._head_deadline = self.callLater(self.site.request_head_timeout, self._head_timed_out)

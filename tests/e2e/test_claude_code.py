@@ -21,6 +21,7 @@ from claude_harness import (
     tool_use_block_events,
     turn_blocks,
 )
+from helpers.drive import until
 from pytest_twisted import ensureDeferred
 
 from cg.testing import SSEReply, anthropic_stream_events, anthropic_thinking_block
@@ -405,3 +406,19 @@ def _without_breakpoints(value):
     if isinstance(value, list):
         return [_without_breakpoints(item) for item in value]
     return value
+
+
+@ensureDeferred
+async def test_a_run_that_exits_is_no_longer_kept_warm(claude_bin, claude_home, workdir, fake, make_cg):
+    """--keepalive: a headless run's conversation is armed for a ping when its turn is answered, and
+    ended ("gone") when Claude Code exits and closes its connections, long before the ping is due:
+    the pings a one-shot run used to be followed by (up to the idle bound) are not sent."""
+    cg = make_cg(anthropic_upstream=fake.url, keepalive=True)
+    run = await run_claude(claude_bin, ["-p", "Say hi.", "--output-format", "stream-json", "--verbose",
+                                        "--max-turns", "1"], env=claude_env(claude_home, cg.url), cwd=workdir)
+    stats = cg.stats.keepalive
+    assert run.exit_code == 0, f"{run.describe()}\n{cg.stats.snapshot()}"
+    # Its connections' FINs may reach cg a moment after the process is reaped.
+    await until(lambda: stats.conversations == 0, timeout=10)
+    assert stats.ended["gone"] >= 1 and stats.pings == 0, cg.stats.snapshot()
+    assert set(stats.ended) == {"gone"}, cg.stats.snapshot()  # every conversation it had, its side requests'
