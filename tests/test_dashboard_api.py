@@ -90,6 +90,15 @@ def test_a_summary_names_every_figure_of_its_buckets():
     json.dumps(doc, allow_nan=False)  # plain JSON
 
 
+def test_keepalive_pings_are_in_the_summary_and_no_breakdown_row_of_their_own():
+    buckets = [Bucket(T0, MINUTE, "", "claude-code", "m1", totals(2, pings=1, cost_pings=0.001)),
+               Bucket(T0 + 300, MINUTE, "", "sdk", "m2", totals(0, 0, 0, 0.0, 0.0, pings=2, cost_pings=0.002))]
+    doc = summary("1h", T0 - 600, T0 + 400, buckets, all_tenants=True)
+    assert doc["requests"] == 2 and doc["pings"] == {"count": 3, "cost_usd": pytest.approx(0.003)}
+    assert [row["client"] for row in doc["by_client"]] == ["claude-code"]  # the sdk had pings only
+    assert [row["model"] for row in doc["by_model"]] == ["m1"]
+
+
 def test_a_ratio_is_null_when_nothing_would_have_cost_anything():
     doc = summary("1h", T0, T0 + 60, [Bucket(T0, MINUTE, "", "sdk", "m", totals(via=0.0, direct=0.0))],
                            all_tenants=True)

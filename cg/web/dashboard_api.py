@@ -258,11 +258,13 @@ def _points(buckets: Sequence[Bucket], since: float | None, now: float, width: f
 
 
 def _breakdown(buckets: Sequence[Bucket], name: str, key: Callable[[Bucket], str | None]) -> list[dict[str, Any]]:
-    """The figures per client, model or tenant, the most requests first."""
+    """The figures per client, model or tenant that sent requests (not only had keep-alive pings), the
+    most requests first."""
     sums: dict[str | None, _Figures] = defaultdict(_Figures)
     for bucket in buckets:
         sums[key(bucket)].add(bucket.totals)
-    rows = sorted(sums.items(), key=lambda item: (-item[1].requests, item[0] or ""))
+    rows = sorted(((value, figures) for value, figures in sums.items() if figures.requests),
+                  key=lambda item: (-item[1].requests, item[0] or ""))
     return [{name: value, **figures.json()} for value, figures in rows]
 
 
