@@ -158,6 +158,9 @@ def test_a_clean_close_of_the_clients_own_is_told_as_by_the_client(connection):
     assert told == []
     channel.connectionLost(Failure(error.ConnectionDone()))  # its FIN: it exited, or let go
     assert told == [True]
+    late = []
+    channel.when_closed(late.append)  # a watcher that comes after the end hears of it at once
+    assert late == [True] and told == [True]
 
 
 def test_a_reset_or_a_close_of_cgs_is_not_the_clients_leaving(clock, connection):

@@ -68,12 +68,17 @@ class HeadTimedChannel(http.HTTPChannel):
     _head_deadline: IDelayedCall | None = None
     _between_requests = False
     _closed_watchers: list[Callable[[bool], object]] | None = None
+    _closed_by_client: bool | None = None  # once the connection is gone
 
     def when_closed(self, watcher: Callable[[bool], object]) -> None:
-        """Call ``watcher(by_client)`` once, when this connection is gone. ``by_client``: the client
-        closed it itself, cleanly (a FIN: it exited, or let go of the connection), as opposed to a
-        reset (Claude Code's own idle timeout resets) or a close of cg's (its idle timeout, a
-        ``connection: close``). cg.web.keepalive tells a client that is gone by it."""
+        """Call ``watcher(by_client)`` once, when this connection is gone (at once if it is).
+        ``by_client``: the client closed it itself, cleanly (a FIN: it exited, or let go of the
+        connection), as opposed to a reset (Claude Code's own idle timeout resets) or a close of
+        cg's (its idle timeout, a ``connection: close``). cg.web.keepalive tells a client that is
+        gone by it."""
+        if self._closed_by_client is not None:
+            watcher(self._closed_by_client)
+            return
         if self._closed_watchers is None:
             self._closed_watchers = []
         self._closed_watchers.append(watcher)
@@ -100,6 +105,7 @@ class HeadTimedChannel(http.HTTPChannel):
         self._stop_head_deadline()
         by_client = reason.check(error.ConnectionDone) is not None and not getattr(self.transport, "disconnecting", False)
         super().connectionLost(reason)  # type: ignore[no-untyped-call]  # untyped in Twisted
+        self._closed_by_client = by_client
         watchers, self._closed_watchers = self._closed_watchers or [], None
         for watcher in watchers:
             watcher(by_client)
