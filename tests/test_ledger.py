@@ -1,8 +1,10 @@
 """The ledger's contract (cg.store.base.ILedger): the in-memory reference (cg.store.ledger), the SQLite
 store's (a file in tmp_path) and the Redis store's (a real redis-server) answer alike."""
 
+import concurrent.futures
 import os
 import sqlite3
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +12,7 @@ import pytest_twisted
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import LogLevel
 from zope.interface.verify import verifyObject
 
 import cg.store.threaded
@@ -28,6 +31,7 @@ from cg.exchange.ledger import (
 from cg.store import RedisStore, SQLiteStore, StoreError
 from cg.store.base import ILedger
 from cg.store.ledger import MemoryLedger
+from cg.store.sqlite import SQLiteDB
 from cg.store.sqlite_ledger import find_conversation, ledger_path
 from cg.store.threaded import LEDGER_BATCH_DELAY, ThreadedLedger
 from cg.stream.usage import Usage
@@ -567,12 +571,7 @@ async def test_turns_are_every_kept_turn_oldest_first_with_their_changes(make_le
 async def test_a_sqlite_ledger_from_before_pings_were_counted_reads_and_counts_them(tmp_path):
     """A file an older cg made has no pings columns: opened, they are added (0 in the rows it has)."""
     path = await closed_with_a_turn(tmp_path)
-    conn = sqlite3.connect(ledger_path(path))
-    for table in ("ledger_buckets", "ledger_conversations"):
-        for column in ("pings", "cost_pings"):
-            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
-    conn.commit()
-    conn.close()
+    drop_pings_columns(path)
     store = SQLiteStore(path)
     try:
         assert (await store.ledger.totals(None, None)).requests == 1
@@ -582,6 +581,64 @@ async def test_a_sqlite_ledger_from_before_pings_were_counted_reads_and_counts_t
         assert (totals.requests, totals.pings, totals.cost_pings) == (2, 1, 0.25)
         found, turns, _ = await store.ledger.conversation(None, "c1")
         assert (found.totals.requests, found.totals.pings, found.last) == (2, 1, T0 + 600)
+    finally:
+        await store.close()
+
+
+def drop_pings_columns(path: str) -> None:
+    """Make the ledger beside the store at `path` like one a cg from before pings were counted made."""
+    conn = sqlite3.connect(ledger_path(path))
+    for table in ("ledger_buckets", "ledger_conversations"):
+        for column in ("pings", "cost_pings"):
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.commit()
+    conn.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_workers_opening_an_older_sqlite_ledger_at_once_all_attach_it(tmp_path):
+    """`--workers N` started on a file an older cg made: each process adds the missing columns or
+    sees them added, never runs on without a ledger (two threads, each its own connection, as two
+    processes would; rounds, as the race is one of timing)."""
+    path = await closed_with_a_turn(tmp_path)
+    drop_pings_columns(path)
+    older = tmp_path / "older"
+    older.mkdir()
+    for suffix in ("", ".ledger"):
+        (older / f"store{suffix}.sqlite3").write_bytes((tmp_path / f"store{suffix}.sqlite3").read_bytes())
+    for round_ in range(12):
+        here = tmp_path / str(round_)
+        here.mkdir()
+        for suffix in ("", ".ledger"):
+            (here / f"store{suffix}.sqlite3").write_bytes((older / f"store{suffix}.sqlite3").read_bytes())
+        start = threading.Barrier(2)
+
+        def open_and_count_a_ping(seq, path=str(here / "store.sqlite3"), start=start):
+            start.wait()
+            db = SQLiteDB.open(path, 1 << 20, clock=lambda: T0)
+            try:
+                db.ledger.write([(ping(T0 + 60, seq=seq), ())], 100)
+                return db.ledger_error
+            finally:
+                db.close()
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            assert list(pool.map(open_and_count_a_ping, (2, 3))) == ["", ""]
+        conn = sqlite3.connect(ledger_path(str(here / "store.sqlite3")))
+        assert conn.execute("SELECT pings, requests FROM ledger_conversations").fetchall() == [(2, 1)]
+        conn.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_sqlite_ledger_that_cannot_be_attached_is_logged_and_the_store_works_on(tmp_path, store_log):
+    path = str(tmp_path / "store.sqlite3")
+    (tmp_path / "store.ledger.sqlite3").write_bytes(b"not a database" * 100)
+    store = SQLiteStore(path)
+    try:
+        await store.put("", {"a": b"."})
+        assert await store.get("", "a") == b"."
+        assert store_log.texts(LogLevel.error) == [
+            f"cg store {path}: cannot attach the ledger {ledger_path(path)}: file is not a database"]
     finally:
         await store.close()
 

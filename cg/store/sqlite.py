@@ -23,7 +23,7 @@ from cg.store.base import (
     StoreInfo,
     as_store_error,
 )
-from cg.store.sqlite_ledger import SQLiteLedger, attach_ledger, ledger_path
+from cg.store.sqlite_ledger import SQLiteLedger, attach_ledger, ledger_path, locked
 from cg.store.threaded import Connection, ThreadedStore
 
 # Seconds to wait before trying again to open a store that failed to open.
@@ -49,6 +49,7 @@ class SQLiteDB:
         self.total = self._sum()
         self._data_version = self._version()
         self.ledger = SQLiteLedger(conn)  # the dashboard's tables, in a file of their own (cg.store.sqlite_ledger)
+        self.ledger_error = ""  # why the ledger's file could not be attached, if it could not
 
     @classmethod
     def open(
@@ -82,12 +83,14 @@ class SQLiteDB:
                 conn.execute("PRAGMA synchronous = FULL")  # a put's commit survives power loss
                 conn.execute("PRAGMA journal_size_limit = 67108864")
                 _migrate(conn, path)
-                attach_ledger(conn, ledger_path(path), create=create)
-                return cls(conn, max_bytes, clock)
+                ledger_error = attach_ledger(conn, ledger_path(path), create=create, give_up_at=give_up_at)
+                db = cls(conn, max_bytes, clock)
+                db.ledger_error = ledger_error
+                return db
             except Exception as e:
                 if conn is not None:
                     conn.close()
-                if _locked(e) and time.monotonic() < give_up_at:
+                if locked(e) and time.monotonic() < give_up_at:
                     # Another process setting up the same new file (workers starting at once):
                     # switching a file to WAL takes a lock SQLite does not wait for. This is the
                     # store's thread (or cg-store), never the reactor's.
@@ -303,11 +306,6 @@ _CACHES = """
 """
 
 
-def _locked(error: Exception) -> bool:
-    """Whether SQLite refused for a lock another connection holds (worth trying again)."""
-    return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)
-
-
 def _migrate(conn: sqlite3.Connection, path: str) -> None:
     """Create the tables in a new file, and again where someone dropped them (nothing to lose)."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -362,6 +360,8 @@ class _Connection(Connection):
             self._broke(e)
             return
         self.db, self.identity = db, _identity(self.path)
+        if db.ledger_error:  # the store works on, without the dashboard's rows
+            self.deliver(self.report, db.ledger_error)
         self._remember_recent(db)
 
     def _close(self) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import time
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
@@ -68,40 +69,69 @@ def ledger_path(store_path: str) -> str:
     return f"{root}.ledger{ext or '.sqlite3'}"
 
 
-def attach_ledger(conn: sqlite3.Connection, path: str, *, create: bool) -> None:
+def attach_ledger(conn: sqlite3.Connection, path: str, *, create: bool, give_up_at: float) -> str:
     """Attach the ledger's file to the store's connection as ``ledger`` (with ``create``: first
     create it, mode 0600, and its tables; without, only a file that is there: ``cg-store`` never
     makes one). WAL, like the store's; its commits are not fsynced (synchronous=NORMAL): what a
     power cut may lose is the last rows, which cost no request. A ledger that cannot be attached
-    leaves the store as it is: its writes fail, counted (StoreStats.ledger_write_errors)."""
-    try:
-        if create:
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        elif not os.path.exists(path):
-            return
-        conn.execute("ATTACH DATABASE ? AS ledger", ("file:" + urllib.request.pathname2url(path) + "?mode=rw",))
-        conn.execute("PRAGMA ledger.auto_vacuum = INCREMENTAL")  # only takes on a new file
-        conn.execute("PRAGMA ledger.journal_mode = WAL")
-        conn.execute("PRAGMA ledger.synchronous = NORMAL")
-        conn.execute("PRAGMA ledger.journal_size_limit = 67108864")
-        if create:
-            conn.executescript(f"BEGIN; {SCHEMA} COMMIT;")
-        _migrate(conn)
-    except (OSError, sqlite3.Error):
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("ROLLBACK")
-        with contextlib.suppress(sqlite3.Error):
-            conn.execute("DETACH DATABASE ledger")
+    leaves the store as it is, and says why (the returned error, "" when attached): its writes
+    fail, counted (StoreStats.ledger_write_errors). Other processes on the same file (``--workers``)
+    opening it at once wait for each other, until ``give_up_at`` (``time.monotonic``)."""
+    while True:
+        try:
+            if create:
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            elif not os.path.exists(path):
+                return ""
+            conn.execute("ATTACH DATABASE ? AS ledger", ("file:" + urllib.request.pathname2url(path) + "?mode=rw",))
+            conn.execute("PRAGMA ledger.auto_vacuum = INCREMENTAL")  # only takes on a new file
+            conn.execute("PRAGMA ledger.journal_mode = WAL")
+            conn.execute("PRAGMA ledger.synchronous = NORMAL")
+            conn.execute("PRAGMA ledger.journal_size_limit = 67108864")
+            _set_up(conn, create)
+            return ""
+        except (OSError, sqlite3.Error) as e:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("DETACH DATABASE ledger")
+            # Switching a new file to WAL takes a lock SQLite does not wait for (as for the store's).
+            if not (locked(e) and time.monotonic() < give_up_at):
+                return f"cannot attach the ledger {path}: {e}"
+            time.sleep(0.01)  # the store's worker thread (or cg-store), never the reactor's
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
-    """Add the FLAT columns a file made by an older cg lacks (0 in its rows: it counted no pings)."""
+def locked(error: Exception) -> bool:
+    """Whether SQLite refused for a lock another connection holds (worth trying again)."""
+    return isinstance(error, sqlite3.OperationalError) and "locked" in str(error)
+
+
+def _set_up(conn: sqlite3.Connection, create: bool) -> None:
+    """Create the tables (with ``create``) and add the FLAT columns a file made by an older cg lacks
+    (0 in its rows: it counted no pings), in one transaction holding the write lock: two processes
+    opening an older file at once would otherwise both see a column missing, and the second's ALTER
+    fail. A file that needs nothing is only read: cg-store may open one it cannot write."""
+    if not create and not _missing(conn):
+        return
+    # One script: executescript commits a transaction begun before it.
+    conn.executescript("BEGIN IMMEDIATE;" + (SCHEMA if create else ""))
+    for table, name in _missing(conn):
+        kind = "REAL" if name.startswith("cost") else "INTEGER"
+        try:
+            conn.execute(f"ALTER TABLE ledger.{table} ADD COLUMN {name} {kind} NOT NULL DEFAULT 0")
+        except sqlite3.OperationalError as e:
+            if "duplicate column name" not in str(e):
+                raise
+    conn.execute("COMMIT")
+
+
+def _missing(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """(table, column) of each FLAT column the ledger's tables lack (none of a table not there)."""
+    missing = []
     for table in ("ledger_buckets", "ledger_conversations"):
         have = {row[1] for row in conn.execute(f"PRAGMA ledger.table_info({table})")}
-        for name in FLAT:
-            if have and name not in have:
-                kind = "REAL" if name.startswith("cost") else "INTEGER"
-                conn.execute(f"ALTER TABLE ledger.{table} ADD COLUMN {name} {kind} NOT NULL DEFAULT 0")
+        missing += [(table, name) for name in FLAT if have and name not in have]
+    return missing
 
 
 _PLACES = ", ".join("?" * len(FLAT))
