@@ -48,6 +48,7 @@ from cg.testing import (
     anthropic_message,
     anthropic_stream_events,
     anthropic_text_block,
+    anthropic_thinking_block,
     openai_completion,
     openai_stream_events,
 )
@@ -259,6 +260,32 @@ def test_a_continuation_that_thinks_keeps_its_hidden_turn_before_the_client_has_
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": ORIGINAL.decode()}]}
 
 
+def test_a_json_continuation_that_thinks_then_fails_to_continue_keeps_its_hidden_turn():
+    """Round 1 wrote thinking and called expand again, and that call could not be answered: the
+    client gets both rounds, round 1's expand call its own, and round 1's thinking comes back on
+    its next turn after hidden turn 0 alone, which must be kept."""
+    ex = started(exchange(), rewrite())
+    ex.feed(Chunk(json.dumps(expand_message()).encode()))
+    ex.feed(BodyEnd(True))
+    ex.feed(Resolved({REF: ORIGINAL}))
+    ex.feed(head(headers=None))
+    again = expand_message("fedcba9876543210")
+    again["content"].insert(0, {"type": "thinking", "thinking": "So.", "signature": "sig-2"})
+    ex.feed(Chunk(json.dumps(again).encode()))
+    ex.feed(BodyEnd(True))
+    commands = ex.feed(ResolveFailed("the store is gone"))
+    assert [block["type"] for block in json.loads(written(commands))["content"]] == [
+        "text", "thinking", "text", "tool_use"]
+    commands = without_writes(commands)
+    assert isinstance(commands[0], KeepHidden) and commands[1] == Finish()
+    assert commands[0].key == record_key("sig-2")
+    record = json.loads(commands[0].text)
+    assert (record["types"], record["starts"], record["at"]) == (["text", "thinking", "text", "tool_use"], [1], 1)
+    [(calls, _, _)] = record["hidden"]
+    assert json.loads(calls) == expand_message()["content"][1]
+    assert the_record(commands).continuation_failed == "the store is gone"
+
+
 def test_each_continuation_extends_the_last_one_byte_for_byte():
     ex = started(exchange(), rewrite())
     ex.feed(Chunk(json.dumps(expand_message()).encode()))
@@ -375,6 +402,36 @@ def test_a_continuation_that_fails_before_committing_gets_the_verbatim_release()
     assert without_writes(commands)[1] == Finish()
     record = the_record(commands)
     assert record.continuation_failed == "connection refused" and record.inspected.released == "continuation_failed"
+
+
+@pytest.mark.parametrize("failure", ["HTTP 529", "no content in time"])
+def test_a_stream_continuation_that_thinks_then_fails_to_continue_keeps_its_hidden_turn(failure):
+    """Round 1 wrote thinking and called expand again; round 2 is refused (529), or begins and
+    sends nothing in time: the client gets round 1's expand call as it came, and hidden turn 0 is
+    kept for round 1's thinking."""
+    ex, _, _ = held_expand()
+    ex.feed(head(stream=True, headers=None))
+    round_2 = anthropic_stream_events(blocks=[anthropic_thinking_block(0, signature="sig-2"),
+                                              anthropic_expand_block(1, ref="fedcba9876543210")],
+                                      id="msg_cont", stop_reason="tool_use")
+    client = written(ex.feed(Chunk(sse(round_2))))
+    [send] = [c for c in ex.feed(Resolved({"fedcba9876543210": None})) if isinstance(c, Send)]
+    assert send.round == 2
+    if failure == "HTTP 529":
+        commands = ex.feed(head(status=529, stream=True, headers=None))
+    else:
+        ex.feed(head(stream=True, headers=None))
+        ex.feed(Chunk(sse(continuation())[:40]))  # message_start only: not committed
+        commands = ex.feed(TimerFired(Timer.STALL))
+    client = sse(round1()[:5]) + client + written(commands)
+    assert check_anthropic_stream(client) == []
+    [kept] = [c for c in commands if isinstance(c, KeepHidden)]
+    assert kept.key == record_key("sig-2")
+    record = json.loads(kept.text)
+    assert (record["types"], record["starts"], record["at"]) == (["text", "thinking", "tool_use"], [1], 1)
+    [(calls, _, _)] = record["hidden"]
+    assert json.loads(calls)["id"] == "toolu_expand_1"
+    assert the_record(commands).continuation_failed == failure
 
 
 def test_a_continuation_answering_no_stream_is_refused():

@@ -667,17 +667,20 @@ class Exchange:
     def _finish(self) -> None:
         if self._t_client_first is None:
             self._write(b"")
-        if self._hidden and self._continuation_failed is None:
+        if self._hidden:
             self._keep_hidden()
         self._out.append(_FINISH)
         self._end()
 
     def _keep_hidden(self) -> None:
         """A spliced response whose continuation wrote thinking: its hidden turns' record, kept
-        before the client has the response's end (so before it can send the next request)."""
+        before the client has the response's end (so before it can send the next request). A
+        continuation that failed (`_fall_back`) showed nothing: the rounds before it are the
+        client's, the last of them with its expand calls, so only the turns before that one were
+        hidden."""
         inspector = self._inspector
         shown = inspector.shown() if inspector is not None else self._loop.shown(self._rounds)
-        kept = None if shown is None else hidden.record(shown, self._hidden)
+        kept = None if shown is None else hidden.record(shown, self._hidden[:len(shown.starts)])
         if kept is not None:
             self._out.append(KeepHidden(*kept))
 

@@ -466,6 +466,7 @@ class Inspector(RoundInspector):
         self._starts: list[int] = []
         self._thinking: tuple[int, str] | None = None
         self._signing: dict[int, int] = {}  # the round's index -> the client's
+        self._shown_by_fallback = Shown((), (), None)  # `shown` after the release a continuation would fail to
         self._new_round(_WATCH if max_rounds > 0 else _THROUGH)
 
     def _new_round(self, state: State) -> None:
@@ -500,6 +501,12 @@ class Inspector(RoundInspector):
     def shown(self) -> Shown:
         """What the client was shown of the response so far (`cg.stream.hidden`)."""
         return Shown(tuple(self._types), tuple(self._starts), self._thinking)
+
+    def _fail(self, reason: ReleaseReason = "continuation_failed") -> bytes:
+        """The previous round's release, and what it shows: this continuation showed nothing."""
+        shown = self._shown_by_fallback
+        self._types, self._starts, self._thinking = list(shown.types), list(shown.starts), shown.thinking
+        return super()._fail(reason)
 
     def feed(self, event: Event) -> Step:
         """One complete upstream event in; what to send the client now out."""
@@ -559,10 +566,12 @@ class Inspector(RoundInspector):
         """The continuation's response has begun (2xx): feed its events next."""
         if self._state is not _AWAIT:
             raise RuntimeError("begin_continuation() without an EXPAND")
-        # The release this round would give, kept until the continuation commits.
-        next_index, shown = self._next_index, len(self._types)
+        # The release this round would give, kept until the continuation commits, and what the
+        # client is shown if it gets it instead (`_fail`).
+        next_index, shown, thinking = self._next_index, len(self._types), self._thinking
         self._fallback = self._render(self._held)
-        self._next_index = next_index
+        self._shown_by_fallback = self.shown()
+        self._next_index, self._thinking = next_index, thinking
         del self._types[shown:]
         self._output_before += self._usage.usage.output_tokens
         self._starts.append(next_index)
