@@ -289,6 +289,37 @@ def test_a_client_is_gone_once_the_last_of_its_connections_is_closed():
     assert len(proxy.upstream.requests) == 3 and proxy.stats.keepalive.ended == {"gone": 1}
 
 
+class Watched:
+    """A client connection that stays open: the watchers of its end."""
+
+    def __init__(self):
+        self.watchers = []
+
+    def when_closed(self, watcher) -> None:
+        self.watchers.append(watcher)
+
+    def close(self, by_client: bool = True) -> None:
+        for watcher in self.watchers:
+            watcher(by_client)
+
+
+def test_a_connection_that_stays_open_holds_no_conversation_the_keepalive_ended():
+    """A client (or a gateway in front of many) that sends conversation after conversation on one
+    connection it never closes: it is watched once, and tied only to the conversations kept warm."""
+    warm = Warm(max_conversations=10)
+    connection = Watched()
+    for n in range(2000):
+        key = ("", f"session-{n}".encode(), "claude-opus-4-8")
+        generation = warm.keepalive.sent(key, TTL_5M, BODY, b"/v1/messages?beta=true", headers(), connection=connection)
+        warm.keepalive.answered(key, generation, 200)
+    assert len(connection.watchers) == 1
+    assert len(warm.keepalive._connections) == len(warm.keepalive._conversations[connection]) == 10
+    assert warm.stats.keepalive.ended == {"evicted": 1990}
+    connection.close()
+    assert warm.stats.keepalive.ended == {"evicted": 1990, "gone": 10}
+    assert warm.keepalive._connections == warm.keepalive._conversations == {}
+
+
 def test_a_client_idle_at_its_prompt_keeps_its_connection_past_the_first_ping():
     """With --keepalive, cg's idle timeout outlasts the first ping (twisted.web's 60 s would close
     the connection first, and a client's leaving after that could not be seen)."""

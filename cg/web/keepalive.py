@@ -82,7 +82,10 @@ class KeepAlive:
         self.stats = stats
         self.scheduler: Scheduler[Last] = Scheduler(policy)
         self._timers: dict[Key, IDelayedCall] = {}
-        self._connections: dict[Key, set[Connection]] = {}  # open ones each conversation's requests came on
+        # The open connections each conversation's requests came on, and the other way round: each
+        # watched once, for its life, and neither holding a conversation the scheduler ended.
+        self._connections: dict[Key, set[Connection]] = {}
+        self._conversations: dict[Connection, set[Key]] = {}
         self._pinging: set[defer.Deferred[None]] = set()
         self._stopped = False
         stats.enabled = True
@@ -114,23 +117,31 @@ class KeepAlive:
             pinging.cancel()
 
     def _watch(self, key: Key, connection: Connection) -> None:
-        connections = self._connections.setdefault(key, set())
-        if connection not in connections:
-            connections.add(connection)
-            connection.when_closed(functools.partial(self._closed, key, connection))
+        self._connections.setdefault(key, set()).add(connection)
+        keys = self._conversations.get(connection)
+        if keys is None:
+            keys = self._conversations[connection] = set()
+            connection.when_closed(functools.partial(self._closed, connection))
+        keys.add(key)
 
-    def _closed(self, key: Key, connection: Connection, by_client: bool) -> None:
-        """One of the connections ``key``'s requests came on is gone; the last of them, closed by
-        the client itself, ends the conversation's keep-alive."""
-        connections = self._connections.get(key)
-        if connections is None or connection not in connections:
-            return
-        connections.discard(connection)
-        if connections:
-            return
-        del self._connections[key]
-        if by_client:
-            self._do(self.scheduler.gone(key))
+    def _closed(self, connection: Connection, by_client: bool) -> None:
+        """A connection requests came on is gone; for each conversation it was the last open one
+        of, closed by the client itself, the keep-alive ends."""
+        for key in self._conversations.pop(connection, ()):
+            connections = self._connections[key]
+            connections.discard(connection)
+            if connections:
+                continue
+            del self._connections[key]
+            if by_client:
+                self._do(self.scheduler.gone(key))
+
+    def _forget(self, key: Key) -> None:
+        """A conversation the scheduler ended: its connections no longer watched for it."""
+        for connection in self._connections.pop(key, ()):
+            keys = self._conversations.get(connection)
+            if keys is not None:
+                keys.discard(key)
 
     def _do(self, commands: list[Command[Last]]) -> None:
         for command in commands:
@@ -144,6 +155,7 @@ class KeepAlive:
                 self._ping(command)
             elif isinstance(command, End):
                 self._disarm(command.key)
+                self._forget(command.key)
                 self.stats.ended[command.why] += 1
                 if command.why not in _QUIET:
                     log.info("keep-alive of a conversation ended: {why}", why=command.why)
