@@ -311,14 +311,53 @@ def test_a_thinking_block_is_asked_about_once_per_process_and_a_failed_read_leav
     machine = preparation(raw, hidden=seen)  # a failure is not an answer: asked again
     (read,) = machine.start()
     assert sent_messages(ready(machine.feed(Answered(read, None))).forward) == json.loads(raw)["messages"]
-    assert isinstance(ready(preparation(raw, hidden=seen).start()), Ready)  # "none" is known: no read
+    later = later_body()
+    machine = preparation(later, hidden=seen)  # "none" for the latest reply was not kept: asked again
+    (read,) = machine.start()
+    assert sent_messages(ready(machine.feed(Answered(read, None))).forward) == json.loads(later)["messages"]
+    assert isinstance(ready(preparation(later, hidden=seen).start()), Ready)  # an older one's is known: no read
+
+
+def later_body() -> bytes:
+    """`thinking_body`'s conversation a turn on: its thinking is no longer in the latest reply."""
+    return body([*json.loads(thinking_body())["messages"], {"role": "assistant", "content": "Fixed."},
+                 {"role": "user", "content": "Thanks."}])
+
+
+def prepared(raw: bytes, seen: Seen, store: dict) -> list:
+    """The messages a process with `seen` forwards, its reads answered from `store` (key -> record)."""
+    machine = preparation(raw, hidden=seen)
+    commands = machine.start()
+    while not (len(commands) == 1 and isinstance(commands[0], Ready)):
+        (read,) = commands
+        assert isinstance(read, ReadFrozen)
+        commands = machine.feed(Answered(read, store.get(read.key)))
+    return sent_messages(commands[0].forward)
+
+
+def test_a_process_that_asks_before_another_processs_record_commits_asks_again_next_turn():
+    """--workers: one process wrote the continuation's thinking and froze its record; another got
+    the next turn before the freeze committed. Its next turn must carry the hidden turn too, as the
+    writer's turns do, or the prefix differs by process and the thinking is invalid."""
+    key, text = record(Shown(("text", "thinking"), (1,), (1, "sig-later")), [HiddenTurn(CALL, ANSWER)])
+    writer, other, store = Seen(), Seen(), {}
+    writer.put("tenant-a", key, text)
+    assert prepared(thinking_body(), other, store) == json.loads(thinking_body())["messages"]  # too early
+    store[key] = text  # the writer's freeze commits
+    restored = [{"role": "assistant", "content": [{"type": "text", "text": "a"}, json.loads(CALL)]},
+                json.loads(ANSWER), {"role": "assistant", "content": [THINKING]}]
+    for raw in (thinking_body(), later_body()):
+        assert prepared(raw, other, store)[1:4] == prepared(raw, writer, {})[1:4] == restored
+
+
+CALL = '{"type":"tool_use","id":"toolu_x","name":"context_guru_expand","input":{"id":"0123456789abcdef"}}'
+ANSWER = '{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_x","content":"LOG"}]}'
 
 
 def test_a_record_this_process_kept_puts_the_turn_back_without_a_read():
     seen = Seen()
     shown = Shown(("text", "thinking"), (1,), (1, "sig-later"))
-    call = '{"type":"tool_use","id":"toolu_x","name":"context_guru_expand","input":{"id":"0123456789abcdef"}}'
-    answer = '{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_x","content":"LOG"}]}'
+    call, answer = CALL, ANSWER
     key, text = record(shown, [HiddenTurn(call, answer)])
     seen.put("tenant-a", key, text)
     messages = sent_messages(ready(preparation(thinking_body(), hidden=seen).start()).forward)

@@ -421,16 +421,23 @@ class Preparation:
         the turns the client never saw (`cg.stream.hidden`): they are put back before it, the same
         bytes on every turn. The blocks are read from the new messages only (the others' answers are
         carried), and the store is asked only about those this process has not seen. A store that
-        cannot say leaves the message as the client sent it, for that turn."""
+        cannot say leaves the message as the client sent it, for that turn.
+
+        "None" is kept only for a block older than the latest assistant message: with `--workers`,
+        that message's response may have ended in another process whose record is not committed
+        yet, and a "none" kept for good would leave this process without the turns the writer puts
+        back (the prefix differing by process); asked again next turn, it is there."""
         reader = shape.select(anchors, None, None)
         if reader is None:
             return
         tenant, seen = self._request.tenant, self._hidden
+        latest = _latest_reply(body.value.get(shape.items))
         for message, found in enumerate(body.per_message(_ANCHORS, shape.items, reader)):
             for block, key in found:
 
                 def read(text: object, message: int = message, block: int = block, key: str = key) -> None:
-                    seen.put(tenant, key, _as_bytes(text) if text is not None else None)
+                    if text is not None or message != latest:
+                        seen.put(tenant, key, _as_bytes(text) if text is not None else None)
                     if text is not None:
                         self._restore(body, message, block, _as_bytes(text))
 
@@ -686,3 +693,13 @@ def _bytes(handler: Callable[[bytes], None]) -> _Handler:
 
 def _stays(message: str) -> None:
     """A repair the store cannot look up or freeze: the client's answer stays."""
+
+
+def _latest_reply(messages: object) -> int | None:
+    """The index of the last assistant message (the response this request follows), if any."""
+    if isinstance(messages, list):
+        for index in range(len(messages) - 1, -1, -1):
+            message = messages[index]
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                return index
+    return None

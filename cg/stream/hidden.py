@@ -187,7 +187,8 @@ class Seen:
     under (the last `limit`): a request asks the store only about thinking blocks it has not seen. A
     key is a new signature's, which no request carried before the response that wrote it ended, so
     "none" stays true but for the moment between that response's end and its record's commit: the
-    process that wrote a record knows it at once."""
+    process that wrote a record knows it at once, and another is told "none" only for a block older
+    than the request's latest assistant message (`cg.exchange.prepare`)."""
 
     def __init__(self, limit: int = 50_000, max_bytes: int = 32 << 20) -> None:
         self._limit = limit
