@@ -10,7 +10,7 @@ import attrs
 from helpers.streams import feed_round
 
 from cg.stream.continuation import MESSAGES_LOOP, ClientStyle, ExpandCall
-from cg.stream.hidden import MISSING, HiddenTurn, Seen, Shown, anchors, record, record_key, restore
+from cg.stream.hidden import MISSING, HiddenTurn, Seen, Shown, anchors, parse, record, record_key, restore
 from cg.stream.inspector import EXPAND, Inspector
 from cg.testing import (
     anthropic_block_start,
@@ -49,7 +49,7 @@ def put_back(raw: bytes, text: bytes) -> bytes:
     body = ParsedBody.parse(raw)
     assert body is not None
     [(message, found)] = [(i, found) for i, found in enumerate(body.per_message("t", "messages", anchors)) if found]
-    [edits] = [restore(body, message, block, text) for block, key in found if key == record_key(LATER["signature"])]
+    [edits] = [restore(body, message, block, parse(text)) for block, key in found if key == record_key(LATER["signature"])]
     return body.apply(edits)
 
 
@@ -122,9 +122,9 @@ def test_a_message_that_is_not_the_recorded_one_is_left_as_the_client_sent_it():
                         role_first=False)):  # the role after the content: the turn cannot be cut
         body = ParsedBody.parse(raw)
         found = body.per_message("t", "messages", anchors)[1]
-        assert [restore(body, 1, block, kept) for block, key in found if key == record_key(LATER["signature"])] == [[]]
-    body = ParsedBody.parse(request(THOUGHT, {"type": "text", "text": "a"}, LATER, {"type": "text", "text": "t"}))
-    assert restore(body, 1, 2, b"not a record") == []
+        assert [restore(body, 1, block, parse(kept)) for block, key in found
+                if key == record_key(LATER["signature"])] == [[]]
+    assert parse(b"not a record") is None and parse(b'{"types":[]}') is None
 
 
 def test_the_hidden_turn_is_the_bytes_the_continuation_appended():
@@ -186,9 +186,13 @@ def test_seen_keeps_a_bounded_number_of_nones_and_size_of_records():
     seen.put("t", "b", None)
     seen.put("t", "c", None)  # the oldest "none" goes
     assert seen.get("t", "a") is MISSING and seen.get("t", "b") is None and seen.get("t", "c") is None
-    seen.put("t", "r1", b"123456")
-    seen.put("t", "r2", b"123456")  # 12 bytes: the least recently used record goes
-    assert seen.get("t", "r1") is MISSING and seen.get("t", "r2") == b"123456"
+    _, text = record(Shown(("text", "thinking"), (1,), (1, "sig")), [turn("toolu_x")])
+    seen = Seen(limit=2, max_bytes=len(text) * 3 // 2)
+    first = seen.put("t", "r1", text)
+    assert first == parse(text) and seen.get("t", "r1") is first  # parsed once, when put
+    seen.put("t", "r2", text)  # past max_bytes: the least recently used record goes
+    assert seen.get("t", "r1") is MISSING and seen.get("t", "r2") == parse(text)
     seen.put("t", "r2", None)  # a record replaced (by a purge read back) is no longer counted
-    seen.put("t", "r3", b"1234567890")
-    assert seen.get("t", "r3") == b"1234567890" and seen.get("t", "r2") is None
+    seen.put("t", "r3", text)
+    assert seen.get("t", "r3") == parse(text) and seen.get("t", "r2") is None
+    assert seen.put("t", "r4", b"not a record") is None and seen.get("t", "r4") is None

@@ -72,7 +72,7 @@ from cg.compaction.repair import Repair, repair_answer
 from cg.compaction.rewrite import Incoming, Rewrite, Rewriter
 from cg.exchange import keepalive, verdict
 from cg.exchange.machine import Unexpected
-from cg.stream.hidden import MISSING, Seen, anchors, restore
+from cg.stream.hidden import MISSING, Record, Seen, anchors, restore
 from cg.stream.usage import session_key
 from cg.wire import dialect
 from cg.wire.body import ParsedBody
@@ -436,19 +436,22 @@ class Preparation:
             for block, key in found:
 
                 def read(text: object, message: int = message, block: int = block, key: str = key) -> None:
-                    if text is not None or message != latest:
-                        seen.put(tenant, key, _as_bytes(text) if text is not None else None)
-                    if text is not None:
-                        self._restore(body, message, block, _as_bytes(text))
+                    if text is None:
+                        if message != latest:
+                            seen.put(tenant, key, None)
+                        return
+                    found = seen.put(tenant, key, _as_bytes(text))
+                    if found is not None:
+                        self._restore(body, message, block, found)
 
                 known = seen.get(tenant, key)
                 if known is MISSING:
                     self._ask(ReadFrozen(tenant, key), read, _stays)
-                elif known is not None:
-                    self._restore(body, message, block, _as_bytes(known))
+                elif isinstance(known, Record):
+                    self._restore(body, message, block, known)
 
-    def _restore(self, body: ParsedBody, message: int, block: int, text: bytes) -> None:
-        edits = restore(body, message, block, text)
+    def _restore(self, body: ParsedBody, message: int, block: int, found: Record) -> None:
+        edits = restore(body, message, block, found)
         self._restored += edits
         self._report.hidden_restored += bool(edits)
 

@@ -31,8 +31,8 @@ import attrs
 from cg.wire import jsonbytes
 from cg.wire.body import ParsedBody
 
-__all__ = ["MISSING", "HiddenTurn", "Seen", "Shown", "anchors", "is_blank_text", "record", "record_key", "restore",
-           "thinking_key"]
+__all__ = ["MISSING", "HiddenTurn", "Record", "Seen", "Shown", "anchors", "is_blank_text", "parse", "record", "record_key",
+           "restore", "thinking_key"]
 
 
 @attrs.frozen
@@ -97,19 +97,35 @@ _MESSAGE_SPINE: jsonbytes.Spine = {"role": {}, "content": {jsonbytes.EACH: {}}}
 _REOPEN: Final = ',{"role":"assistant","content":['
 
 
-def restore(body: ParsedBody, message: int, block: int, text: bytes) -> list[tuple[jsonbytes.Span, str]]:
+@attrs.frozen
+class Record:
+    """A record as `record` wrote it, read (`parse`): what `restore` puts back."""
+
+    types: list[str]
+    starts: list[int]
+    at: int
+    hidden: list[tuple[str, str, list[tuple[int, str]]]]  # each round's calls, answers, blanks
+    size: int  # of its text, which `Seen` counts
+
+
+def parse(text: bytes) -> Record | None:
+    """The record `text` holds; None for one that is not a record."""
+    try:
+        doc = json.loads(text)
+        return Record([str(kind) for kind in doc["types"]], [int(begins) for begins in doc["starts"]], int(doc["at"]),
+                      [(str(calls), str(answers), [(int(place), str(written)) for place, written in blanks])
+                       for calls, answers, blanks in doc["hidden"]], len(text))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def restore(body: ParsedBody, message: int, block: int, found: Record) -> list[tuple[jsonbytes.Span, str]]:
     """The edits that put a record's hidden turns back into `body`'s message `message`, whose block
     `block` is the record's thinking block: none when the message is not the one it describes.
 
     The message's blocks are matched to the record's by type, back from the thinking block and on
     after it; a whitespace-only text block the client dropped is put back as it was written."""
-    try:
-        doc = json.loads(text)
-        types, starts, at = [str(kind) for kind in doc["types"]], [int(begins) for begins in doc["starts"]], int(doc["at"])
-        hidden = [(str(calls), str(answers), [(int(place), str(written)) for place, written in blanks])
-                  for calls, answers, blanks in doc["hidden"]]
-    except (ValueError, TypeError, KeyError):
-        return []
+    types, starts, at, hidden = found.types, found.starts, found.at, found.hidden
     messages = body.value.get("messages")
     content = messages[message].get("content") if isinstance(messages, list) else None
     if not isinstance(content, list) or len(hidden) != len(starts) or not 0 <= at < len(types):
@@ -194,7 +210,7 @@ class Seen:
         self._limit = limit
         self._max_bytes = max_bytes
         self._bytes = 0
-        self._records: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._records: OrderedDict[tuple[str, str], Record] = OrderedDict()  # parsed once
         self._none: dict[tuple[str, str], None] = {}  # in the order they were found: the oldest go first
 
     def get(self, tenant: str, key: str) -> object:
@@ -208,17 +224,22 @@ class Seen:
         self._records.move_to_end(entry)
         return found
 
-    def put(self, tenant: str, key: str, text: bytes | None) -> None:
+    def put(self, tenant: str, key: str, text: bytes | None) -> Record | None:
+        """The record stored under `key` (None: there is none; a text that is no record counts as
+        none), returned parsed."""
         entry = (tenant, key)
         records, none = self._records, self._none
-        self._bytes -= len(records.pop(entry, b""))
+        dropped = records.pop(entry, None)
+        self._bytes -= 0 if dropped is None else dropped.size
         none.pop(entry, None)
-        if text is None:
+        found = None if text is None else parse(text)
+        if found is None:
             none[entry] = None
             if len(none) > self._limit:
                 del none[next(iter(none))]
-            return
-        records[entry] = text
-        self._bytes += len(text)
+            return None
+        records[entry] = found
+        self._bytes += found.size
         while self._bytes > self._max_bytes:
-            self._bytes -= len(records.popitem(last=False)[1])
+            self._bytes -= records.popitem(last=False)[1].size
+        return found
