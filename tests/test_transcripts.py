@@ -43,6 +43,21 @@ def test_a_resumed_file_counts_the_conversation_it_copies_once():
     assert [role for role, _ in roles(resumed.requests[0])] == ["user", "assistant", "user", "assistant", "user"]
 
 
+def test_a_resumed_file_whose_name_sorts_first_is_read_after_the_one_it_continues(tmp_path):
+    """Claude Code names a file by its session's UUID: the order of the names is no order of time."""
+    projects = tmp_path / ".claude" / "projects" / "-home-user-project"
+    projects.mkdir(parents=True)
+    for file in (SHAPES / "resumed").glob("*.jsonl"):  # the original's id now sorts after the resumed one's
+        text = file.read_text().replace("2f4e6a8c0001", "2f4e6a8cffff")
+        (projects / file.name.replace("2f4e6a8c0001", "2f4e6a8cffff")).write_text(text)
+    for root in (tmp_path, projects):
+        files = transcripts.find(root)
+        assert [path.stem[-4:] for _, path in files] == ["ffff", "0002"]
+        tally = transcripts.Tally()
+        sessions = list(transcripts.read(files, tally=tally))
+        assert [(s.id[-4:], len(s.requests)) for s in sessions] == [("ffff", 2), ("0002", 1)] and tally.copies == 2
+
+
 def test_side_chains_inline_are_conversations_of_their_own():
     [file] = (SHAPES / "sidechains").glob("*.jsonl")
     main, *sides = read(file)[0]

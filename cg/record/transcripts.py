@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import re
 import uuid
@@ -538,10 +539,37 @@ def find(root: Path) -> list[tuple[str, Path]]:
     out: list[tuple[str, Path]] = []
     for client, sub in ((CLAUDE_CODE, ".claude/projects"), (CODEX, ".codex/sessions")):
         if (root / sub).is_dir():
-            out += [(client, p) for p in sorted((root / sub).rglob("*.jsonl"))]
+            out += [(client, p) for p in (root / sub).rglob("*.jsonl")]
     if not out:
-        out = [(_kind_of(p), p) for p in sorted(root.rglob("*.jsonl"))]
-    return out
+        out = [(_kind_of(p), p) for p in root.rglob("*.jsonl")]
+    # In the order their sessions began: a response in more than one file is counted in the first
+    # read (`read`), which must be the session it was made in, not one resumed from it. Codex's
+    # file names begin with the session's start; Claude Code's are a UUID.
+    return sorted(out, key=lambda found: (_began(found[1]) if found[0] == CLAUDE_CODE else 0.0, str(found[1])))
+
+
+def _began(path: Path) -> float:
+    """When a Claude Code file's own session began: the first timestamp of a line of its own session
+    (a resumed file begins with a copy of the one it continues, with that one's id and times), else
+    of any line (a sub-agent's file carries its parent's id); a file with none sorts last."""
+    own, first = path.stem, math.inf
+    try:
+        with open(path, "rb") as stream:
+            for line in stream:
+                if first != math.inf and own.encode() not in line:
+                    continue  # only a line of its own session can come before what was found
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    continue
+                when = parse_time(doc.get("timestamp")) if isinstance(doc, dict) else None
+                if when is not None and doc.get("sessionId") == own:
+                    return when
+                if when is not None and first == math.inf:
+                    first = when
+    except OSError:
+        pass  # read (and reported) as the others are
+    return first
 
 
 def _kind_of(path: Path) -> str:
