@@ -12,6 +12,9 @@
   history so far plus one new turn, with idle gaps between requests (``GAPS``): the input of
   ``cg.record.replay.replay`` (bench/sweep.py, and bench/cold.py for issue 13's cache-aware
   policy, §2). With ``revisit``, Read and Edit turns often pick a file the session read before.
+- ``human_sessions``: the same sessions paced as people use Claude Code (``HumanPace``), their
+  breaks following issue 25's statistics of 70 real sessions: the input of bench/keepalive.py
+  (keep-alive and ``--cache-ttl``).
 
 Deterministic: the same arguments give the same bytes and the same times.
 """
@@ -19,6 +22,7 @@ Deterministic: the same arguments give the same bytes and the same times.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator
 
@@ -117,6 +121,72 @@ GAPS = ((0.75, 2.0, 45.0), (0.18, 60.0, 270.0), (0.07, 330.0, 1800.0))
 TURNS = (40, 80)  # a session's requests, uniform in this range
 
 
+# Human-paced sessions (issue 25: 70 real Claude Code sessions, 6,958 requests). How each figure
+# maps to ``HumanPace``:
+# - ~100 requests a session (6,958 / 70 = 99.4): ``requests`` uniform in 60-140, mean 100;
+# - 54 of 70 sessions have at least one idle gap over 5 minutes: a session has breaks with
+#   probability ``with_breaks`` = 54/70, and none otherwise;
+# - 151 such gaps in those 54 sessions (2.8 each): a session with breaks has 1 + Poisson(151/54 - 1)
+#   of them (mean 151/54), each before a request drawn at random among the session's (no two alike);
+# - 118 of the 151 between 5 and 30 minutes, the rest longer: a break is 5-30 min with probability
+#   118/151, log-uniform (a short break is likelier than a long one: the issue gives only the band),
+#   else 30 min - 4 h, log-uniform (the issue does not bound it: an afternoon is the longest break
+#   a session that goes on afterwards is given here);
+# - every other gap is agent-paced or a prompt typed: ``GAPS``'s first two bands, rescaled (80%
+#   2-45 s, 20% 1-4.5 min), all inside the 5-minute lifetime;
+# - sessions end: after a session's last request there is none (what keep-alive spends then is lost).
+HUMAN_REQUESTS = (60, 140)
+WITH_BREAKS = 54 / 70
+BREAKS_PER_SESSION = 151 / 54
+SHORT_BREAKS = 118 / 151
+SHORT_BREAK = (300.0, 1800.0)
+LONG_BREAK = (1800.0, 4 * 3600.0)
+
+
+@attrs.frozen
+class HumanPace:
+    """Idle gaps of a human-paced session, drawn from issue 25's statistics (see above)."""
+
+    requests: tuple[int, int] = HUMAN_REQUESTS
+    with_breaks: float = WITH_BREAKS
+    breaks_per_session: float = BREAKS_PER_SESSION
+    short_breaks: float = SHORT_BREAKS
+
+    def gaps(self, rng: random.Random) -> list[float]:
+        """The gaps before each request after the first (seconds): as many as requests, less one."""
+        count = rng.randint(*self.requests)
+        breaks = 0
+        if rng.random() < self.with_breaks:
+            breaks = min(count - 1, 1 + _poisson(rng, self.breaks_per_session - 1))
+        where = set(rng.sample(range(count - 1), breaks))
+        return [self._break(rng) if i in where else _agent_gap(rng) for i in range(count - 1)]
+
+    def _break(self, rng: random.Random) -> float:
+        low, high = SHORT_BREAK if rng.random() < self.short_breaks else LONG_BREAK
+        return _log_uniform(rng, low, high)
+
+
+def _agent_gap(rng: random.Random) -> float:
+    """A gap inside the cache's lifetime: ``GAPS``'s first two bands, in their proportions."""
+    (agent, low, high), (typed, typed_low, typed_high) = GAPS[:2]
+    if rng.random() < agent / (agent + typed):
+        return rng.uniform(low, high)
+    return rng.uniform(typed_low, typed_high)
+
+
+def _log_uniform(rng: random.Random, low: float, high: float) -> float:
+    return math.exp(rng.uniform(math.log(low), math.log(high)))
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    """A Poisson draw (Knuth's: the means here are small)."""
+    limit, k, product = math.exp(-mean), 0, rng.random()
+    while product > limit:
+        k += 1
+        product *= rng.random()
+    return k
+
+
 @attrs.frozen
 class Request:
     """One request of a generated session (the fields of ``cg.record.replay.Sent``)."""
@@ -151,24 +221,27 @@ def _output_tokens(assistant: bytes) -> int:
 
 
 def generated_session(index: int, template: Template | None = None, turns: tuple[int, int] = TURNS,
-                      seed: int = 13, kinds: dict[str, int] = KINDS, revisit: bool = False) -> Session:
+                      seed: int = 13, kinds: dict[str, int] = KINDS, revisit: bool = False,
+                      pace: HumanPace | None = None) -> Session:
     """Session ``index``: between ``turns[0]`` and ``turns[1]`` requests, each the history so far plus
     one new turn (``Content(index)``'s), ``cache_control`` on the newest block as Claude Code puts
     it, sent after an idle gap drawn from ``GAPS``. When the next turn would take the history past
     ``LIMIT`` bytes, the history starts again from the template's first turns (as a compaction or
     a new task would; the system prompt and tools stay, and so does their cached prefix). ``kinds``:
     the mix of turns (rewrite.KINDS; bench/sweep.py adds rewrite.MORE_KINDS). ``revisit``: see
-    ``Content``."""
+    ``Content``. With ``pace``, the number of requests and the gaps are ``pace``'s (``turns`` and
+    ``GAPS`` unused)."""
     template = template or Template()
     content = Content(index, kinds, revisit)
     rng = random.Random(seed * 1_000_003 + index)
-    count = rng.randint(*turns)
+    paced = pace.gaps(rng) if pace is not None else None
+    count = len(paced) + 1 if paced is not None else rng.randint(*turns)
     now = START + index * 86_400.0
     prefix, size, compactions = template.base, template.bytes, 0
     requests = []
     for j in range(count):
         if j:
-            now += gap(rng)
+            now += paced[j - 1] if paced is not None else gap(rng)
         a, u = content.turn(j)
         added = len(a) + len(u) + 2
         if size + added > LIMIT and prefix != template.base:
@@ -188,3 +261,10 @@ def generated_sessions(count: int, turns: tuple[int, int] = TURNS, seed: int = 1
     template = Template()
     for index in range(count):
         yield generated_session(index, template, turns, seed, kinds, revisit)
+
+
+def human_sessions(count: int, seed: int = 13, pace: HumanPace = HumanPace()) -> Iterator[Session]:
+    """Sessions 0 to ``count - 1`` paced as people use Claude Code (``HumanPace``), one at a time."""
+    template = Template()
+    for index in range(count):
+        yield generated_session(index, template, seed=seed, pace=pace)
