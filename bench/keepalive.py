@@ -1,26 +1,31 @@
 """Cache keep-alive's net saving, measured: cg's rewrite replayed with and without ``--keepalive``
-and priced with the provider's prompt cache (issue 13, §2).
+and priced with the provider's prompt cache (issue 13, §2; issue 25, §1: which rule pays).
 
     python bench/keepalive.py [--quick] [--json PATH] [--sessions N]
 
 In-process and pure: no sockets, no store. The same sessions go through ``cg.record.replay.replay``
-(what ``cg-estimate --keepalive`` runs) once per ``--keepalive-max-idle`` in MAX_IDLE (the budget at
-its default): the via-cg cost with keep-alive (each ping priced as the conversation's last
-forwarded prompt read from the cache plus one output token, pings after a session's last request
-going on to the idle bound) against the via-cg cost without it, from the same replay.
+(what ``cg-estimate --keepalive`` runs) once per rule in RULES: the via-cg cost with keep-alive
+(each ping priced as the conversation's last forwarded prompt read from the cache plus one output
+token, pings after a session's last request going on as the rule lets them) against the via-cg
+cost without it, from the same replay. The rules:
 
-- generated sessions (bench/sessions.py): Claude Code's envelope, 40 to 80 requests each, idle gaps
-  drawn from ``sessions.GAPS`` (75% 2-45 s, 18% 1-4.5 min, 7% 5.5-30 min: past the 5-minute cache
-  lifetime); each session is one conversation, and its end is the user leaving for good. The
-  generator draws no break longer than 30 minutes, which no bound of 30 minutes or more can miss:
-  the same sessions are also run with their long breaks spread to 2 hours (``LONG_TAIL``: 7% of gaps
-  5.5 min-2 h), where most breaks outlast the bound and their pings are spent for nothing;
+- bounds (cg before issue 25): ping every 4.5 min until 30 min idle or 10 pings;
+- ski rental: ping until the pings spent in this idle period reach the re-write they would spare
+  (1.15 / 0.1: 11 pings), with no idle bound below 4 h;
+- forecast, prior only: ``cg.exchange.keepalive.Forecast`` without the conversation's own gaps;
+- forecast: ``Forecast`` as cg runs it (issue 25's prior and the conversation's own long gaps).
+
+- generated sessions (bench/sessions.py's ``human_sessions``): Claude Code's envelope, paced as
+  issue 25's 70 real sessions were (~100 requests each, breaks over 5 min in 54 of 70 sessions,
+  2.8 in each of those, 118 of 151 under 30 min, the rest up to 4 h; the session ends after its
+  last request);
 - the transcripts in ``tests/fixtures/transcripts/`` (one headless Claude Code run of a few seconds,
   one Codex run), reported apart.
 
-Per setting: pings sent, what they cost, gaps over the lifetime that keep-alive bridged (the next
-request read the prefix), the cost via cg with keep-alive, and the net saving (what keep-alive
-spared minus what its pings cost) as a share of the via-cg bill without it.
+Per rule: pings sent, pings per break, wasted pings (after a session's last request, or in a gap
+whose next request wrote the prefix anyway), what pings cost, breaks bridged (the next request read
+the prefix), the cost via cg with keep-alive, and the net saving (what keep-alive spared minus what
+its pings cost) as a share of the via-cg bill without it.
 """
 
 from __future__ import annotations
@@ -35,20 +40,22 @@ import attrs
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's cg, whatever is installed: it reads the checkout's fixtures too
 
-import sessions  # noqa: E402
 from rewrite import bench_main, machine  # noqa: E402
-from sessions import GAPS, TURNS, generated_sessions  # noqa: E402
+from sessions import HumanPace, human_sessions  # noqa: E402
 
-from cg.exchange.keepalive import DEFAULT_BUDGET, DEFAULT_MAX_IDLE, MARGIN, Policy  # noqa: E402
+from cg.exchange.keepalive import MARGIN, Forecast, Policy  # noqa: E402
 from cg.record import transcripts  # noqa: E402
 from cg.record.replay import Sent, Turn, replay  # noqa: E402
 from cg.wire.cache import TTL_5M  # noqa: E402
 
 TRANSCRIPTS = REPO / "tests" / "fixtures" / "transcripts" / "home"
-MAX_IDLE = (900.0, DEFAULT_MAX_IDLE, 3600.0)
-SESSIONS = 40
-LONG_TAIL = (*GAPS[:-1], (GAPS[-1][0], GAPS[-1][1], 7200.0))
-DISTRIBUTIONS = {"generated": GAPS, "breaks to 2 h": LONG_TAIL}
+SESSIONS = 70  # as many as issue 25 measured
+RULES = {
+    "bounds": Policy(forecast=None),
+    "ski rental": Policy(max_idle=4 * 3600.0, budget=11, forecast=None),
+    "forecast, prior only": Policy(forecast=Forecast(learn=False)),
+    "forecast": Policy(),
+}
 
 
 @attrs.define
@@ -65,6 +72,7 @@ class Tally:
     long_gaps: int = 0  # gaps longer than the cache's lifetime
     bridged: int = 0  # of those, the ones whose next request read the prefix thanks to the pings
     trailing_pings: int = 0  # pings after a session's last request
+    wasted_pings: int = 0  # those, and pings in a gap whose next request wrote the prefix anyway
 
     def add(self, turns: list[Turn]) -> None:
         self.sessions += 1
@@ -77,13 +85,18 @@ class Tally:
             self.ping_cost += turn.ping_cost
             if previous is not None and turn.time - previous.time > TTL_5M:
                 self.long_gaps += 1
-                self.bridged += turn.keepalive is not None and turn.keepalive.cache_write < turn.cg.cache_write
+                bridged = turn.keepalive is not None and turn.keepalive.cache_write < turn.cg.cache_write
+                self.bridged += bridged
+                self.wasted_pings += 0 if bridged else previous.pings
         self.trailing_pings += turns[-1].pings if turns else 0
+        self.wasted_pings += turns[-1].pings if turns else 0
 
     def row(self) -> dict:
         return {"sessions": self.sessions, "requests": self.requests, "cost_direct": round(self.direct, 4),
                 "cost_cg": round(self.cg, 4), "cost_cg_keepalive": round(self.kept, 4), "pings": self.pings,
-                "trailing_pings": self.trailing_pings, "ping_cost": round(self.ping_cost, 4),
+                "trailing_pings": self.trailing_pings, "wasted_pings": self.wasted_pings,
+                "pings_per_break": round(self.pings / self.long_gaps, 2) if self.long_gaps else None,
+                "ping_cost": round(self.ping_cost, 4),
                 "long_gaps": self.long_gaps, "bridged": self.bridged,
                 "net_saving": round(self.cg - self.kept, 4),
                 "net_saving_pct": round(100 * (self.cg - self.kept) / self.cg, 2) if self.cg else None,
@@ -93,35 +106,33 @@ class Tally:
 
 def run(quick: bool, n_sessions: int) -> dict:
     started = time.monotonic()
-    turns_range = (12, 20) if quick else TURNS
-    generated = {name: {idle: Tally() for idle in MAX_IDLE} for name in DISTRIBUTIONS}
-    fixtures = {idle: Tally() for idle in MAX_IDLE}
-    for name, gaps in DISTRIBUTIONS.items():
-        sessions.GAPS = gaps  # sessions.gap draws from it
-        for session in generated_sessions(n_sessions, turns_range):
-            sent = [Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests]
-            for idle in MAX_IDLE:
-                generated[name][idle].add(replay(sent, conversation=session.id, keep_warm=Policy(max_idle=idle)))
-            print(f"  {name} {session.id}: {len(sent)} requests, {time.monotonic() - started:.0f} s", file=sys.stderr)
-    sessions.GAPS = GAPS
+    pace = HumanPace(requests=(12, 20)) if quick else HumanPace()
+    generated = {rule: Tally() for rule in RULES}
+    fixtures = {rule: Tally() for rule in RULES}
+    breaks = requests = 0
+    for session in human_sessions(n_sessions, pace=pace):
+        sent = [Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests]
+        requests += len(sent)
+        breaks += sum(b.time - a.time > TTL_5M for a, b in zip(sent, sent[1:]))
+        for rule, policy in RULES.items():
+            generated[rule].add(replay(sent, conversation=session.id, keep_warm=policy))
+        print(f"  {session.id}: {len(sent)} requests, {time.monotonic() - started:.0f} s", file=sys.stderr)
     found = list(transcripts.read(transcripts.find(TRANSCRIPTS)))
     for session in found:
         sent = [Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests]
-        for idle in MAX_IDLE:
-            fixtures[idle].add(replay(sent, conversation=session.id, keep_warm=Policy(max_idle=idle)))
+        for rule, policy in RULES.items():
+            fixtures[rule].add(replay(sent, conversation=session.id, keep_warm=policy))
     return {
         "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "quick": quick,
         "seconds": round(time.monotonic() - started, 1),
-        "budget": DEFAULT_BUDGET,
         "margin_s": MARGIN,
-        "generated": {"sessions": n_sessions, "turns": list(turns_range),
-                      "distributions": {name: {"gaps": [list(g) for g in DISTRIBUTIONS[name]],
-                                               "settings": {f"{idle:g}": tally.row() for idle, tally in by_idle.items()}}
-                                        for name, by_idle in generated.items()}},
+        "generated": {"sessions": n_sessions, "requests": requests, "breaks": breaks,
+                      "pace": attrs.asdict(pace),
+                      "rules": {rule: tally.row() for rule, tally in generated.items()}},
         "fixtures": {"sessions": [f"{s.client} {s.id}" for s in found],
-                     "settings": {f"{idle:g}": fixtures[idle].row() for idle in MAX_IDLE}},
+                     "rules": {rule: tally.row() for rule, tally in fixtures.items()}},
     }
 
 
@@ -131,32 +142,28 @@ def _usd(x: float) -> str:
 
 def report(r: dict) -> str:
     g = r["generated"]
+    first = next(iter(g["rules"].values()))
     out = [f"{r['when']}, {r['machine']['cpu']} ({r['machine']['nproc']} cores), Python {r['machine']['python']}, "
-           f"{r['seconds']} s" + (" (--quick)" if r["quick"] else "")]
-    for name, distribution in g["distributions"].items():
-        first = next(iter(distribution["settings"].values()))
-        out.append(f"{name}: {g['sessions']} sessions, {first['requests']} requests ({g['turns'][0]}-{g['turns'][1]} "
-                   f"a session), {first['long_gaps']} gaps over 5 min (7% of gaps {distribution['gaps'][-1][1] / 60:g}-"
-                   f"{distribution['gaps'][-1][2] / 60:g} min); direct ${first['cost_direct']:,.2f}, via cg "
-                   f"${first['cost_cg']:,.2f} ({first['ratio_cg']:.3f} of direct)")
-    out += [f"fixtures: {', '.join(r['fixtures']['sessions'])}", ""]
-    head = ("", "max idle", "pings", "after the end", "ping cost", "gaps bridged", "via cg + keep-alive",
-            "of direct", "net saving", "of via cg")
+           f"{r['seconds']} s" + (" (--quick)" if r["quick"] else ""),
+           f"human-paced: {g['sessions']} sessions, {g['requests']:,} requests, {g['breaks']} breaks over 5 min; "
+           f"direct ${first['cost_direct']:,.2f}, via cg ${first['cost_cg']:,.2f} ({first['ratio_cg']:.3f} of direct)",
+           f"fixtures: {', '.join(r['fixtures']['sessions'])}", ""]
+    head = ("", "rule", "pings", "a break", "wasted", "after the end", "ping cost", "breaks bridged",
+            "via cg + keep-alive", "of direct", "net saving", "of via cg")
     rows = [head]
-    tables = [*g["distributions"].items(), ("fixtures", r["fixtures"])]
-    for where, table in tables:
-        for idle, s in table["settings"].items():
-            rows.append((where, f"{float(idle) / 60:g} min", f"{s['pings']:,}", f"{s['trailing_pings']:,}",
-                         f"${s['ping_cost']:,.2f}", f"{s['bridged']}/{s['long_gaps']}",
-                         f"${s['cost_cg_keepalive']:,.2f}", f"{s['ratio_cg_keepalive']:.3f}",
-                         _usd(s["net_saving"]), f"{s['net_saving_pct']:+.1f}%"))
+    for where, table in (("human-paced", g), ("fixtures", r["fixtures"])):
+        for rule, s in table["rules"].items():
+            rows.append((where, rule, f"{s['pings']:,}", "-" if s["pings_per_break"] is None else f"{s['pings_per_break']:.1f}",
+                         f"{s['wasted_pings']:,}", f"{s['trailing_pings']:,}", f"${s['ping_cost']:,.2f}",
+                         f"{s['bridged']}/{s['long_gaps']}", f"${s['cost_cg_keepalive']:,.2f}",
+                         f"{s['ratio_cg_keepalive']:.3f}", _usd(s["net_saving"]), f"{s['net_saving_pct']:+.1f}%"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
         out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-    out += ["", f"budget {r['budget']} pings per idle period; a ping {r['margin_s']:g} s before the 5-minute lifetime "
-            "ends. after the end: pings after a session's last request (the user gone). gaps bridged: gaps over "
-            "5 min whose next request read the prefix instead of writing it. net saving: via cg without "
-            "keep-alive minus via cg with it (pings included)."]
+    out += ["", f"a ping {r['margin_s']:g} s before the 5-minute lifetime ends. a break: pings per gap over 5 min. "
+            "wasted: pings after a session's last request (after the end) or in a gap whose next request "
+            "wrote the prefix anyway. breaks bridged: gaps over 5 min whose next request read the prefix "
+            "instead of writing it. net saving: via cg without keep-alive minus via cg with it (pings included)."]
     return "\n".join(out)
 
 

@@ -3,6 +3,7 @@ scheduler's rules (cg.exchange.keepalive), with no reactor: events in with their
 
 import json
 
+import attrs
 import pytest
 from fixturedata import claude_code_body
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from cg.exchange.keepalive import (
     Arm,
     Disarm,
     End,
+    Forecast,
     Ping,
     Policy,
     Scheduler,
@@ -94,10 +96,20 @@ def test_bounds_that_make_keepalive_meaningless_are_refused():
 # The scheduler
 
 
-def started(scheduler, key="c", now=0.0, ttl=TTL_5M, payload="body"):
+def started(scheduler, key="c", now=0.0, ttl=TTL_5M, payload="body", prefix_tokens=None):
     """A real request sent at ``now`` and answered 2xx: the commands of its answer."""
-    generation, _ = scheduler.sent(key, now, ttl, payload)
+    generation, _ = scheduler.sent(key, now, ttl, payload, prefix_tokens)
     return scheduler.answered(key, generation, True)
+
+
+def ping_times(scheduler, key="c", now=0.0, **request):
+    """When the pings after a real request at ``now`` go, until the keep-alive ends; and why it does."""
+    commands, times = started(scheduler, key, now, **request), []
+    while isinstance(commands[0], Arm):
+        times.append(commands[0].at - now)
+        commands = answer(scheduler, scheduler.due(key, commands[0].at))
+    (end,) = commands
+    return times, end.why
 
 
 def answer(scheduler, commands, ok=True, read=1000):
@@ -133,7 +145,7 @@ def test_a_real_request_disarms_and_starts_a_new_idle_period():
 
 
 def test_no_ping_at_or_past_the_idle_bound():
-    scheduler = Scheduler(Policy(max_idle=1800.0))
+    scheduler = Scheduler(Policy(max_idle=1800.0, forecast=None))
     commands = started(scheduler)
     times = []
     while isinstance(commands[0], Arm):
@@ -243,3 +255,54 @@ def test_a_client_gone_ends_its_conversation_at_once_and_its_ping_in_flight_for_
     assert scheduler.gone("other") == [End("other", "gone")]
     assert scheduler.pinged("other", ping.generation, True, 1000) == []  # answered after: nothing to arm
     assert started(scheduler, "other", now=900.0) == [Arm("other", 900.0 + TTL_5M - 30.0)]  # it came back
+
+
+# ---------------------------------------------------------------------------------------------
+# Whether a ping pays (Forecast)
+
+
+def test_with_no_history_pings_stop_where_the_next_would_cost_more_than_it_is_likely_to_spare():
+    # issue 25's gaps: by 27 minutes idle, a return within the next 4.5 minutes is too unlikely for a
+    # ping (0.1x the prefix) to pay for the re-write it would spare (1.25x - 0.1x)
+    times, why = ping_times(Scheduler(Policy(max_idle=4 * 3600.0)))
+    assert times == [270.0 * k for k in range(1, 6)] and why == "forecast"
+    # without the rule, the same bounds ping on to the budget
+    assert ping_times(Scheduler(Policy(max_idle=4 * 3600.0, forecast=None)))[0] == [270.0 * k for k in range(1, 11)]
+    # a prior where every idle period is the session's end: no ping at all
+    assert ping_times(Scheduler(Policy(forecast=Forecast(prior=()))))[0] == []
+
+
+def test_a_conversation_that_came_back_after_long_gaps_is_pinged_longer():
+    policy = Policy(max_idle=4 * 3600.0)
+    scheduler, now = Scheduler(policy), 0.0
+    for gap in (1700.0, 1750.0, 1650.0):  # it came back three times after ~28 minutes
+        started(scheduler, now=now)
+        now += gap
+    times, why = ping_times(scheduler, now=now)
+    assert times == [270.0 * k for k in range(1, 7)] and why == "forecast"  # the sixth, at 27 min, pays now
+    # the same gaps, not learnt from: as with no history
+    scheduler, now = Scheduler(attrs.evolve(policy, forecast=Forecast(learn=False))), 0.0
+    for gap in (1700.0, 1750.0, 1650.0):
+        started(scheduler, now=now)
+        now += gap
+    assert len(ping_times(scheduler, now=now)[0]) == 5
+    # gaps under the first ping's time teach nothing
+    scheduler, now = Scheduler(policy), 0.0
+    for gap in (60.0,) * 20:
+        started(scheduler, now=now)
+        now += gap
+    assert len(ping_times(scheduler, now=now)[0]) == 5
+
+
+def test_a_small_prefix_is_not_worth_its_output_token():
+    # a ping bills one output token (5x an input token) besides the prefix read: on 40 tokens that
+    # doubles its price
+    assert len(ping_times(Scheduler(Policy(max_idle=4 * 3600.0)), prefix_tokens=100_000)[0]) == 5
+    assert len(ping_times(Scheduler(Policy(max_idle=4 * 3600.0)), prefix_tokens=40)[0]) < 5
+
+
+def test_an_hour_long_cache_is_pinged_while_a_return_within_the_hour_is_likely_enough():
+    # a ping read 0.1x against a 2x write: worth it while 1 in 19 idle periods still ends within the hour
+    times, why = ping_times(Scheduler(Policy(max_idle=86400.0)), ttl=TTL_1H)
+    assert times and times[0] == TTL_1H - 30.0 and why == "forecast"
+    assert times[-1] < 4 * 3600.0  # past the prior's longest break, nothing comes back

@@ -115,7 +115,7 @@ def test_a_real_request_cancels_the_ping_and_reschedules_it():
 
 
 def test_never_a_ping_after_the_idle_bound():
-    warm = Warm(max_idle=1800.0)
+    warm = Warm(max_idle=1800.0, forecast=None)
     warm.request()
     times = warm.pings_until(7200.0)
     assert times == [FIRST * k for k in range(1, 7)] and times[-1] < 1800.0

@@ -31,6 +31,12 @@ The rules:
   the bytes cg thought), since every later ping would miss too. Nothing is ever retried.
 - At most ``max_conversations`` are kept; a new one evicts the one whose last real request is
   oldest.
+- Within those bounds, a ping is armed only when it pays (``Forecast``): its price (a cache read
+  of the prefix and an output token) against what it is expected to spare (the prefix's re-write
+  above a read, if the next request comes before the ping after it), weighed by how likely the
+  idle period is to end in that window, from issue 25's gaps of 70 real sessions and the gaps cg
+  has seen in this conversation, counting what later pings would add (optimal stopping over the
+  remaining pings). Where no ping pays, the keep-alive ends ("forecast").
 - A conversation whose client is gone (``gone``: the client itself closed every connection its
   requests came on, as cg.web.keepalive sees it) ends at once: its pings would be paid for nobody.
 """
@@ -38,6 +44,7 @@ The rules:
 from __future__ import annotations
 
 import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
@@ -45,7 +52,7 @@ from typing import Generic, TypeVar
 import attrs
 
 from cg.wire.body import ParsedBody
-from cg.wire.cache import TTL_5M, cache_lifetime
+from cg.wire.cache import OUTPUT_PRICE, READ_PRICE, TTL_5M, WRITE_PRICE, cache_lifetime
 
 MESSAGES_PATH = "/v1/messages"
 MARGIN = 30.0  # seconds before the cache's lifetime ends that a ping goes out
@@ -81,13 +88,75 @@ P = TypeVar("P")
 
 
 @attrs.frozen
+class Band:
+    """Idle periods that end between ``low`` and ``high`` seconds, log-uniform, ``weight`` of them."""
+
+    weight: float
+    low: float
+    high: float
+
+    def left(self, age: float) -> float:
+        """How many of them are still idle at ``age``."""
+        if age <= self.low:
+            return self.weight
+        if age >= self.high:
+            return 0.0
+        return self.weight * math.log(self.high / age) / math.log(self.high / self.low)
+
+
+# Issue 25, 70 real Claude Code sessions: of their idle periods past the first ping (4.5 min),
+# 118 ended 5-30 min later, 33 later than that (bounded here at 4 hours), and 70 never (each
+# session's last request). Log-uniform within a band: the issue gives only the bands.
+PRIOR = (Band(118.0, 300.0, 1800.0), Band(33.0, 1800.0, 14_400.0))
+PRIOR_ENDS = 70.0
+PRIOR_WEIGHT = 4.0  # the prior counts as this many idle periods against a conversation's own
+
+
+@attrs.frozen
+class Forecast:
+    """Whether a ping pays: the gaps expected of a conversation (``PRIOR``, ``PRIOR_ENDS``, worth
+    ``prior_weight`` idle periods) and, with ``learn``, the long gaps cg has seen in it."""
+
+    prior: tuple[Band, ...] = PRIOR
+    prior_ends: float = PRIOR_ENDS
+    prior_weight: float = PRIOR_WEIGHT
+    learn: bool = True
+
+    def idle_at(self, age: float, seen: tuple[float, ...]) -> float:
+        """The weight of idle periods still idle at ``age`` (seconds since the last request)."""
+        scale = self.prior_weight / (self.prior_ends + sum(band.weight for band in self.prior))
+        prior = self.prior_ends + sum(band.left(age) for band in self.prior)
+        return scale * prior + sum(1.0 for gap in seen if gap > age)
+
+    def pays(self, ages: list[float], step: float, lifetime: float, prefix_tokens: int | None,
+             seen: tuple[float, ...]) -> bool:
+        """Whether pinging at ``ages[0]`` (then, while it pays, at each later one, ``step`` apart:
+        each ping bridges a return before the next) is worth more than it costs. Optimal stopping,
+        valued from the last ping back; prices per prefix token, in input prices."""
+        spared = WRITE_PRICE[lifetime] - READ_PRICE  # a break bridged: a read instead of a write
+        price = READ_PRICE + (OUTPUT_PRICE / prefix_tokens if prefix_tokens else 0.0)
+        seen = seen if self.learn else ()
+        value = 0.0  # of going on pinging after the ping considered
+        for k in range(len(ages) - 1, -1, -1):
+            idle = self.idle_at(ages[k], seen)
+            back = (idle - self.idle_at(ages[k] + step, seen)) / idle if idle > 0 else 0.0
+            worth = back * spared - price + (1.0 - back) * value
+            if k == 0:
+                return worth > 0
+            value = max(0.0, worth)
+        return False
+
+
+@attrs.frozen
 class Policy:
-    """The bounds on what keep-alive spends (see the module docstring)."""
+    """The bounds on what keep-alive spends (see the module docstring), and the rule within them
+    (``forecast``; None: ping until a bound ends it)."""
 
     max_idle: float = DEFAULT_MAX_IDLE
     budget: int = DEFAULT_BUDGET
     max_conversations: int = DEFAULT_MAX_CONVERSATIONS
     margin: float = MARGIN
+    forecast: Forecast | None = Forecast()
 
 
 def check_policy(max_idle: float, budget: int, max_conversations: int = 1) -> None:
@@ -163,7 +232,7 @@ class End:
     """The conversation's keep-alive ends: cancel its timer, forget its payload."""
 
     key: Key
-    why: str  # idle, budget, failed, missed, refused, ineligible, evicted, stopped, gone
+    why: str  # idle, budget, forecast, failed, missed, refused, ineligible, evicted, stopped, gone
 
 
 Command = Arm | Disarm | Ping[P] | End
@@ -178,6 +247,7 @@ class _Conversation(Generic[P]):
     generation: int  # of that request: answers to older ones are stale
     pings: int = 0  # sent in this idle period
     waiting: bool = True  # that request is not answered yet
+    prefix_tokens: int | None = None  # of the last real request's prompt, when known
 
 
 class Scheduler(Generic[P]):
@@ -187,6 +257,9 @@ class Scheduler(Generic[P]):
         self.policy = policy or Policy()
         self._conversations: OrderedDict[Key, _Conversation[P]] = OrderedDict()
         self._generations = itertools.count(1)
+        # Per conversation, kept past its keep-alive's end: when its last real request was sent,
+        # and its idle periods that outlasted the first ping (what ``Forecast`` learns from).
+        self._history: OrderedDict[Key, tuple[float, tuple[float, ...]]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._conversations)
@@ -195,9 +268,11 @@ class Scheduler(Generic[P]):
         return key in self._conversations
 
     def sent(self, key: Key, now: float, lifetime: float | None,
-             payload: P) -> tuple[int | None, list[Command[P]]]:
+             payload: P, prefix_tokens: int | None = None) -> tuple[int | None, list[Command[P]]]:
         """A real request for ``key`` went upstream (``lifetime``: see ``lifetime``; None: it cannot
-        be kept warm). Returns its generation, for ``answered``, and the commands."""
+        be kept warm; ``prefix_tokens``: its prompt's size, when known, for ``Forecast``). Returns
+        its generation, for ``answered``, and the commands."""
+        self._remember(key, now, lifetime)
         conversation = self._conversations.get(key)
         if lifetime is None:
             return None, [] if conversation is None else self._end(key, "ineligible")
@@ -207,10 +282,12 @@ class Scheduler(Generic[P]):
             if len(self._conversations) >= self.policy.max_conversations:
                 oldest = next(iter(self._conversations))
                 commands += self._end(oldest, "evicted")
-            self._conversations[key] = _Conversation(payload, lifetime, now, now, generation)
+            self._conversations[key] = _Conversation(payload, lifetime, now, now, generation,
+                                                     prefix_tokens=prefix_tokens)
         else:
             commands.append(Disarm(key))
             conversation.payload, conversation.lifetime = payload, lifetime
+            conversation.prefix_tokens = prefix_tokens
             conversation.last_request = conversation.sent = now
             conversation.generation, conversation.pings, conversation.waiting = generation, 0, True
             self._conversations.move_to_end(key)
@@ -259,6 +336,16 @@ class Scheduler(Generic[P]):
         """End every conversation's keep-alive (cg is stopping)."""
         return [command for key in list(self._conversations) for command in self._end(key, "stopped")]
 
+    def _remember(self, key: Key, now: float, lifetime: float | None) -> None:
+        """Note when ``key``'s real request was sent, and the idle period it ends if that one
+        outlasted the first ping."""
+        last, gaps = self._history.pop(key, (now, ()))
+        if lifetime is not None and now - last > lifetime - self.policy.margin:
+            gaps = (*gaps, now - last)
+        self._history[key] = (now, gaps)
+        if len(self._history) > self.policy.max_conversations:
+            self._history.popitem(last=False)
+
     def _current(self, key: Key, generation: int) -> _Conversation[P] | None:
         conversation = self._conversations.get(key)
         return conversation if conversation is not None and conversation.generation == generation else None
@@ -270,7 +357,22 @@ class Scheduler(Generic[P]):
             return self._end(key, "idle")
         if conversation.pings >= self.policy.budget:
             return self._end(key, "budget")
+        if not self._pays(key, conversation, at):
+            return self._end(key, "forecast")
         return [Arm(key, at)]
+
+    def _pays(self, key: Key, conversation: _Conversation[P], at: float) -> bool:
+        """Whether the ping at ``at`` pays (``Forecast``), counting the later ones the bounds allow."""
+        forecast = self.policy.forecast
+        lifetime = conversation.lifetime
+        if forecast is None or lifetime not in WRITE_PRICE:
+            return True
+        step = lifetime - self.policy.margin
+        ages = [at - conversation.last_request + k * step
+                for k in range(self.policy.budget - conversation.pings)]
+        ages = [age for age in ages if age < self.policy.max_idle]
+        _, seen = self._history.get(key, (conversation.last_request, ()))
+        return forecast.pays(ages, step, lifetime, conversation.prefix_tokens, seen)
 
     def _end(self, key: Key, why: str) -> list[Command[P]]:
         del self._conversations[key]

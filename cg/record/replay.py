@@ -323,7 +323,7 @@ class _KeepWarm:
         billed = self._cache(price).bill(request.time, prompt)
         if keepalive.concerns(request.path, request.body) and body is not None:
             generation, commands = self.scheduler.sent(model, request.time, keepalive.lifetime(body),
-                                                       (index, price, prompt))
+                                                       (index, price, prompt), sum(s.tokens for s in prompt))
             self._do(commands, request.time)
             if generation is not None:
                 self._do(self.scheduler.answered(model, generation, True), request.time)

@@ -18,6 +18,12 @@ from cg.wire.body import ParsedBody
 TTL_5M, TTL_1H = 300.0, 3600.0
 """The two lifetimes Anthropic's cache offers (seconds)."""
 
+READ_PRICE = 0.1
+WRITE_PRICE = {TTL_5M: 1.25, TTL_1H: 2.0}
+OUTPUT_PRICE = 5.0
+"""What a cache read, a cache write for each lifetime, and an output token cost as multiples of
+the input price (Anthropic's, for every current model)."""
+
 _PING_SPINE: jsonbytes.Spine = {"max_tokens": {}, "stream": {}}
 
 
