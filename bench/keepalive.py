@@ -13,7 +13,10 @@ cost without it, from the same replay. The rules:
 - ski rental: ping until the pings spent in this idle period reach the re-write they would spare
   (1.15 / 0.1: 11 pings), with no idle bound below 4 h;
 - forecast, prior only: ``cg.exchange.keepalive.Forecast`` without the conversation's own gaps;
-- forecast: ``Forecast`` as cg runs it (issue 25's prior and the conversation's own long gaps).
+- forecast: ``Forecast`` as cg runs it (issue 25's prior and the conversation's own long gaps);
+- 1h, forecast and auto, forecast: with ``cg-estimate --cache-ttl 1h`` (every breakpoint of the
+  forwarded prompt asks for an hour) and ``auto`` (an hour from the conversation's first expired
+  cache on), pinged by the forecast with no idle bound below 4 h.
 
 - generated sessions (bench/sessions.py's ``human_sessions``): Claude Code's envelope, paced as
   issue 25's 70 real sessions were (~100 requests each, breaks over 5 min in 54 of 70 sessions,
@@ -50,11 +53,13 @@ from cg.wire.cache import TTL_5M  # noqa: E402
 
 TRANSCRIPTS = REPO / "tests" / "fixtures" / "transcripts" / "home"
 SESSIONS = 70  # as many as issue 25 measured
-RULES = {
-    "bounds": Policy(forecast=None),
-    "ski rental": Policy(max_idle=4 * 3600.0, budget=11, forecast=None),
-    "forecast, prior only": Policy(forecast=Forecast(learn=False)),
-    "forecast": Policy(),
+RULES = {  # name: (keep-alive's policy, cg-estimate's --cache-ttl)
+    "bounds": (Policy(forecast=None), "keep"),
+    "ski rental": (Policy(max_idle=4 * 3600.0, budget=11, forecast=None), "keep"),
+    "forecast, prior only": (Policy(forecast=Forecast(learn=False)), "keep"),
+    "forecast": (Policy(), "keep"),
+    "1h, forecast": (Policy(max_idle=4 * 3600.0), "1h"),
+    "auto, forecast": (Policy(max_idle=4 * 3600.0), "auto"),
 }
 
 
@@ -114,14 +119,14 @@ def run(quick: bool, n_sessions: int) -> dict:
         sent = [Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests]
         requests += len(sent)
         breaks += sum(b.time - a.time > TTL_5M for a, b in zip(sent, sent[1:]))
-        for rule, policy in RULES.items():
-            generated[rule].add(replay(sent, conversation=session.id, keep_warm=policy))
+        for rule, (policy, ttl) in RULES.items():
+            generated[rule].add(replay(sent, conversation=session.id, keep_warm=policy, cache_ttl=ttl))
         print(f"  {session.id}: {len(sent)} requests, {time.monotonic() - started:.0f} s", file=sys.stderr)
     found = list(transcripts.read(transcripts.find(TRANSCRIPTS)))
     for session in found:
         sent = [Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests]
-        for rule, policy in RULES.items():
-            fixtures[rule].add(replay(sent, conversation=session.id, keep_warm=policy))
+        for rule, (policy, ttl) in RULES.items():
+            fixtures[rule].add(replay(sent, conversation=session.id, keep_warm=policy, cache_ttl=ttl))
     return {
         "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
@@ -148,19 +153,21 @@ def report(r: dict) -> str:
            f"human-paced: {g['sessions']} sessions, {g['requests']:,} requests, {g['breaks']} breaks over 5 min; "
            f"direct ${first['cost_direct']:,.2f}, via cg ${first['cost_cg']:,.2f} ({first['ratio_cg']:.3f} of direct)",
            f"fixtures: {', '.join(r['fixtures']['sessions'])}", ""]
-    head = ("", "rule", "pings", "a break", "wasted", "after the end", "ping cost", "breaks bridged",
+    head = ("", "rule", "via cg", "pings", "a break", "wasted", "after the end", "ping cost", "breaks bridged",
             "via cg + keep-alive", "of direct", "net saving", "of via cg")
     rows = [head]
     for where, table in (("human-paced", g), ("fixtures", r["fixtures"])):
         for rule, s in table["rules"].items():
-            rows.append((where, rule, f"{s['pings']:,}", "-" if s["pings_per_break"] is None else f"{s['pings_per_break']:.1f}",
+            rows.append((where, rule, f"{s['ratio_cg']:.3f}", f"{s['pings']:,}", "-" if s["pings_per_break"] is None else f"{s['pings_per_break']:.1f}",
                          f"{s['wasted_pings']:,}", f"{s['trailing_pings']:,}", f"${s['ping_cost']:,.2f}",
                          f"{s['bridged']}/{s['long_gaps']}", f"${s['cost_cg_keepalive']:,.2f}",
                          f"{s['ratio_cg_keepalive']:.3f}", _usd(s["net_saving"]), f"{s['net_saving_pct']:+.1f}%"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
         out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-    out += ["", f"a ping {r['margin_s']:g} s before the 5-minute lifetime ends. a break: pings per gap over 5 min. "
+    out += ["", "via cg: of direct, without keep-alive, the breakpoints at the rule's lifetime (keep: the client's; "
+            "1h: every breakpoint an hour; auto: an hour from the conversation's first expired cache on). "
+            f"a ping {r['margin_s']:g} s before the lifetime ends. a break: pings per gap over 5 min. "
             "wasted: pings after a session's last request (after the end) or in a gap whose next request "
             "wrote the prefix anyway. breaks bridged: gaps over 5 min whose next request read the prefix "
             "instead of writing it. net saving: via cg without keep-alive minus via cg with it (pings included)."]

@@ -385,3 +385,27 @@ def test_keepalive_on_the_command_line():
     assert json.loads(out)["total"]["keepalive"] is None and "pings" not in run(str(HOME))[1]
     code, out, err = run(str(HOME), "--keepalive", "--keepalive-max-idle", "200")
     assert code == 2 and out == "" and err.count("\n") == 1 and "--keepalive-max-idle must be more than 270" in err
+
+
+def test_cache_ttl_prices_the_lifetime_cg_would_ask_for(capsys):
+    session = keepalive_session(0.0, 10.0, 610.0, 620.0, 620.0 + 1800)  # gaps: 10 s, 10 min, 10 s, 30 min
+    keep = replay(session, rewrite_config())
+    hour = replay(session, rewrite_config(), cache_ttl="1h")
+    auto = replay(session, rewrite_config(), cache_ttl="auto")
+    assert replay(session, rewrite_config(), cache_ttl="5m") == keep  # Claude Code's breakpoints ask for 5 min
+    assert all(t.cg.cache_write_1h == 0 for t in keep) and keep[2].cg.cache_write_5m > 2000
+    assert keep[4].cg.cache_write_5m > 2000  # 30 minutes: written again
+    # 1h: every write at 2x, and neither break writes the prefix again
+    assert all(t.cg.cache_write_5m == 0 for t in hour) and hour[0].cg.cache_write_1h == keep[0].cg.cache_write_5m
+    assert hour[2].cg.cache_write_1h < 200 and hour[4].cg.cache_write_1h < 200
+    # auto: the client's until the first expired cache (the request after 10 minutes writes anyway), an
+    # hour from that request on, which bridges the 30-minute break
+    assert [t.cg for t in auto[:2]] == [t.cg for t in keep[:2]]
+    assert auto[2].cg.cache_write_1h == keep[2].cg.cache_write_5m and auto[4].cg.cache_write_1h < 200
+    costs = [sum(t.cost_cg for t in turns) for turns in (keep, auto, hour)]
+    assert costs == sorted(costs, reverse=True)  # here an hour from the start bridges both breaks: cheapest
+    _, out, _ = run(str(HOME), "--json", "--cache-ttl", "1h")
+    assert json.loads(out)["config"]["cache_ttl"] == "1h"
+    with pytest.raises(SystemExit):
+        run(str(HOME), "--cache-ttl", "2h")
+    assert "argument --cache-ttl: invalid choice: '2h'" in capsys.readouterr().err

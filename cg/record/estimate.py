@@ -23,7 +23,7 @@ from cg.compaction import options
 from cg.exchange import keepalive
 from cg.record import transcripts
 from cg.record.pricing import Tokens, prices
-from cg.record.replay import DEFAULT_EXPAND_RATE, Sent, Turn, replay
+from cg.record.replay import CACHE_TTLS, DEFAULT_EXPAND_RATE, Sent, Turn, replay
 from cg.record.report import progress, text_table
 
 ASSUMPTIONS = (
@@ -39,7 +39,8 @@ ASSUMPTIONS = (
 )
 KEEPALIVE_ASSUMPTION = (
     "Keep-alive: cg's own scheduler run on the transcript's timestamps; each ping is the last request read "
-    "from the cache plus one output token; pings after a session's last request run on to the idle bound."
+    "from the cache plus one output token; pings after a session's last request run on while its rule "
+    "finds them worth their price, within the idle bound and the budget."
 )
 
 
@@ -97,6 +98,10 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"{keepalive.MAX_IDLE[2]} [default: %(default)s]")
     parser.add_argument(f"--{keepalive.BUDGET[0]}", type=int, default=keepalive.BUDGET[1], metavar="N",
                         help=f"{keepalive.BUDGET[2]} [default: %(default)s]")
+    parser.add_argument("--cache-ttl", choices=tuple(CACHE_TTLS), default="keep",
+                        help="the lifetime cg's breakpoints ask for: keep (the client's), 5m, 1h, or auto (the "
+                        "client's until the conversation's cache first expires, an hour from then on) "
+                        "[default: %(default)s]")
     return parser.parse_args(argv)
 
 
@@ -226,7 +231,7 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
             if args.since is not None and (session.ended or 0) < args.since:
                 continue
             turns = replay([Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests], config, table,
-                           args.expand_rate, session.id, keep_warm)
+                           args.expand_rate, session.id, keep_warm, args.cache_ttl)
             if not turns:
                 continue
             notes.update(t.price.note for t in turns if t.price.note)
@@ -271,7 +276,7 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
         "total": total,
         "config": {"expand": args.expand, "cold_policy": args.cold_policy, "offload_min_tokens": args.offload_min_tokens,
                    "keep_tools": list(args.keep_tools), "disable": list(args.disable),
-                   "expand_rate": args.expand_rate, "ttl": args.ttl,
+                   "expand_rate": args.expand_rate, "ttl": args.ttl, "cache_ttl": args.cache_ttl,
                    "keepalive": {"max_idle": args.keepalive_max_idle, "budget": args.keepalive_budget}
                    if args.keepalive else None},
         "prices": {"sources": table.sources(), "notes": sorted(notes)},

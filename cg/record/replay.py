@@ -24,6 +24,11 @@ What it states rather than measures:
   A ping is billed as the conversation's last forwarded prompt read again (cache reads, the tail
   after the last breakpoint as input) plus one output token; every real request is taken to have
   been answered 2xx when it was sent, and every ping to read what the cache holds.
+- Cache lifetime (``cache_ttl``): "keep" prices the client's breakpoints as they are; "5m" and
+  "1h" give every breakpoint of the via-cg prompt that lifetime (one lifetime for all: Anthropic
+  wants longer ones before shorter ones); "auto" keeps the client's until the conversation's cache
+  first expires (its next request writes the prefix anyway, whatever its lifetime), then asks for
+  an hour from that request on. Keep-alive pings at the lifetime the breakpoints ask for.
 - The cache-aware policy (``config.cold``, cg.compaction.cold) runs on the requests' own times:
   a request later than the conversation's cache lifetime (plus the policy's margin) after the
   previous one is cold and makes an epoch, as cg's store would keep it; the offloads the epochs
@@ -55,10 +60,11 @@ from cg.record.pricing import (
     prices,
 )
 from cg.wire.body import ParsedBody
-from cg.wire.cache import breakpoint_ttl
+from cg.wire.cache import TTL_1H, TTL_5M, breakpoint_ttl
 from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE, Shape
 
 DEFAULT_EXPAND_RATE = 0.1
+CACHE_TTLS = {"keep": None, "5m": TTL_5M, "1h": TTL_1H, "auto": None}
 
 # The paths whose requests are replayed, and their bodies' shape (whose route names the provider
 # that prices them: cg.record.pricing keys its providers by the route's dialect name).
@@ -217,13 +223,36 @@ class _Conversation:
         return current, made is not None
 
 
+class _Lifetime:
+    """The lifetime cg's breakpoints ask for (``cache_ttl``, see the module docstring), per model."""
+
+    def __init__(self, cache_ttl: str):
+        self.fixed = CACHE_TTLS[cache_ttl]
+        self.auto = cache_ttl == "auto"
+        self.expires: dict[str | None, float] = {}  # the client's cache, per model
+        self.chosen: dict[str | None, float] = {}  # auto: chosen at a model's first expired cache
+
+    def step(self, now: float, model: str | None, asked: float | None) -> float | None:
+        """The lifetime this request's breakpoints get (None: the client's, ``asked``)."""
+        if not self.auto or asked is None:
+            return self.fixed
+        expires = self.expires.get(model)
+        if expires is not None and now > expires and model not in self.chosen:
+            self.chosen[model] = TTL_1H
+        lifetime = self.chosen.get(model, asked)
+        self.expires[model] = now + lifetime
+        return self.chosen.get(model)
+
+
 def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table: PriceTable | None = None,
            expand_rate: float = DEFAULT_EXPAND_RATE, conversation: str = "",
-           keep_warm: keepalive.Policy | None = None) -> list[Turn]:
+           keep_warm: keepalive.Policy | None = None, cache_ttl: str = "keep") -> list[Turn]:
     """Each request of one conversation priced direct and via cg (``config``: cg's rewrite
-    options; None: its defaults), in order; with ``keep_warm``, via cg with keep-alive too."""
+    options; None: its defaults), in order; with ``keep_warm``, via cg with keep-alive too;
+    ``cache_ttl``: the lifetime cg's breakpoints ask for (``CACHE_TTLS``)."""
     table = table or prices()
     warm = _KeepWarm(keep_warm) if keep_warm is not None else None
+    lifetimes = _Lifetime(cache_ttl)
     config = config or RewriteConfig()
     rewriter = Rewriter(config)
     # Per model, as cg keys it (cold.conversation_key): a side request to another model has a cache of its own.
@@ -263,6 +292,11 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         output = Tokens(output=request.output_tokens)
         direct = direct_cache.bill(request.time, segments(direct_body, shape, sizer)) + output
         cg_segments = segments(cg_body, shape, sizer)
+        asked = min((seg.breakpoint for seg in cg_segments if seg.breakpoint is not None), default=None)
+        ttl = lifetimes.step(request.time, model, asked)
+        if ttl is not None:
+            cg_segments = [attrs.evolve(seg, breakpoint=ttl) if seg.breakpoint is not None else seg
+                           for seg in cg_segments]
         cg = cg_cache.bill(request.time, cg_segments) + output
         changes = rewrite.changes if rewrite else []
         new = _first_offloads(changes, seen)
@@ -275,7 +309,7 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         kept = None
         if warm is not None:
             parsed = incoming.body if incoming is not None else ParsedBody.parse(request.body)
-            kept = warm.request(len(turns), request, parsed, model, price, cg_segments) + output
+            kept = warm.request(len(turns), request, parsed, model, price, cg_segments, ttl) + output
         turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, sum(costs.values()),
                           bytes_direct=len(request.body),
                           bytes_cg=len(rewrite.body) if rewrite is not None else len(request.body),
@@ -318,12 +352,14 @@ class _KeepWarm:
             self._do(self.scheduler.due(key, at), at)
 
     def request(self, index: int, request: Sent, body: ParsedBody | None, model: str | None, price: Price,
-                prompt: list[Segment]) -> Tokens:
-        """A real request, billed on the kept-warm cache; it moves its conversation's pings as in cg."""
+                prompt: list[Segment], ttl: float | None = None) -> Tokens:
+        """A real request, billed on the kept-warm cache; it moves its conversation's pings as in cg
+        (``ttl``: the lifetime cg gave its breakpoints, None: the client's)."""
         billed = self._cache(price).bill(request.time, prompt)
         if keepalive.concerns(request.path, request.body) and body is not None:
-            generation, commands = self.scheduler.sent(model, request.time, keepalive.lifetime(body),
-                                                       (index, price, prompt), sum(s.tokens for s in prompt))
+            lifetime = keepalive.lifetime(body)
+            generation, commands = self.scheduler.sent(model, request.time, lifetime if ttl is None or lifetime is None
+                                                       else ttl, (index, price, prompt), sum(s.tokens for s in prompt))
             self._do(commands, request.time)
             if generation is not None:
                 self._do(self.scheduler.answered(model, generation, True), request.time)
