@@ -43,7 +43,7 @@ from cg.wire.cache import TTL_5M, ping_body
 log = Logger(namespace="cg.web.keepalive")
 
 _MAX_ANSWER = 1 << 20  # bytes of a ping's answer kept: a max_tokens 1 message is a few hundred
-_QUIET = ("idle", "budget", "ineligible", "evicted", "stopped", "gone")  # endings that are no news
+_QUIET = ("idle", "budget", "forecast", "ineligible", "evicted", "stopped", "gone")  # endings that are no news
 # How long cg keeps a client connection that waits for its next request, with --keepalive: past the
 # first ping (a 5-minute lifetime less the margin, from the last request), so that a client that
 # exits before it is due is seen to close its connections (twisted.web's default, 60 s, would have
