@@ -61,6 +61,7 @@ RULES = {  # name: (keep-alive's policy, cg-estimate's --cache-ttl)
     "1h, forecast": (Policy(max_idle=4 * 3600.0), "1h"),
     "auto, forecast": (Policy(max_idle=4 * 3600.0), "auto"),
 }
+UNIFORM = ("bounds", "forecast")  # also run with the breaks uniform in their bands: how much the shape matters
 
 
 @attrs.define
@@ -77,6 +78,7 @@ class Tally:
     long_gaps: int = 0  # gaps longer than the cache's lifetime
     bridged: int = 0  # of those, the ones whose next request read the prefix thanks to the pings
     trailing_pings: int = 0  # pings after a session's last request
+    trailing_cost: float = 0.0  # what they cost
     wasted_pings: int = 0  # those, and pings in a gap whose next request wrote the prefix anyway
 
     def add(self, turns: list[Turn]) -> None:
@@ -94,13 +96,16 @@ class Tally:
                 self.bridged += bridged
                 self.wasted_pings += 0 if bridged else previous.pings
         self.trailing_pings += turns[-1].pings if turns else 0
+        self.trailing_cost += turns[-1].ping_cost if turns else 0.0
         self.wasted_pings += turns[-1].pings if turns else 0
 
     def row(self) -> dict:
         return {"sessions": self.sessions, "requests": self.requests, "cost_direct": round(self.direct, 4),
                 "cost_cg": round(self.cg, 4), "cost_cg_keepalive": round(self.kept, 4), "pings": self.pings,
                 "trailing_pings": self.trailing_pings, "wasted_pings": self.wasted_pings,
-                "pings_per_break": round(self.pings / self.long_gaps, 2) if self.long_gaps else None,
+                "trailing_cost": round(self.trailing_cost, 4),
+                "pings_per_break": round((self.pings - self.trailing_pings) / self.long_gaps, 2)
+                if self.long_gaps else None,
                 "ping_cost": round(self.ping_cost, 4),
                 "long_gaps": self.long_gaps, "bridged": self.bridged,
                 "net_saving": round(self.cg - self.kept, 4),
@@ -113,6 +118,7 @@ def run(quick: bool, n_sessions: int) -> dict:
     started = time.monotonic()
     pace = HumanPace(requests=(12, 20)) if quick else HumanPace()
     generated = {rule: Tally() for rule in RULES}
+    uniform = {rule: Tally() for rule in UNIFORM}
     fixtures = {rule: Tally() for rule in RULES}
     breaks = requests = 0
     for session in human_sessions(n_sessions, pace=pace):
@@ -122,6 +128,12 @@ def run(quick: bool, n_sessions: int) -> dict:
         for rule, (policy, ttl) in RULES.items():
             generated[rule].add(replay(sent, conversation=session.id, keep_warm=policy, cache_ttl=ttl))
         print(f"  {session.id}: {len(sent)} requests, {time.monotonic() - started:.0f} s", file=sys.stderr)
+    for session in human_sessions(n_sessions, pace=attrs.evolve(pace, log_uniform=False)):
+        sent = [Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests]
+        for rule in UNIFORM:
+            policy, ttl = RULES[rule]
+            uniform[rule].add(replay(sent, conversation=session.id, keep_warm=policy, cache_ttl=ttl))
+        print(f"  {session.id}, breaks uniform: {time.monotonic() - started:.0f} s", file=sys.stderr)
     found = list(transcripts.read(transcripts.find(TRANSCRIPTS)))
     for session in found:
         sent = [Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests]
@@ -136,6 +148,7 @@ def run(quick: bool, n_sessions: int) -> dict:
         "generated": {"sessions": n_sessions, "requests": requests, "breaks": breaks,
                       "pace": attrs.asdict(pace),
                       "rules": {rule: tally.row() for rule, tally in generated.items()}},
+        "uniform": {"rules": {rule: tally.row() for rule, tally in uniform.items()}},
         "fixtures": {"sessions": [f"{s.client} {s.id}" for s in found],
                      "rules": {rule: tally.row() for rule, tally in fixtures.items()}},
     }
@@ -153,13 +166,15 @@ def report(r: dict) -> str:
            f"human-paced: {g['sessions']} sessions, {g['requests']:,} requests, {g['breaks']} breaks over 5 min; "
            f"direct ${first['cost_direct']:,.2f}, via cg ${first['cost_cg']:,.2f} ({first['ratio_cg']:.3f} of direct)",
            f"fixtures: {', '.join(r['fixtures']['sessions'])}", ""]
-    head = ("", "rule", "via cg", "pings", "a break", "wasted", "after the end", "ping cost", "breaks bridged",
+    head = ("", "rule", "via cg", "pings", "a break", "wasted", "after the end", "their cost", "ping cost",
+            "breaks bridged",
             "via cg + keep-alive", "of direct", "net saving", "of via cg")
     rows = [head]
-    for where, table in (("human-paced", g), ("fixtures", r["fixtures"])):
+    for where, table in (("human-paced", g), ("breaks uniform", r["uniform"]), ("fixtures", r["fixtures"])):
         for rule, s in table["rules"].items():
             rows.append((where, rule, f"{s['ratio_cg']:.3f}", f"{s['pings']:,}", "-" if s["pings_per_break"] is None else f"{s['pings_per_break']:.1f}",
-                         f"{s['wasted_pings']:,}", f"{s['trailing_pings']:,}", f"${s['ping_cost']:,.2f}",
+                         f"{s['wasted_pings']:,}", f"{s['trailing_pings']:,}", f"${s['trailing_cost']:,.2f}",
+                         f"${s['ping_cost']:,.2f}",
                          f"{s['bridged']}/{s['long_gaps']}", f"${s['cost_cg_keepalive']:,.2f}",
                          f"{s['ratio_cg_keepalive']:.3f}", _usd(s["net_saving"]), f"{s['net_saving_pct']:+.1f}%"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -167,7 +182,8 @@ def report(r: dict) -> str:
         out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
     out += ["", "via cg: of direct, without keep-alive, the breakpoints at the rule's lifetime (keep: the client's; "
             "1h: every breakpoint an hour; auto: an hour from the conversation's first expired cache on). "
-            f"a ping {r['margin_s']:g} s before the lifetime ends. a break: pings per gap over 5 min. "
+            f"a ping {r['margin_s']:g} s before the lifetime ends. a break: pings per gap over 5 min (but those "
+            "after the end). breaks uniform: the same sessions, their breaks uniform in 5-30 min and 30 min-4 h. "
             "wasted: pings after a session's last request (after the end) or in a gap whose next request "
             "wrote the prefix anyway. breaks bridged: gaps over 5 min whose next request read the prefix "
             "instead of writing it. net saving: via cg without keep-alive minus via cg with it (pings included)."]

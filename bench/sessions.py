@@ -151,6 +151,7 @@ class HumanPace:
     with_breaks: float = WITH_BREAKS
     breaks_per_session: float = BREAKS_PER_SESSION
     short_breaks: float = SHORT_BREAKS
+    log_uniform: bool = True  # False: breaks uniform within their band (as many long ones as short)
 
     def gaps(self, rng: random.Random) -> list[float]:
         """The gaps before each request after the first (seconds): as many as requests, less one."""
@@ -163,7 +164,7 @@ class HumanPace:
 
     def _break(self, rng: random.Random) -> float:
         low, high = SHORT_BREAK if rng.random() < self.short_breaks else LONG_BREAK
-        return _log_uniform(rng, low, high)
+        return _log_uniform(rng, low, high) if self.log_uniform else rng.uniform(low, high)
 
 
 def _agent_gap(rng: random.Random) -> float:
