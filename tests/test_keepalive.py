@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cg.exchange.keepalive import (
+    SEEN_GAPS,
     Arm,
     Disarm,
     End,
@@ -306,3 +307,18 @@ def test_an_hour_long_cache_is_pinged_while_a_return_within_the_hour_is_likely_e
     times, why = ping_times(Scheduler(Policy(max_idle=86400.0)), ttl=TTL_1H)
     assert times and times[0] == TTL_1H - 30.0 and why == "forecast"
     assert times[-1] < 4 * 3600.0  # past the prior's longest break, nothing comes back
+
+
+def test_a_conversation_keeps_only_its_latest_long_gaps():
+    def pings_after(gaps):
+        scheduler, now = Scheduler(Policy(max_idle=4 * 3600.0)), 0.0
+        for gap in gaps:
+            started(scheduler, now=now)
+            now += gap
+        return len(ping_times(scheduler, now=now)[0])
+
+    # it came back after ~28 minutes, over and over: pinged to 27 minutes
+    assert pings_after((1700.0,) * 40) == 6
+    # then it took 10-minute breaks only, as many as are kept: the old habit is forgotten
+    assert pings_after((1700.0,) * 40 + (600.0,) * SEEN_GAPS) == 5
+    assert pings_after((1700.0,) * 40 + (600.0,) * (SEEN_GAPS - 1)) == 6

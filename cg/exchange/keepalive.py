@@ -110,6 +110,7 @@ class Band:
 PRIOR = (Band(118.0, 300.0, 1800.0), Band(33.0, 1800.0, 14_400.0))
 PRIOR_ENDS = 70.0
 PRIOR_WEIGHT = 4.0  # the prior counts as this many idle periods against a conversation's own
+SEEN_GAPS = 32  # a conversation's long gaps kept, the latest (its habits of the day, bounded memory)
 
 
 @attrs.frozen
@@ -341,7 +342,7 @@ class Scheduler(Generic[P]):
         outlasted the first ping."""
         last, gaps = self._history.pop(key, (now, ()))
         if lifetime is not None and now - last > lifetime - self.policy.margin:
-            gaps = (*gaps, now - last)
+            gaps = (*gaps, now - last)[-SEEN_GAPS:]
         self._history[key] = (now, gaps)
         if len(self._history) > self.policy.max_conversations:
             self._history.popitem(last=False)
