@@ -248,7 +248,7 @@ class _Conversation(Generic[P]):
     generation: int  # of that request: answers to older ones are stale
     pings: int = 0  # sent in this idle period
     waiting: bool = True  # that request is not answered yet
-    prefix_tokens: int | None = None  # of the last real request's prompt, when known
+    prefix_tokens: int | None = None  # the prefix the last ping read: None before the first
 
 
 class Scheduler(Generic[P]):
@@ -269,10 +269,9 @@ class Scheduler(Generic[P]):
         return key in self._conversations
 
     def sent(self, key: Key, now: float, lifetime: float | None,
-             payload: P, prefix_tokens: int | None = None) -> tuple[int | None, list[Command[P]]]:
+             payload: P) -> tuple[int | None, list[Command[P]]]:
         """A real request for ``key`` went upstream (``lifetime``: see ``lifetime``; None: it cannot
-        be kept warm; ``prefix_tokens``: its prompt's size, when known, for ``Forecast``). Returns
-        its generation, for ``answered``, and the commands."""
+        be kept warm). Returns its generation, for ``answered``, and the commands."""
         self._remember(key, now, lifetime)
         conversation = self._conversations.get(key)
         if lifetime is None:
@@ -283,12 +282,10 @@ class Scheduler(Generic[P]):
             if len(self._conversations) >= self.policy.max_conversations:
                 oldest = next(iter(self._conversations))
                 commands += self._end(oldest, "evicted")
-            self._conversations[key] = _Conversation(payload, lifetime, now, now, generation,
-                                                     prefix_tokens=prefix_tokens)
+            self._conversations[key] = _Conversation(payload, lifetime, now, now, generation)
         else:
             commands.append(Disarm(key))
             conversation.payload, conversation.lifetime = payload, lifetime
-            conversation.prefix_tokens = prefix_tokens
             conversation.last_request = conversation.sent = now
             conversation.generation, conversation.pings, conversation.waiting = generation, 0, True
             self._conversations.move_to_end(key)
@@ -327,6 +324,7 @@ class Scheduler(Generic[P]):
             return self._end(key, "failed")
         if cache_read <= 0:
             return self._end(key, "missed")
+        conversation.prefix_tokens = cache_read  # what the next ping will cost, for the forecast
         return self._next(key, conversation)
 
     def gone(self, key: Key) -> list[Command[P]]:

@@ -359,7 +359,7 @@ class _KeepWarm:
         if keepalive.concerns(request.path, request.body) and body is not None:
             lifetime = keepalive.lifetime(body)
             generation, commands = self.scheduler.sent(model, request.time, lifetime if ttl is None or lifetime is None
-                                                       else ttl, (index, price, prompt), sum(s.tokens for s in prompt))
+                                                       else ttl, (index, price, prompt))
             self._do(commands, request.time)
             if generation is not None:
                 self._do(self.scheduler.answered(model, generation, True), request.time)
