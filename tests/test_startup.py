@@ -214,7 +214,7 @@ _UNUSABLE = {
     "anthropic-upstream": "api.anthropic.com", "openai-upstream": "https://", "upstream-ca": "/nonexistent/ca.pem",
     "store": "postgres://db/cg", "store-password-file": "/nonexistent/password", "memo-dir": "/etc/hostname",
     "tenant": "everyone", "admin-token-file": "/nonexistent/token", "expand": "yes", "mode": "proxy",
-    "cold-policy": "yes", "changelog": "/nonexistent/cg.jsonl", "keep-tools": "Read,Web Search",
+    "cold-policy": "yes", "cache-ttl": "2h", "changelog": "/nonexistent/cg.jsonl", "keep-tools": "Read,Web Search",
     "listen": "tpc:8080", "disable": "everything",
 }
 

@@ -208,6 +208,15 @@ class Known:
         self._items.move_to_end((tenant, key))
         return True
 
+    def lifetime(self, tenant: str, key: str) -> float | None:
+        """The cache lifetime frozen for the conversation (--cache-ttl auto), as last read; None:
+        none read yet (frozen first writer wins, so one read stays true)."""
+        learned = self._items.get((tenant, key))
+        return None if learned is None else learned.lifetime
+
+    def set_lifetime(self, tenant: str, key: str, lifetime: float) -> None:
+        self._learned(tenant, key).lifetime = lifetime
+
     def _learned(self, tenant: str, key: str) -> _Learned:
         learned = self._items.get((tenant, key))
         if learned is None:
@@ -224,6 +233,7 @@ class _Learned:
     read: bool = False  # whether `epochs` are all the store held at the last read
     settled: bool = False  # and the read before found the same
     until: float | None = None
+    lifetime: float | None = None  # the cache lifetime frozen for it (--cache-ttl auto)
 
 
 def _recent_start(items: list[object], turns: int) -> int | None:
@@ -375,3 +385,8 @@ def conversation_key(conversation: str, model: str | None) -> str:
 def epoch_key(conversation: str, index: int) -> str:
     """The frozen text holding epoch ``index`` of a conversation (``conversation_key``)."""
     return f"cold:{conversation}:{index}"
+
+
+def lifetime_key(conversation: str) -> str:
+    """The frozen text holding the cache lifetime chosen for a conversation (--cache-ttl auto)."""
+    return f"ttl:{conversation}"

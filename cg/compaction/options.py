@@ -37,6 +37,15 @@ COLD_POLICY = (
     "offload its older tool results more (file views a later edit or read superseded), then replay "
     "those decisions on every later turn; kept in the store. off: first-sight decisions only.",
 )
+CACHE_TTL = (
+    "cache-ttl",
+    "keep",
+    "The lifetime the cache_control breakpoints of an Anthropic Messages request ask for. keep: the "
+    "client's, byte for byte. 5m, 1h: every breakpoint that one. auto: the client's until the "
+    "conversation's cache first expires (that request writes the whole prompt anyway), an hour from then "
+    "on; the choice is kept in the store, so every later turn sends the same bytes. cg-estimate "
+    "--cache-ttl prices each on your own transcripts.",
+)
 DISABLE_HELP = (
     "Switch off a compaction component; repeatable. Components, in order: "
     + ", ".join(COMPONENTS)

@@ -18,6 +18,7 @@ from cg.compaction.pipeline import Change, CompactConfig, Memo, Older, forwarded
 from cg.compaction.repair import Repair, find_repairs, repair_edits
 from cg.wire import jsonbytes
 from cg.wire.body import Earlier, ParsedBody
+from cg.wire.cache import lifetime_edits
 from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE, Shape, split_path
 
 # Paths whose bodies cg rewrites, their body shape, and whether what it stashes there matters
@@ -128,9 +129,13 @@ class Rewriter:
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,
                lossy: bool | frozenset[str] = True, older: Older | None = None,
-               restored: list[tuple[jsonbytes.Span, str]] | None = None) -> Rewrite:
+               restored: list[tuple[jsonbytes.Span, str]] | None = None,
+               lifetime: float | None = None) -> Rewrite:
         """Repair, compact and inject in one splice; with `restored`, the hidden turns a spliced
-        response's continuation wrote its thinking after (cg.stream.hidden), put back.
+        response's continuation wrote its thinking after (cg.stream.hidden), put back; with
+        `lifetime`, every breakpoint of a Messages request asks for it (--cache-ttl,
+        cg.wire.cache.lifetime_edits): all of them or, where another edit replaces one's block,
+        none, so that the request never mixes lifetimes out of the order the provider requires.
 
         `lossy=False` forbids lossy compaction; a set of marker IDs allows it only for those
         originals (the store could not keep the others). `older`: the cache-aware policy's
@@ -141,6 +146,8 @@ class Rewriter:
         compaction = plan(body, shape, self.config.compact, lossy if injected else False, self.memo, older)
         repairs = repair_edits(body, incoming.repairs, repair_texts) if repair_texts else []
         edits = repairs + compaction.edits + (incoming.injection or []) + (restored or [])
+        if lifetime is not None and shape.select(True, False, False):
+            edits += _outside(lifetime_edits(body, lifetime), edits)
         forwarded(body, compaction)
         return Rewrite(
             body=body.apply(edits),
@@ -224,3 +231,11 @@ def _opening(raw: bytes) -> str:
 
 
 _FIRST_ITEM = json.JSONDecoder()
+
+
+def _outside(edits: list[tuple[jsonbytes.Span, str]],
+             others: list[tuple[jsonbytes.Span, str]]) -> list[tuple[jsonbytes.Span, str]]:
+    """`edits`, or none if any of them falls within one of `others`' spans."""
+    inside = any(start <= begin and end <= stop for (begin, end), _ in edits for (start, stop), _ in others
+                 if start < stop)
+    return [] if inside else edits

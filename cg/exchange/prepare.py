@@ -12,7 +12,8 @@ turn by once it is billed (`Report.cache`, cg.exchange.verdict): gathered from w
 the body learned anyway, with no store command of their own.
 
 The steps: parse the body (`cg.compaction.rewrite`); look up, at once, the frozen text of each
-expand call the client answered with an error (`cg.compaction.repair`) and the cache-aware policy's
+expand call the client answered with an error (`cg.compaction.repair`), the cache lifetime its
+breakpoints ask for (--cache-ttl auto: frozen per conversation) and then the cache-aware policy's
 part (`cg.compaction.cold`: record when the conversation's cache expires, read its epochs, freeze a
 new one if the request is cold); rewrite; store the new originals before any marker names them.
 
@@ -21,9 +22,18 @@ state         event                                        commands → next sta
 ============  ===========================================  ===========================================
 (start)       bypassed, nothing to parse, or no JSON       Ready (the body as it came) → READY
 (start)       A body cg parses                             ReadFrozen per repair and per thinking
-                                                           block not seen, [RecordCache],
-                                                           [ReadFrozen epoch 0] → LOOKING_UP (with
-                                                           nothing to look up: as on its last answer)
+                                                           block not seen; --cache-ttl auto, no
+                                                           lifetime known: ReadFrozen and
+                                                           [RecordCache] of the lifetime; else
+                                                           [RecordCache], [ReadFrozen epoch 0] →
+                                                           LOOKING_UP (with nothing to look up: as
+                                                           on its last answer)
+LOOKING_UP    Answered / Failed ReadFrozen (the lifetime)  with the expiry before, both in: none
+LOOKING_UP    Answered / Failed RecordCache (the           frozen and the cache expired: Freeze "1h";
+              lifetime)                                    else the frozen one, or the client's; then
+                                                           [RecordCache], [ReadFrozen epoch 0]
+LOOKING_UP    Answered / Failed Freeze (the lifetime)      what is frozen / the client's; then as
+                                                           above
 LOOKING_UP    Answered ReadFrozen (a repair's text)        a text: kept. None: Freeze (this body holds
                                                            the original) or ReadOriginal
 LOOKING_UP    Failed ReadFrozen (a repair's text)          the client's answer stays
@@ -76,6 +86,7 @@ from cg.stream.hidden import MISSING, Record, Seen, anchors, restore
 from cg.stream.usage import session_key
 from cg.wire import dialect
 from cg.wire.body import ParsedBody
+from cg.wire.cache import CACHE_TTLS, TTL_1H, cache_lifetime
 from cg.wire.jsonbytes import Span
 
 __all__ = [
@@ -282,8 +293,11 @@ class Preparation:
         keepalive: bool = False,
         now: float,
         hidden: Seen | None = None,
+        cache_ttl: str = "keep",
     ) -> None:
         self._request = request
+        self._cache_ttl = cache_ttl  # --cache-ttl: the lifetime its breakpoints ask for (cg.wire.cache.CACHE_TTLS)
+        self._lifetime: float | None = None  # as decided for this request (None: the client's)
         self._hidden = hidden if hidden is not None else Seen()
         self._restored: list[tuple[Span, str]] = []  # hidden turns put back (cg.stream.hidden)
         self._rewriter = rewriter
@@ -350,7 +364,7 @@ class Preparation:
                 self._look_up_repair(repair, in_body)
         if self._index is not None and incoming.injection is not None:
             self._look_up_hidden(incoming.body, incoming.dialect)
-        self._start_cold(conversation)
+        self._start_lifetime(conversation)
         self._maybe_rewrite()
         return out
 
@@ -456,6 +470,64 @@ class Preparation:
         self._report.hidden_restored += bool(edits)
 
     # -----------------------------------------------------------------------------------------
+    # The cache lifetime its breakpoints ask for (--cache-ttl)
+
+    def _start_lifetime(self, conversation: str) -> None:
+        """`5m` and `1h` give every breakpoint of a Messages request that lifetime. `auto` gives the
+        client's until the conversation's cache first expires, then an hour: that request writes
+        the whole prompt anyway, so the longer lifetime costs no extra write. The choice is frozen
+        (first writer wins: every later turn, a restart and another cg send the same bytes); the
+        expiry is recorded under a key of its own, as the client's lifetime has it. A store that
+        cannot say leaves the client's lifetime, for that request. The cold policy then runs with
+        the lifetime decided (it records the cache's true expiry)."""
+        incoming, rewriter = self._incoming, self._rewriter
+        assert incoming is not None and rewriter is not None
+        body = incoming.body
+        asked = cache_lifetime(body) if incoming.dialect.select(True, False, False) else None
+        fixed = CACHE_TTLS.get(self._cache_ttl)
+        if asked is None or self._observe:
+            self._start_cold(conversation)
+            return
+        if fixed is not None or self._cache_ttl != "auto" or not conversation or self._index is None:
+            self._lifetime = fixed
+            self._start_cold(conversation)
+            return
+        tenant = self._request.tenant
+        key = cold.lifetime_key(cold.conversation_key(conversation, self._unchanged.model))
+        self._lifetime = self._known.lifetime(tenant, key)
+        if self._lifetime is not None:
+            self._start_cold(conversation)
+            return
+        margin = (rewriter.config.cold or cold.ColdPolicy()).margin
+        now, answers = self._now, {}
+
+        def chose(text: object) -> None:
+            lifetime = _LIFETIMES.get(_as_bytes(text)) if text is not None else None
+            if lifetime is not None:
+                self._known.set_lifetime(tenant, key, lifetime)
+                self._lifetime = lifetime
+            self._start_cold(conversation)
+
+        def answer(name: str) -> _Handler:
+            def got(value: object) -> None:
+                answers[name] = value
+                if len(answers) < 2:
+                    return
+                frozen, before = answers["frozen"], answers["before"]
+                if frozen is not None or not isinstance(before, float | int) or not now > before + margin:
+                    chose(frozen if frozen is not _UNKNOWN else None)
+                    return
+                self._ask(Freeze(tenant, key, b"1h"), chose, lambda message: chose(None))
+            return got
+
+        self._ask(ReadFrozen(tenant, key), answer("frozen"), lambda message: answer("frozen")(_UNKNOWN))
+        if incoming.stash:  # count_tokens reads, never writes
+            self._ask(RecordCache(tenant, key, now + asked), answer("before"),
+                      lambda message: answer("before")(None))
+        else:
+            answers["before"] = None
+
+    # -----------------------------------------------------------------------------------------
     # The cache-aware policy (--cold-policy, cg.compaction.cold)
 
     def _start_cold(self, conversation: str) -> None:
@@ -477,7 +549,7 @@ class Preparation:
         tally.checked += 1
         tenant, body = self._request.tenant, incoming.body
         key = self._key = cold.conversation_key(conversation, self._unchanged.model)
-        now, ttl = self._now, cold.cache_ttl(body, incoming.dialect)
+        now, ttl = self._now, self._lifetime or cold.cache_ttl(body, incoming.dialect)
         self._ttl = ttl
         until = now + ttl if incoming.stash else None
         if self._known.warm(tenant, key, now, until, policy.margin):
@@ -598,7 +670,7 @@ class Preparation:
         assert incoming is not None and rewriter is not None
         lossy = self._index is not None  # no store: no original could be kept, so no marker goes
         rewrite = self._rewrite = rewriter.finish(incoming, self._texts, lossy=lossy, older=self._older,
-                                                  restored=self._restored)
+                                                  restored=self._restored, lifetime=self._lifetime)
         if self._observe or not rewrite.originals:
             self._chosen(rewrite, {})
             return
@@ -638,7 +710,7 @@ class Preparation:
         assert incoming is not None and rewriter is not None and index is not None
         self._report.store_fail_open = True
         vouched = rewriter.finish(incoming, self._texts, lossy=frozenset(index.known(self._request.tenant, known)),
-                                  older=self._older, restored=self._restored)
+                                  older=self._older, restored=self._restored, lifetime=self._lifetime)
         self._chosen(vouched, vouched.originals)
 
     def _chosen(self, rewrite: Rewrite, originals: Mapping[str, bytes]) -> None:
@@ -649,6 +721,8 @@ class Preparation:
         if self._observe:
             self._ready(unchanged)
             return
+        if self._lifetime is not None and unchanged.keepalive is not None and unchanged.keepalive[1] is not None:
+            unchanged = attrs.evolve(unchanged, keepalive=(unchanged.keepalive[0], self._lifetime))  # pings keep it
         # Kept for the response's life: what it decides by (not the parse), and the originals
         # behind its markers, which answer expand calls even if the store breaks meanwhile.
         self._ready(attrs.evolve(unchanged, body=rewrite.body, rewrite=attrs.evolve(rewrite, originals={}, parsed={}),
@@ -683,6 +757,10 @@ class Preparation:
         self.state = State.READY
         self._incoming = self._rewrite = None
         self._out.append(Ready(forward, self._report))
+
+
+_LIFETIMES = {b"1h": TTL_1H}  # a frozen lifetime's text, read back
+_UNKNOWN = object()  # a lookup the store could not answer
 
 
 def _as_bytes(value: object) -> bytes:

@@ -23,8 +23,9 @@ from cg.compaction import options
 from cg.exchange import keepalive
 from cg.record import transcripts
 from cg.record.pricing import Tokens, prices
-from cg.record.replay import CACHE_TTLS, DEFAULT_EXPAND_RATE, Sent, Turn, replay
+from cg.record.replay import DEFAULT_EXPAND_RATE, Sent, Turn, replay
 from cg.record.report import progress, text_table
+from cg.wire.cache import CACHE_TTLS
 
 ASSUMPTIONS = (
     "Requests are rebuilt from the transcripts: the system prompt and tools (which transcripts do not "
@@ -98,10 +99,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"{keepalive.MAX_IDLE[2]} [default: %(default)s]")
     parser.add_argument(f"--{keepalive.BUDGET[0]}", type=int, default=keepalive.BUDGET[1], metavar="N",
                         help=f"{keepalive.BUDGET[2]} [default: %(default)s]")
-    parser.add_argument("--cache-ttl", choices=tuple(CACHE_TTLS), default="keep",
-                        help="the lifetime cg's breakpoints ask for: keep (the client's), 5m, 1h, or auto (the "
-                        "client's until the conversation's cache first expires, an hour from then on) "
-                        "[default: %(default)s]")
+    name, default, text = options.CACHE_TTL
+    parser.add_argument(f"--{name}", choices=tuple(CACHE_TTLS), default=default,
+                        help=f"price twistd cg --{name}: {text} [default: %(default)s]")
     return parser.parse_args(argv)
 
 

@@ -60,11 +60,10 @@ from cg.record.pricing import (
     prices,
 )
 from cg.wire.body import ParsedBody
-from cg.wire.cache import TTL_1H, TTL_5M, breakpoint_ttl
+from cg.wire.cache import CACHE_TTLS, TTL_1H, breakpoint_ttl
 from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE, Shape
 
 DEFAULT_EXPAND_RATE = 0.1
-CACHE_TTLS = {"keep": None, "5m": TTL_5M, "1h": TTL_1H, "auto": None}
 
 # The paths whose requests are replayed, and their bodies' shape (whose route names the provider
 # that prices them: cg.record.pricing keys its providers by the route's dialect name).

@@ -4,7 +4,7 @@ import re
 
 import attrs
 
-from cg.compaction.options import COLD_POLICY
+from cg.compaction.options import CACHE_TTL, COLD_POLICY
 from cg.compaction.pipeline import MEMO_BYTES
 from cg.exchange.keepalive import DEFAULT_BUDGET, DEFAULT_MAX_CONVERSATIONS, DEFAULT_MAX_IDLE
 from cg.exchange.ledger import DEFAULT_DAYS, DEFAULT_MAX_TURNS
@@ -93,3 +93,4 @@ class Config:
     keepalive_max_idle: float = DEFAULT_MAX_IDLE
     keepalive_budget: int = DEFAULT_BUDGET
     keepalive_max_conversations: int = DEFAULT_MAX_CONVERSATIONS
+    cache_ttl: str = CACHE_TTL[1]  # the lifetime Messages breakpoints ask for (cg.wire.cache.CACHE_TTLS)

@@ -75,6 +75,7 @@ class Forwarder:
         now: Callable[[], float] = time.time,
         reactor: IReactorTime | None = None,
         keepalive: KeepAlive | None = None,
+        cache_ttl: str = "keep",
     ):
         self.upstream = upstream
         self.stats = stats
@@ -88,6 +89,7 @@ class Forwarder:
         self.max_held = max_held
         self.continuation_timeout = continuation_timeout
         self.keepalive = keepalive  # with --keepalive
+        self.cache_ttl = cache_ttl  # --cache-ttl
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
@@ -117,7 +119,7 @@ class Forwarder:
     def preparation(self, request: PrepareRequest) -> Preparation:
         return Preparation(request, rewriter=self.rewriter, known=self.known, index=self._index,
                            observe=self.observe, keepalive=self.keepalive is not None, now=self.now(),
-                           hidden=self.hidden)
+                           hidden=self.hidden, cache_ttl=self.cache_ttl)
 
     def keep_hidden(self, tenant: str, key: str, text: bytes) -> None:
         """A spliced response's hidden turns: known here at once (the client's next request may come

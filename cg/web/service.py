@@ -240,6 +240,7 @@ class CGService(service.Service):
             continuation_timeout=config.header_timeout,
             reactor=reactor,
             keepalive=self.keepalive,
+            cache_ttl=config.cache_ttl,
         )
         self.resource = ProxyResource(self.forwarder, Access(config.tenant, config.admin_token))
         self.site = ProxySite(

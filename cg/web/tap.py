@@ -21,6 +21,7 @@ from cg.web.service import CGService, endpoint, settle_gc
 from cg.web.tenant import parse_tenant
 from cg.web.upstream import load_trust_root, split_base
 from cg.web.workers import WorkerPool
+from cg.wire.cache import CACHE_TTLS
 
 _DEFAULTS = Config()
 DEFAULT_LISTEN = _DEFAULTS.listen[0]
@@ -237,6 +238,7 @@ class Options(usage.Options):
         ],
         _option(options.OFFLOAD_MIN_TOKENS, _COUNT),
         _option(options.COLD_POLICY),
+        _option(options.CACHE_TTL),
         _typed(
             "max-expand-rounds",
             _DEFAULTS.max_expand_rounds,
@@ -319,7 +321,7 @@ class Options(usage.Options):
         if not self["listen"]:
             self["listen"] = [DEFAULT_LISTEN]
         for option, allowed in (("expand", ("on", "off")), ("cold-policy", ("on", "off")),
-                                ("mode", ("forward", "observe"))):
+                                ("mode", ("forward", "observe")), ("cache-ttl", tuple(CACHE_TTLS))):
             if self[option] not in allowed:
                 raise usage.UsageError(f"--{option} must be one of {', '.join(allowed)}")
         try:
@@ -414,6 +416,7 @@ class Options(usage.Options):
             keepalive_max_idle=self["keepalive-max-idle"],
             keepalive_budget=self["keepalive-budget"],
             keepalive_max_conversations=self["keepalive-max-conversations"],
+            cache_ttl=self["cache-ttl"],
         )
 
 

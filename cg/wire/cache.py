@@ -10,6 +10,7 @@ through this module.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 
 from cg.wire import jsonbytes
@@ -17,6 +18,10 @@ from cg.wire.body import ParsedBody
 
 TTL_5M, TTL_1H = 300.0, 3600.0
 """The two lifetimes Anthropic's cache offers (seconds)."""
+
+CACHE_TTLS: Mapping[str, float | None] = {"keep": None, "5m": TTL_5M, "1h": TTL_1H, "auto": None}
+"""``--cache-ttl``'s values: the lifetime cg's breakpoints ask for (None: the client's; ``auto``:
+the client's until the conversation's cache first expires, then an hour)."""
 
 READ_PRICE = 0.1
 WRITE_PRICE = {TTL_5M: 1.25, TTL_1H: 2.0}
@@ -96,6 +101,61 @@ def _message_lists(message: object) -> list[list[object]]:
         return []
     return [content, *(block["content"] for block in content
                        if isinstance(block, dict) and isinstance(block.get("content"), list))]
+
+
+_TTL_NAMES = {TTL_5M: "5m", TTL_1H: "1h"}
+_CONTROL_SPINE: jsonbytes.Spine = {"cache_control": {"ttl": {}}}
+_LIST_SPINE: jsonbytes.Spine = {jsonbytes.EACH: _CONTROL_SPINE}
+_MESSAGE_SPINE: jsonbytes.Spine = {"content": {jsonbytes.EACH: {**_CONTROL_SPINE, "content": {
+    jsonbytes.EACH: _CONTROL_SPINE}}}}
+
+
+def lifetime_edits(body: ParsedBody, ttl: float) -> list[tuple[jsonbytes.Span, str]]:
+    """The edits that make every ``cache_control`` breakpoint of a Messages request (the request's
+    own, tools, system, messages and their tool results) ask for `ttl`: none for a breakpoint that
+    already does, so a request asking for `ttl` throughout goes byte for byte.
+
+    One lifetime for all keeps Anthropic's rules (at most four breakpoints: cg adds none; longer
+    lifetimes before shorter ones). Only the ``ttl`` member is written (or added last): every other
+    byte stays the client's.
+    """
+    edits: list[tuple[jsonbytes.Span, str]] = []
+
+    def edit(block: object, spans: Mapping[jsonbytes.Path, jsonbytes.Span], path: jsonbytes.Path) -> None:
+        asked = breakpoint_ttl(block)
+        if asked is None or asked == ttl or path not in spans or not isinstance(block, dict):
+            return
+        name = json.dumps(_TTL_NAMES[ttl])
+        ttl_path = path + ("ttl",)
+        if ttl_path in spans:
+            edits.append((spans[ttl_path], name))
+        else:
+            close = spans[path][1] - 1  # before the breakpoint's closing brace
+            edits.append(((close, close), ("," if block["cache_control"] else "") + '"ttl":' + name))
+
+    value = body.value
+    if breakpoint_ttl(value) not in (None, ttl):  # automatic caching: rare, and a walk of the whole body
+        edit(value, jsonbytes.spans_below(body.doc, 0, _CONTROL_SPINE), ("cache_control",))
+    for key in ("tools", "system"):  # walked only where a block's breakpoint changes
+        blocks = value.get(key)
+        if (key,) in body.spans and isinstance(blocks, list) and any(
+                breakpoint_ttl(block) not in (None, ttl) for block in blocks):
+            spans = jsonbytes.spans_below(body.doc, body.spans[(key,)][0], _LIST_SPINE)
+            for index, block in enumerate(blocks):
+                edit(block, spans, (index, "cache_control"))
+    messages = value.get("messages")
+    for index, asked in enumerate(message_breakpoints(body)):
+        if not asked or asked == {ttl} or not isinstance(messages, list):
+            continue
+        message = messages[index]
+        content = message.get("content") if isinstance(message, dict) else None
+        spans = jsonbytes.spans_below(body.doc, body.spans[("messages", index)][0], _MESSAGE_SPINE)
+        for place, block in enumerate(content if isinstance(content, list) else []):
+            edit(block, spans, ("content", place, "cache_control"))
+            inner = block.get("content") if isinstance(block, dict) else None
+            for part, nested in enumerate(inner if isinstance(inner, list) else []):
+                edit(nested, spans, ("content", place, "content", part, "cache_control"))
+    return edits
 
 
 def ping_body(raw: bytes) -> bytes | None:
