@@ -26,6 +26,7 @@ from cg.testing import JSONReply, anthropic_message
 from cg.web.tap import Options
 from cg.wire.body import ParsedBody
 from cg.wire.cache import TTL_1H, TTL_5M, breakpoint_ttl, lifetime_edits
+from cg.wire.markers import EXPAND_TOOL
 
 EPHEMERAL = {"type": "ephemeral"}
 HOUR = {"type": "ephemeral", "ttl": "1h"}
@@ -123,6 +124,24 @@ def test_the_rewrite_joins_it_for_messages_only_and_keep_changes_nothing():
     chat = json.dumps({"model": "gpt-5", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "hi", "cache_control": EPHEMERAL}]}]}).encode()
     assert rewriter.finish(rewriter.parse(chat, b"/v1/chat/completions"), lifetime=TTL_1H).body == chat
+
+
+def test_a_breakpoint_inside_a_repaired_answer_leaves_every_lifetime_as_the_client_asked():
+    """A repair rewrites the answer's block whole, keeping its breakpoint as the client wrote it: the
+    other breakpoints keep theirs too, so no shorter lifetime ends up before a longer one."""
+    error = "<tool_use_error>Error: No such tool available: context_guru_expand</tool_use_error>"
+    leaked = {**messages_body(2), "messages": [
+        {"role": "user", "content": "what failed?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_leak", "name": EXPAND_TOOL,
+                                           "input": {"id": "0123456789abcdef"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_leak", "is_error": True,
+                                      "content": [{"type": "text", "text": error, "cache_control": EPHEMERAL}]}]}]}
+    rewriter = Rewriter(rewrite_config())
+    raw = json.dumps(leaked).encode()
+    assert breakpoints(json.loads(rewriter.finish(rewriter.parse(raw, b"/v1/messages"), lifetime=TTL_1H).body)) \
+        == [TTL_1H] * 3
+    repaired = rewriter.finish(rewriter.parse(raw, b"/v1/messages"), {"toolu_leak": "the original"}, lifetime=TTL_1H)
+    assert repaired.repaired == 1 and breakpoints(json.loads(repaired.body)) == [TTL_5M] * 3
 
 
 # ---------------------------------------------------------------------------------------------
