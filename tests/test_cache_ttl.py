@@ -4,7 +4,7 @@ The edit on its own (cg.wire.cache.lifetime_edits) over bodies with 0 to 4 break
 decision in the preparation machine against a store kept in a dict (frozen at the first expired
 cache, read back after a restart, the client's lifetime where the store cannot say); and through
 cg over real sockets: the bytes the fake provider receives from the anthropic SDK, and `auto` over
-one SQLite store across a restart.
+one SQLite store, for a second cg and across a restart.
 """
 
 import json
@@ -285,7 +285,7 @@ def test_1h_through_the_anthropic_sdk_reaches_the_provider_on_every_breakpoint(m
 
 
 @inlineCallbacks
-def test_auto_through_cg_freezes_the_hour_in_sqlite_across_a_restart(make_cg, fake, tmp_path):
+def test_auto_through_cg_freezes_the_hour_in_sqlite_for_a_second_cg_and_across_a_restart(make_cg, fake, tmp_path):
     store = f"sqlite:{tmp_path / 'store.sqlite3'}"
     clock = FakeClock(1_800_000_000.0)
     headers = [("x-claude-code-session-id", SESSION)]
@@ -296,15 +296,17 @@ def test_auto_through_cg_freezes_the_hour_in_sqlite_across_a_restart(make_cg, fa
         running.service.forwarder.now = clock
         return running
 
-    first = started()
+    first, other = started(), started()
     yield send(first, body, headers)
     clock.advance(TTL_5M + MARGIN + 1)
     yield send(first, body, headers)
+    clock.advance(5)
+    yield send(other, body, headers)  # a second cg over the same store
     yield first.stop()
     second = started()
     clock.advance(10)
     yield send(second, body, headers)
-    kept, hour, restarted = fake.received
+    kept, hour, beside, restarted = fake.received
     assert set(breakpoints(json.loads(kept.body))) == {TTL_5M}
     assert set(breakpoints(json.loads(hour.body))) == {TTL_1H}
-    assert restarted.body == hour.body
+    assert beside.body == restarted.body == hour.body
