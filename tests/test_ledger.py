@@ -2,6 +2,7 @@
 store's (a file in tmp_path) and the Redis store's (a real redis-server) answer alike."""
 
 import concurrent.futures
+import errno
 import os
 import sqlite3
 import threading
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
-from twisted.internet.defer import succeed
+from twisted.internet.defer import fail, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import LogLevel
@@ -29,7 +30,7 @@ from cg.exchange.ledger import (
     order_key,
 )
 from cg.store import RedisStore, SQLiteStore, StoreError
-from cg.store.base import ILedger
+from cg.store.base import ILedger, as_store_error
 from cg.store.ledger import MemoryLedger
 from cg.store.sqlite import SQLiteDB
 from cg.store.sqlite_ledger import find_conversation, ledger_path
@@ -360,6 +361,55 @@ def test_rows_wait_on_the_reactor_and_go_to_the_worker_as_one_batch():
     ledger.totals(None, None)  # a query sends what is pending first, then itself
     assert [(fn, args[0]) for fn, args in jobs[1:]] == [("write", [(turn(T0 + 2, seq=4), ())]), ("read", "totals")]
     assert clock.getDelayedCalls() == []
+
+
+def test_rows_a_store_has_no_room_for_wait_for_the_next_batch_and_the_oldest_go_past_the_bound(monkeypatch):
+    """A disk full for a minute must not cost the dashboard that minute's turns: a write that fails
+    for want of room puts its rows back; one that fails otherwise loses them."""
+    clock, jobs, failures = Clock(), [], []
+    answers: list[BaseException] = []
+
+    def submit(fn, *args):
+        jobs.append([op[0].seq for op in args[0]])
+        error = answers.pop(0) if answers else None
+        return fail(as_store_error(error)) if error is not None else succeed(None)
+
+    ledger = ThreadedLedger(submit, SimpleNamespace(ledger_write="write"), clock,
+                            failed=lambda failure, lost: failures.append(lost))
+    full = sqlite3.OperationalError("database or disk is full")
+    answers += [full, OSError(errno.ENOSPC, "No space left on device")]
+    ledger.record(turn(T0, seq=1), [])
+    clock.advance(LEDGER_BATCH_DELAY)
+    ledger.record(turn(T0 + 1, seq=2), [])
+    clock.advance(LEDGER_BATCH_DELAY)
+    clock.advance(LEDGER_BATCH_DELAY)
+    assert jobs == [[1], [1, 2], [1, 2]] and failures == [0, 0]  # written at last, none lost, in order
+    monkeypatch.setattr(cg.store.threaded, "LEDGER_HELD_MAX", 2)
+    answers += [full]
+    for seq in (3, 4, 5):
+        ledger.record(turn(T0 + seq, seq=seq), [])
+    clock.advance(LEDGER_BATCH_DELAY)
+    clock.advance(LEDGER_BATCH_DELAY)
+    assert jobs[3:] == [[3, 4, 5], [4, 5]] and failures[2:] == [1]  # the oldest past the bound: lost
+    answers += [sqlite3.DatabaseError("file is not a database")]
+    ledger.record(turn(T0 + 6, seq=6), [])
+    clock.advance(LEDGER_BATCH_DELAY)
+    assert failures[3:] == [1] and clock.getDelayedCalls() == []  # not for want of room: lost at once
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_redis_at_its_maxmemory_keeps_the_ledger_rows_until_it_has_room(redis_server, closing):
+    store = RedisStore(redis_server.url)
+    closing(store)
+    redis_server.admin.config_set("maxmemory-policy", "noeviction")
+    redis_server.admin.config_set("maxmemory", "1")
+    try:
+        store.ledger.record(turn(T0, seq=1), [])
+        assert (await store.ledger.totals(None, None)).requests == 0  # the write before it: OOM
+        assert store.stats.ledger_write_errors >= 1 and store.stats.ledger_rows_lost == 0
+    finally:
+        redis_server.admin.config_set("maxmemory", "0")
+    assert (await store.ledger.totals(None, None)).requests == 1
 
 
 async def closed_with_a_turn(tmp_path) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import sqlite3
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -37,7 +39,8 @@ class StoreStats:
     misses: int = 0
     read_errors: int = 0
     evictions: int = 0
-    ledger_write_errors: int = 0  # batches of ledger rows a failed write lost (cg.store.base.ILedger)
+    ledger_write_errors: int = 0  # ledger writes that failed (cg.store.base.ILedger; cg.store.threaded.ThreadedLedger)
+    ledger_rows_lost: int = 0  # rows those failures lost (a store with no room holds them for the next batch)
     healthy: bool = True
     unhealthy_reason: str | None = None
     unhealthy_since: float | None = None
@@ -112,9 +115,27 @@ class IStore(Interface):
 
 
 def as_store_error(error: BaseException) -> StoreError:
-    return (
-        error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
-    )
+    """`error` as a StoreError, the backend's own as its cause (`no_room` reads it)."""
+    if isinstance(error, StoreError):
+        return error
+    wrapped = StoreError(f"{type(error).__name__}: {error}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+_SQLITE_FULL = 13  # sqlite3.SQLITE_FULL, which Python names from 3.11 on
+
+
+def no_room(error: BaseException) -> bool:
+    """Whether `error` (or the backend's error it wraps) says the store has no room now: a disk
+    full (ENOSPC, EDQUOT; SQLite's SQLITE_FULL) or Redis at its maxmemory (an OOM reply). Room
+    comes back (a file deleted, keys expired), so what failed for it may be tried again."""
+    error = error.__cause__ or error
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if isinstance(error, sqlite3.OperationalError):
+        return getattr(error, "sqlite_errorcode", None) == _SQLITE_FULL or "disk is full" in str(error)
+    return type(error).__name__ == "OutOfMemoryError" or str(error).startswith("OOM ")
 
 
 class ILedger(Interface):
@@ -124,7 +145,7 @@ class ILedger(Interface):
     tested against; a backend with blocking I/O writes on its worker thread.
 
     Bounded: rollups and summaries kept ``days``, turns the newest ``max_turns``. A write never
-    fails the caller: a failed write loses that row, not a request. Every query's Deferred fires with what the store holds (tenant None: every
+    fails the caller: a failed write costs rows (held for a store with no room), never a request. Every query's Deferred fires with what the store holds (tenant None: every
     tenant's; a tenant: only its own).
     """
 

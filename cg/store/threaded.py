@@ -23,7 +23,15 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from cg.exchange.ledger import DEFAULT_DAYS, DEFAULT_MAX_TURNS, Bucket, Change, Conversation, Totals, Turn
-from cg.store.base import DEFAULT_MAX_BYTES, ILedger, StoreError, StoreInfo, StoreStats, as_store_error
+from cg.store.base import (
+    DEFAULT_MAX_BYTES,
+    ILedger,
+    StoreError,
+    StoreInfo,
+    StoreStats,
+    as_store_error,
+    no_room,
+)
 from cg.store.ledger import Op
 from cg.worker import Worker
 
@@ -45,6 +53,9 @@ Evicted = tuple[list[tuple[str, str]], int]
 # Seconds ledger rows wait on the reactor thread before they go to the worker as one batch (a query
 # or close() sends them at once): one transaction a second, however many requests.
 LEDGER_BATCH_DELAY = 1.0
+# Ledger rows held on the reactor while the store has no room for them (a full disk, Redis at its
+# maxmemory), written with the next batch once it has: ~300 bytes each. Past it, the oldest are lost.
+LEDGER_HELD_MAX = 20_000
 # Rows of each table one batch of a ledger trim deletes: each batch is its own job on the worker, so
 # the store's other jobs (a request's offload) wait for one batch, not for a long downtime's trim.
 TRIM_BATCH = 1000
@@ -371,9 +382,13 @@ class ThreadedStore:
         self.ledger = ThreadedLedger(self._submit, self._connection, cast(IReactorTime, self.reactor),
                                      self._ledger_write_failed, self.ledger_days, self.ledger_max_turns)
 
-    def _ledger_write_failed(self, failure: Failure) -> None:
+    def _ledger_write_failed(self, failure: Failure, lost: int) -> None:
         self.stats.ledger_write_errors += 1
-        self._log(f"ledger rows lost: {failure.value}")
+        self.stats.ledger_rows_lost += lost
+        if lost:
+            self._log(f"ledger rows lost ({lost}): {failure.value}")
+        else:
+            self._log(f"ledger rows held until the store has room: {failure.value}")
 
     def _submit(self, fn: Callable[..., _T], *args: object) -> Deferred[_T]:
         if self._closed:
@@ -524,14 +539,17 @@ class ThreadedStore:
 class ThreadedLedger:
     """The reactor's side of a threaded store's ledger: `record` appends to a batch (all
     they cost the request), which goes to the worker as one write LEDGER_BATCH_DELAY seconds after
-    its first row, before any query (so a query sees every row recorded before it), and on close. A
-    write that fails loses its batch: counted (StoreStats.ledger_write_errors) and logged, never
+    its first row, before any query (so a query sees every row recorded before it), and on close.
+
+    A write that fails for want of room (`no_room`: a full disk, Redis out of memory) puts its rows
+    back, up to LEDGER_HELD_MAX, for the next batch: a disk full for a minute costs the dashboard no
+    row. Any other failure loses its batch. Either way it is counted (StoreStats) and logged, never
     raised to a caller."""
 
     submit: Callable[..., Deferred[Any]]  # ThreadedStore._submit: a Connection job on the worker
     connection: Connection
     clock: IReactorTime
-    failed: Callable[[Failure], None]
+    failed: Callable[[Failure, int], None]  # a write failed: its failure, and how many of its rows are lost
     days: float = DEFAULT_DAYS
     max_turns: int = DEFAULT_MAX_TURNS
     _pending: list[Op] = attrs.field(factory=list, init=False)
@@ -556,7 +574,18 @@ class ThreadedLedger:
             self._timer = None
         if self._pending:
             ops, self._pending = self._pending, []
-            self.submit(self.connection.ledger_write, ops, self.max_turns).addErrback(self.failed)
+            self.submit(self.connection.ledger_write, ops, self.max_turns).addErrback(self._write_failed, ops)
+
+    def _write_failed(self, failure: Failure, ops: list[Op]) -> None:
+        if self._closed or not no_room(failure.value):
+            self.failed(failure, len(ops))
+            return
+        held = ops + self._pending
+        lost = max(0, len(held) - LEDGER_HELD_MAX)
+        self._pending = held[lost:]
+        if self._timer is None:
+            self._timer = self.clock.callLater(LEDGER_BATCH_DELAY, self.flush)
+        self.failed(failure, lost)
 
     def close(self) -> None:
         self.flush()
