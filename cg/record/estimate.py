@@ -31,8 +31,9 @@ ASSUMPTIONS = (
     "Requests are rebuilt from the transcripts: the system prompt and tools (which transcripts do not "
     "hold) are the client's envelope as recorded for one version, fitted to the size of a session's first "
     "request as its transcript recorded it; see docs/how-to/estimate-savings.md.",
-    "Tokens are cg's estimate, block by block; cache reads, writes and lifetimes are simulated from the "
-    "transcript's own timestamps; each session has a cache of its own.",
+    "Tokens are cg's estimate, block by block, what a conversation adds after its first request scaled to "
+    "the sizes its transcript recorded (calibrated; via cg alike); cache reads, writes and lifetimes are "
+    "simulated from the transcript's own timestamps; each session has a cache of its own.",
     "Output tokens are the transcript's and the same both ways: cg does not change what the model writes.",
     "Requests a client does not write to its transcript (Claude Code's titles, summaries, /compact's own "
     "request) are in neither the simulated nor the recorded bill.",
@@ -99,6 +100,12 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help=f"{keepalive.MAX_IDLE[2]} [default: %(default)s]")
     parser.add_argument(f"--{keepalive.BUDGET[0]}", type=int, default=keepalive.BUDGET[1], metavar="N",
                         help=f"{keepalive.BUDGET[2]} [default: %(default)s]")
+    parser.add_argument("--calibrate", choices=("on", "off"), default="on",
+                        help="on: what a conversation adds after its first request is sized to the prompt sizes its "
+                        "transcript recorded, and a request whose recorded usage read less of the cache than the "
+                        "simulation would (the client's own cache break) reads no more, direct and via cg; off: cg's "
+                        "token estimate and the simulated cache alone (the JSON has both direct bills either way) "
+                        "[default: %(default)s]")
     name, default, text = options.CACHE_TTL
     parser.add_argument(f"--{name}", choices=tuple(CACHE_TTLS), default=default,
                         help=f"price twistd cg --{name}: {text} [default: %(default)s]")
@@ -151,9 +158,13 @@ def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool =
         "expand_rounds": round(sum(t.expand_rounds for t in turns), 2),
         "expand_cost": round(sum(t.expand_cost for t in turns), 6),
         "billed_by_transcript": _tokens(sum(billed, Tokens())) if billed else None,
-        **_recorded(sum(t.cost_direct for t, _ in recorded), sum(t.price.cost(b) for t, b in recorded), len(recorded)),
+        **_recorded(sum(t.cost_direct for t, _ in recorded), sum(t.price.cost(b) for t, b in recorded), len(recorded),
+                    sum(t.cost_direct_raw for t, _ in recorded)),
         "prompt_tokens_recorded": sum(b.prompt for _, b in recorded),
         "prompt_tokens_simulated": sum(t.direct.prompt for t, _ in recorded),  # of those same requests
+        "prompt_tokens_simulated_raw": sum(t.direct_raw.prompt for t, _ in recorded),
+        "calibration": turns[0].scale,  # what the conversation's later segments were scaled by (1.0: not)
+        "client_breaks": sum(t.client_break for t in turns),  # requests whose reads were capped at the recorded
         "unseen_tokens": session.requests[0].unseen,  # the envelope's size fitted to the recorded prompt
         "sidechain": session.sidechain,
         "keepalive": _keepalive(turns, cost_cg, cost_direct) if keep_warm else None,
@@ -163,14 +174,17 @@ def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool =
     }
 
 
-def _recorded(simulated: float, recorded: float, requests: int) -> dict[str, Any]:
+def _recorded(simulated: float, recorded: float, requests: int, raw: float) -> dict[str, Any]:
     """The direct bill the transcripts recorded (their usage, priced with the same table) beside the
-    simulated one, over the requests that recorded it: how far to trust the estimate."""
+    simulated one, over the requests that recorded it: how far to trust the estimate; and the
+    simulated one sized by cg's estimate alone (``raw``: before calibration)."""
     return {
         "recorded_requests": requests,
         "cost_direct_recorded": round(recorded, 6),
         "cost_direct_simulated": round(simulated, 6),  # of those same requests
         "simulated_vs_recorded": round(simulated / recorded, 4) if recorded else None,
+        "cost_direct_simulated_raw": round(raw, 6),
+        "simulated_vs_recorded_raw": round(raw / recorded, 4) if recorded else None,
     }
 
 
@@ -230,8 +244,9 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
                 continue
             if args.since is not None and (session.ended or 0) < args.since:
                 continue
-            turns = replay([Sent(r.time, r.path, r.body, r.output_tokens) for r in session.requests], config, table,
-                           args.expand_rate, session.id, keep_warm, args.cache_ttl)
+            turns = replay([Sent(r.time, r.path, r.body, r.output_tokens, r.billed)
+                            for r in session.requests], config, table, args.expand_rate, session.id, keep_warm,
+                           args.cache_ttl, args.calibrate == "on")
             if not turns:
                 continue
             notes.update(t.price.note for t in turns if t.price.note)
@@ -257,9 +272,12 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
         "cold_offloads": sum(s["cold_offloads"] for s in sessions),
         "expand_rounds": round(sum(s["expand_rounds"] for s in sessions), 2),
         **_recorded(sum(s["cost_direct_simulated"] for s in sessions), sum(s["cost_direct_recorded"] for s in sessions),
-                    sum(s["recorded_requests"] for s in sessions)),
+                    sum(s["recorded_requests"] for s in sessions), sum(s["cost_direct_simulated_raw"] for s in sessions)),
         "prompt_tokens_recorded": sum(s["prompt_tokens_recorded"] for s in sessions),
         "prompt_tokens_simulated": sum(s["prompt_tokens_simulated"] for s in sessions),
+        "prompt_tokens_simulated_raw": sum(s["prompt_tokens_simulated_raw"] for s in sessions),
+        "calibrated": sum(s["calibration"] != 1.0 for s in sessions),
+        "client_breaks": sum(s["client_breaks"] for s in sessions),
         "envelopes_padded": sum(s["unseen_tokens"] > 0 for s in sessions),
         "envelopes_trimmed": sum(s["unseen_tokens"] < 0 for s in sessions),
         "sidechains": sum(s["sidechain"] for s in sessions),
@@ -277,6 +295,7 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
         "config": {"expand": args.expand, "cold_policy": args.cold_policy, "offload_min_tokens": args.offload_min_tokens,
                    "keep_tools": list(args.keep_tools), "disable": list(args.disable),
                    "expand_rate": args.expand_rate, "ttl": args.ttl, "cache_ttl": args.cache_ttl,
+                   "calibrate": args.calibrate,
                    "keepalive": {"max_idle": args.keepalive_max_idle, "budget": args.keepalive_budget}
                    if args.keepalive else None},
         "prices": {"sources": table.sources(), "notes": sorted(notes)},
@@ -315,10 +334,21 @@ def _against(s: dict[str, Any]) -> tuple[str, str]:
     return _usd(s["cost_direct_recorded"]), "-" if ratio is None else f"{ratio:.3f}"
 
 
-def _counted(t: dict[str, Any]) -> list[str]:
+def _counted(t: dict[str, Any], sessions: list[dict[str, Any]]) -> list[str]:
     """What the table counts beyond the plain sessions, and what it still leaves out."""
     out = [f"recorded: the direct bill the transcripts' own usage records, priced alike; sim/rec: the simulated "
            f"direct bill over it ({t['recorded_requests']:,} of {t['requests']:,} request(s) recorded one)"]
+    if t["recorded_requests"]:
+        scales = sorted(s["calibration"] for s in sessions if s["calibration"] != 1.0)
+        how = f", what {t['calibrated']} conversation(s) added scaled by x{scales[0]:.2f} to x{scales[-1]:.2f}" \
+            if scales else ", none"
+        raw = t["simulated_vs_recorded_raw"]
+        out.append(f"calibrated: to the prompt sizes the transcripts recorded{how}; sim/rec by cg's token estimate "
+                   f"alone: {'-' if raw is None else f'{raw:.3f}'}")
+    if t["client_breaks"]:
+        out.append(f"client cache breaks: {t['client_breaks']:,} request(s) whose recorded usage read less of the cache "
+                   f"than the simulation would (a system prompt that changed, a cache lost): both sides read what "
+                   f"the transcript records, the rest written")
     if t["envelopes_padded"] or t["envelopes_trimmed"]:
         out.append(f"fitted: the envelope to the first request's recorded prompt, {t['envelopes_padded']} session(s) "
                    f"padded (a CLAUDE.md, MCP tools, another version), {t['envelopes_trimmed']} with fewer tools")
@@ -357,7 +387,7 @@ def render(report: dict[str, Any]) -> str:
     out = text_table(rows, "<<<<>>>>>>>>>" + (">>>" if kept else ""))
     out.insert(-1, "")
     out.append("")
-    out += _counted(t)
+    out += _counted(t, report["sessions"])
     for note in report["prices"]["notes"]:
         out.append(f"note: {_shown(note)}")
     for problem in report["unreadable"]:

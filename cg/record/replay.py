@@ -14,7 +14,19 @@ What it states rather than measures:
   of offloads, default 0.1) is the expected number of rounds per offload. An expected round is
   priced on the cg side as one more request at the point of the offload: the prompt so far read
   from the cache, plus the original written as uncached input.
-- Tokens are cg's estimator's (cg.compaction.tokens), segment by segment in prompt order.
+- Tokens are cg's estimator's (cg.compaction.tokens), segment by segment in prompt order,
+  calibrated per conversation where the transcript recorded its prompts' sizes (``Sent.recorded``):
+  what the first request holds stays as estimated (a Claude Code reader fits its envelope to that
+  request's recorded prompt), and every segment it did not hold is scaled by the least-squares fit
+  of the recorded prompts to the simulated ones (``calibration``). The via-cg side is sized with
+  the same scale, on what cg forwards and what it removes alike: an assumption (Anthropic's count of
+  an excerpt or a marker is taken to differ from cg's estimate as the conversation's text does).
+  ``Turn.direct_raw`` is the direct side sized by the estimate alone.
+- The client's own cache breaks: where a calibrated conversation's recorded usage read less of the
+  cache than the simulation would (by a cacheable block and a tenth of the read), the client
+  changed bytes the transcript does not show (a system prompt with the date or the git status, a
+  cache lost): both sides read no more than the recorded run did and write the rest, since cg
+  forwards the client's envelope as it is (``Turn.client_break``).
 - Offloads: results cg replaces with an excerpt or a pointer (a lossy rewrite), each counted in the
   request where it first is, at the size the client sent (before any lossless step such as
   textclean). Bytes: each body as sent and as cg would forward it.
@@ -40,7 +52,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -78,6 +90,7 @@ class Sent:
     path: str
     body: bytes
     output_tokens: int = 0
+    recorded: Tokens | None = None  # its usage as the transcript recorded it (the direct run's)
 
 
 @attrs.frozen
@@ -100,10 +113,17 @@ class Turn:
     cold: bool = False  # the cache-aware policy found this request cold and made an epoch
     cold_offloads: int = 0  # of `offloads`, those an epoch's stronger config made
     cold_expand_cost: float = 0.0  # of `expand_cost`, theirs
+    direct_raw: Tokens = Tokens()  # `direct` with every segment sized by cg's estimate alone (no calibration)
+    scale: float = 1.0  # the conversation's calibration: what its later segments were scaled by
+    client_break: bool = False  # the recorded run read less than the simulation would: its reads capped
 
     @property
     def cost_direct(self) -> float:
         return self.price.cost(self.direct)
+
+    @property
+    def cost_direct_raw(self) -> float:
+        return self.price.cost(self.direct_raw)
 
     @property
     def cost_cg(self) -> float:
@@ -125,10 +145,17 @@ def _dump(value: object) -> bytes:
 
 
 class _Sizer:
-    """Segments with tokens, each distinct segment estimated once per session."""
+    """Segments with tokens, each distinct segment estimated once per session; one the first
+    request did not hold (not in ``first``) scaled by the conversation's calibration (``scale``)."""
 
-    def __init__(self) -> None:
-        self._tokens: dict[bytes, int] = {}
+    def __init__(self, estimates: dict[bytes, int] | None = None) -> None:
+        self._tokens: dict[bytes, int] = {} if estimates is None else estimates
+        self.scale = 1.0
+        self.first: frozenset[bytes] = frozenset()
+
+    def unscaled(self) -> _Sizer:
+        """A sizer of cg's estimate alone, sharing this one's estimates."""
+        return _Sizer(self._tokens)
 
     def segment(self, kind: str, value: object, breakpoint: float | None = None) -> Segment:
         if isinstance(value, dict) and "cache_control" in value:  # a breakpoint is not content
@@ -138,6 +165,8 @@ class _Sizer:
         tokens = self._tokens.get(key)
         if tokens is None:
             tokens = self._tokens[key] = estimate_tokens(raw.decode("utf-8"))
+        if self.scale != 1.0 and key not in self.first:
+            tokens = round(tokens * self.scale)
         return Segment(key, tokens, breakpoint)
 
 
@@ -182,6 +211,59 @@ def _item_segments(body: dict[str, Any], shape: Shape, sizer: _Sizer) -> list[Se
         items = [items]
     out += [sizer.segment("item", item) for item in items or []]
     return out
+
+
+# The calibrations taken as plausible: Anthropic's count of text against cl100k's runs from about
+# 1.0 to 1.4; a fit outside these bounds says the recorded usage is not the prompt's (a fake
+# provider's, a client's cache break that hides it), and the estimate is left alone.
+CALIBRATION_BOUNDS = (0.5, 2.0)
+
+
+def calibration(prompts: list[tuple[list[Segment], int | None]]) -> tuple[float | None, frozenset[bytes]]:
+    """How much a conversation's later segments weigh in the provider's count against cg's estimate:
+    from each request's simulated segments and its recorded prompt size (None: not recorded), the
+    scale ``s`` that makes ``recorded ≈ first + s × later`` (``first``: the segments its first
+    request held, as fitted; ``later``: the others) in least squares, and those first segments;
+    1.0 where nothing was added; None where nothing was recorded or the fit is out of
+    ``CALIBRATION_BOUNDS`` (the recorded usage is not taken as the prompt's)."""
+    if not prompts:
+        return None, frozenset()
+    first = frozenset(seg.digest for seg in prompts[0][0])
+    covariance = variance = 0
+    if all(recorded is None for _, recorded in prompts):
+        return None, first
+    for prompt, recorded in prompts:
+        if recorded is None:
+            continue
+        later = sum(seg.tokens for seg in prompt if seg.digest not in first)
+        covariance += later * (recorded - (sum(seg.tokens for seg in prompt) - later))
+        variance += later * later
+    if not variance:
+        return 1.0, first
+    scale = round(covariance / variance, 4)  # rounded: the same figure wherever it is computed
+    low, high = CALIBRATION_BOUNDS
+    return (scale if low <= scale <= high else None), first
+
+
+def _prompt(recorded: Tokens | None) -> int | None:
+    return None if recorded is None else recorded.prompt
+
+
+def _client_break(billed: Tokens, recorded: Tokens, min_tokens: int) -> bool:
+    """The recorded run read clearly less of the cache than the simulated one (a cacheable block's
+    worth and a tenth of the simulated read): the client changed what the transcript does not show."""
+    return billed.cache_read - recorded.cache_read >= max(min_tokens, billed.cache_read // 10)
+
+
+def _read_at_most(billed: Tokens, read: int) -> Tokens:
+    """``billed`` reading no more than ``read`` tokens from the cache, the rest written (at the
+    lifetime of what it writes already, else 5 minutes)."""
+    missed = billed.cache_read - read
+    if missed <= 0:
+        return billed
+    if billed.cache_write_1h and not billed.cache_write_5m:
+        return attrs.evolve(billed, cache_read=read, cache_write_1h=billed.cache_write_1h + missed)
+    return attrs.evolve(billed, cache_read=read, cache_write_5m=billed.cache_write_5m + missed)
 
 
 def _first_offloads(changes: Iterable[Change], seen: set[str]) -> dict[str, int]:
@@ -245,10 +327,11 @@ class _Lifetime:
 
 def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table: PriceTable | None = None,
            expand_rate: float = DEFAULT_EXPAND_RATE, conversation: str = "",
-           keep_warm: keepalive.Policy | None = None, cache_ttl: str = "keep") -> list[Turn]:
+           keep_warm: keepalive.Policy | None = None, cache_ttl: str = "keep", calibrate: bool = True) -> list[Turn]:
     """Each request of one conversation priced direct and via cg (``config``: cg's rewrite
     options; None: its defaults), in order; with ``keep_warm``, via cg with keep-alive too;
-    ``cache_ttl``: the lifetime cg's breakpoints ask for (``CACHE_TTLS``)."""
+    ``cache_ttl``: the lifetime cg's breakpoints ask for (``CACHE_TTLS``); ``calibrate``: sized
+    with the conversation's calibration (``calibration``) where its requests recorded their size."""
     table = table or prices()
     warm = _KeepWarm(keep_warm) if keep_warm is not None else None
     lifetimes = _Lifetime(cache_ttl)
@@ -257,17 +340,17 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
     # Per model, as cg keys it (cold.conversation_key): a side request to another model has a cache of its own.
     states: dict[str | None, _Conversation] = {}
     sizer = _Sizer()
-    caches: dict[tuple[str, str], tuple[PromptCache, PromptCache]] = {}
+    raw = sizer.unscaled()
+    bodies = list(_parsed(requests))
+    fitted = False
+    if calibrate:
+        scale, sizer.first = calibration([(segments(body, shape, raw), _prompt(request.recorded))
+                                          for request, shape, body in bodies])
+        fitted, sizer.scale = scale is not None, scale or 1.0
+    caches: dict[tuple[str, str], tuple[PromptCache, PromptCache, PromptCache]] = {}
     seen: set[str] = set()
     turns: list[Turn] = []
-    for request in requests:
-        shape = _SHAPES.get(request.path)
-        try:
-            direct_body = json.loads(request.body)
-        except ValueError:
-            continue
-        if shape is None or not isinstance(direct_body, dict):
-            continue
+    for request, shape, direct_body in bodies:
         if warm is not None:
             warm.until(request.time)
         model = direct_body.get("model") if isinstance(direct_body.get("model"), str) else None
@@ -285,18 +368,25 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         cg_body = json.loads(rewrite.body) if rewrite is not None else direct_body
         key = (price.key, price.provider)
         if key not in caches:
-            caches[key] = (PromptCache(price.explicit_cache, price.min_cache_tokens, price.cache_ttl),
-                           PromptCache(price.explicit_cache, price.min_cache_tokens, price.cache_ttl))
-        direct_cache, cg_cache = caches[key]
+            fresh = [PromptCache(price.explicit_cache, price.min_cache_tokens, price.cache_ttl) for _ in range(3)]
+            caches[key] = (fresh[0], fresh[1], fresh[2])
+        direct_cache, cg_cache, raw_cache = caches[key]
         output = Tokens(output=request.output_tokens)
-        direct = direct_cache.bill(request.time, segments(direct_body, shape, sizer)) + output
+        direct = direct_cache.bill(request.time, segments(direct_body, shape, sizer))
+        direct_raw = direct if sizer.scale == 1.0 else raw_cache.bill(request.time, segments(direct_body, shape, raw))
+        recorded = request.recorded if fitted else None
+        broke = recorded is not None and _client_break(direct, recorded, price.min_cache_tokens)
+        cap = recorded.cache_read if broke and recorded is not None else None
+        direct = (direct if cap is None else _read_at_most(direct, cap)) + output
+        direct_raw += output
         cg_segments = segments(cg_body, shape, sizer)
         asked = min((seg.breakpoint for seg in cg_segments if seg.breakpoint is not None), default=None)
         ttl = lifetimes.step(request.time, model, asked)
         if ttl is not None:
             cg_segments = [attrs.evolve(seg, breakpoint=ttl) if seg.breakpoint is not None else seg
                            for seg in cg_segments]
-        cg = cg_cache.bill(request.time, cg_segments) + output
+        cg = cg_cache.bill(request.time, cg_segments)
+        cg = (cg if cap is None else _read_at_most(cg, cap)) + output
         changes = rewrite.changes if rewrite else []
         new = _first_offloads(changes, seen)
         seen.update(new)
@@ -308,17 +398,31 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         kept = None
         if warm is not None:
             parsed = incoming.body if incoming is not None else ParsedBody.parse(request.body)
-            kept = warm.request(len(turns), request, parsed, model, price, cg_segments, ttl) + output
+            kept = warm.request(len(turns), request, parsed, model, price, cg_segments, ttl)
+            kept = (kept if cap is None else _read_at_most(kept, cap)) + output
         turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, sum(costs.values()),
                           bytes_direct=len(request.body),
                           bytes_cg=len(rewrite.body) if rewrite is not None else len(request.body),
                           keepalive=kept, cold=was_cold, cold_offloads=len(by_epoch),
-                          cold_expand_cost=sum((costs[i] for i in by_epoch), 0.0)))
+                          cold_expand_cost=sum((costs[i] for i in by_epoch), 0.0), direct_raw=direct_raw,
+                          scale=sizer.scale, client_break=broke))
     if warm is None:
         return turns
     warm.until(math.inf)  # after the last request, pings go on to the idle bound or the budget
     return [attrs.evolve(turn, pings=len(warm.pings[i]), ping_tokens=sum(warm.pings[i], Tokens()))
             if i in warm.pings else turn for i, turn in enumerate(turns)]
+
+
+def _parsed(requests: Iterable[Sent]) -> Iterator[tuple[Sent, Shape, dict[str, Any]]]:
+    """The requests to replay, with their shape and body: those to a path replayed whose body is an object."""
+    for request in requests:
+        shape = _SHAPES.get(request.path)
+        try:
+            body = json.loads(request.body)
+        except ValueError:
+            continue
+        if shape is not None and isinstance(body, dict):
+            yield request, shape, body
 
 
 # What a keep-alive ping re-sends, in the replay: the turn it follows, that turn's price and prompt.
