@@ -1,7 +1,7 @@
 """cg-estimate's calibration to the prompt sizes a transcript recorded (issue 25 §3: the simulated
 direct bill near the recorded one), on tests/fixtures/transcripts/calibration/ (built by
-calibration.py there: recorded prompts 1.3 times cg's estimate of the rebuilt ones; one copy with
-a cache break of the client's own)."""
+calibration.py there: recorded prompts 1.3 times cl100k_base's count of the rebuilt ones; one copy
+with a cache break of the client's own)."""
 
 import io
 import json
@@ -31,11 +31,12 @@ def sent(session: transcripts.Session) -> list[Sent]:
 def test_recorded_prompts_larger_than_the_estimate_are_fitted():
     report = run(str(SCALED))
     [session], total = report["sessions"], report["total"]
-    assert session["calibration"] == pytest.approx(1.3, abs=0.01)
+    # 1.3 x cl100k's count of what the conversation adds over cg's estimate of it (which counts this filler 8.8% higher)
+    assert session["calibration"] == pytest.approx(1.3 / 1.088, abs=0.01)
     assert total["simulated_vs_recorded"] == pytest.approx(1.0, abs=0.01)
     assert total["prompt_tokens_simulated"] == pytest.approx(total["prompt_tokens_recorded"], rel=0.01)
-    # the raw figure, by cg's estimate alone: the envelope fitted, what the conversation adds 1/1.3 short
-    assert total["simulated_vs_recorded_raw"] < 0.87 and total["calibrated"] == 1 and total["client_breaks"] == 0
+    # the raw figure, by cg's estimate alone: the envelope fitted, what the conversation adds ~1/1.2 short
+    assert total["simulated_vs_recorded_raw"] < 0.9 and total["calibrated"] == 1 and total["client_breaks"] == 0
     simulated, recorded = Tokens(**session["tokens_direct"]), Tokens(**session["billed_by_transcript"])
     assert simulated.cache_write == pytest.approx(recorded.cache_write, rel=0.01)
     assert simulated.cache_read == pytest.approx(recorded.cache_read, rel=0.01)
@@ -50,7 +51,7 @@ def test_the_via_cg_side_is_sized_with_the_same_scale():
     raw = replay(sent(session), rewrite_config(), conversation=session.id, calibrate=False)
     assert calibrated[0].direct == raw[0].direct  # the first request is the envelope's fit: not scaled
     added, added_raw = (turns[-1].cg.prompt - turns[0].cg.prompt for turns in (calibrated, raw))
-    assert added == pytest.approx(calibrated[0].scale * added_raw, rel=0.01) and calibrated[0].scale > 1.25
+    assert added == pytest.approx(calibrated[0].scale * added_raw, rel=0.01) and calibrated[0].scale > 1.15
 
 
 def test_a_cache_break_of_the_clients_own_is_priced_as_recorded_both_ways():
@@ -75,8 +76,8 @@ def test_the_table_says_what_was_calibrated():
     out, err = io.StringIO(), io.StringIO()
     assert estimate.main([str(BROKEN)], out, err) == 0
     text = out.getvalue()
-    assert "calibrated: to the prompt sizes the transcripts recorded, what 1 conversation(s) added scaled by x1.30" in text
-    assert "sim/rec by cg's token estimate alone: 0.637" in text
+    assert "calibrated: to the prompt sizes the transcripts recorded, what 1 conversation(s) added scaled by x1.20" in text
+    assert "sim/rec by cg's token estimate alone: 0.670" in text
     assert "client cache breaks: 1 request(s)" in text
 
 
