@@ -214,8 +214,8 @@ def _item_segments(body: dict[str, Any], shape: Shape, sizer: _Sizer) -> list[Se
 
 
 # The calibrations taken as plausible: Anthropic's count of text against cl100k's runs from about
-# 1.0 to 1.4; a fit outside these bounds says the recorded usage is not the prompt's (a fake
-# provider's, a client's cache break that hides it), and the estimate is left alone.
+# 1.0 to 1.4; a fit outside these bounds says the recorded usage is not the prompt's size (a fake
+# provider's, say), and the estimate is left alone.
 CALIBRATION_BOUNDS = (0.5, 2.0)
 
 
@@ -229,9 +229,9 @@ def calibration(prompts: list[tuple[list[Segment], int | None]]) -> tuple[float 
     if not prompts:
         return None, frozenset()
     first = frozenset(seg.digest for seg in prompts[0][0])
-    covariance = variance = 0
     if all(recorded is None for _, recorded in prompts):
         return None, first
+    covariance = variance = 0
     for prompt, recorded in prompts:
         if recorded is None:
             continue
