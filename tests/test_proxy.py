@@ -380,6 +380,25 @@ def test_graceful_stop_drains_in_flight_stream(cg, fake):
 
 
 @inlineCallbacks
+def test_graceful_stop_takes_no_new_request_on_a_kept_alive_connection(cg, fake):
+    """Under steady traffic a drain that let kept-alive connections bring new requests would never
+    empty before --drain-timeout, then cut them: an idle connection closes at once, a busy one
+    after its response (bench/soak.py's graceful restart found it)."""
+    idle = yield connect(cg.port, http_request("GET", "/healthz", close=False))
+    yield idle.first_data
+    events = anthropic_stream_events(texts=["s"] * 10)
+    fake.enqueue(SSEReply(events, delay=0.05))
+    busy = yield connect(cg.port, http_request("POST", "/v1/messages", compact({**REQUEST, "stream": True}), close=False))
+    yield busy.first_data
+    stopped = cg.stop()
+    yield idle.closed
+    assert b"message_stop" not in busy.data  # closed while the stream still drains
+    raw = yield busy.closed  # closed after its response, not kept for another request
+    assert split_response(raw)[2] == b"".join(events)
+    yield stopped
+
+
+@inlineCallbacks
 def test_graceful_stop_cuts_streams_after_drain_timeout(make_cg, fake):
     cg = make_cg(anthropic_upstream=fake.url, drain_timeout=0.2)
     fake.enqueue(SSEReply(anthropic_stream_events(texts=["s"] * 3), end="stall"))

@@ -354,6 +354,7 @@ class CGService(service.Service):
         stopped = [defer.maybeDeferred(port.stopListening) for port in self.ports]
         del self.ports[:]
         self._listening = None
+        self.connections.stop_reuse()
         in_flight = self.stats.in_flight
         if in_flight:
             log.info("cg draining {n} in-flight requests", n=in_flight)

@@ -188,6 +188,22 @@ class Connections(WrappingFactory):
             for d in waiters:
                 d.callback(None)
 
+    def stop_reuse(self) -> None:
+        """A graceful stop began: close idle connections now, and each busy one after its response.
+
+        Otherwise a client keeps sending on a kept-alive connection, each new request joins the
+        drain, and under steady traffic the drain never empties before ``--drain-timeout`` cuts it.
+        """
+        for protocol in list(self.protocols):
+            channel = cast(http.HTTPChannel, protocol.wrappedProtocol)
+            if not channel.requests:
+                protocol.transport.loseConnection()
+                continue
+            channel.persistent = False  # HTTPChannel.requestDone then closes it
+            for request in channel.requests:
+                if not request.startedWriting:
+                    request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+
     def close_all(self) -> defer.Deferred[None]:
         """Close every connection once its pending bytes are written; fires when all are gone."""
         if not self.protocols:
