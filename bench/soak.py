@@ -154,6 +154,8 @@ def serve_fake(port: int, store: str, events: str) -> None:
                 line["ref"] = ref
                 received = attrs.evolve(received, headers=[*received.headers, (b"x-fake-expand", ref.encode())])
         out.write(json.dumps(line) + "\n")
+        received.finished.addCallback(
+            lambda how: how == "lost" and out.write(json.dumps({"t": time.time(), "markers": [], "lost": True}) + "\n"))
         return default_reply(received)
 
     port_ = FakeUpstream(record=False, default_reply=answer).listen(reactor, port)
@@ -537,6 +539,7 @@ class Soak:
         from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
         before = proc_figures(self.cg.pid)["fds"]
+        lost_before = sum(1 for line in self.fake_lines() if line.get("lost"))
         gone = 0
         for i in range(3):
             conversation = ClaudeCode(10_000 + i, self.template, self.content_of(10_000 + i))
@@ -553,8 +556,11 @@ class Soak:
         await sleep(3)
         after = proc_figures(self.cg.pid)["fds"]
         healthy = http_get(self.cg_port, "/healthz")[0] == 200
-        self.faults["client_gone"] = {"left_mid_stream": gone, "fds_before": before, "fds_after": after,
-                                      "healthz": healthy, "ok": healthy and gone == 3 and after <= before + 2}
+        # cg closes the upstream request of a client that left: the provider stops generating
+        upstream_cut = sum(1 for line in self.fake_lines() if line.get("lost")) - lost_before
+        self.faults["client_gone"] = {"left_mid_stream": gone, "upstream_requests_cut": upstream_cut,
+                                      "fds_before": before, "fds_after": after, "healthz": healthy,
+                                      "ok": healthy and gone == 3 and upstream_cut >= 3 and after <= before + 2}
 
     async def fault_enospc(self) -> None:
         if not self.mounted:
@@ -833,7 +839,7 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.duration, args.sample, args.enospc_s = 60.0, 5.0, 8.0
-        args.pace, args.store_max_mb = 1.5, 1
+        args.pace, args.store_max_mb, args.claude = 1.5, 1, 8
     if args.plot:
         from cg.record.plot import HOW, available
 
