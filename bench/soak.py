@@ -332,6 +332,12 @@ def file_size(path: Path) -> int:
         return 0
 
 
+def disk_used(path: Path) -> int:
+    """Bytes used on the filesystem of ``path`` (the store's, its ledger's and their WALs')."""
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
 def store_rows(path: Path) -> dict[str, float] | None:
     """Every original's id and last use, read-only (None: not readable now)."""
     try:
@@ -380,7 +386,8 @@ class Soak:
 
     def _mount(self) -> bool:
         """A tmpfs of its own for the store (root only): the disk the ENOSPC fault fills."""
-        size = self.args.store_max_mb * 3 + 8
+        # the store and its WAL (a checkpoint every ~4 MB), the ledger's file and WAL, growing with the run
+        size = self.args.store_max_mb * 3 + 16 + int(self.args.duration / 120)
         if os.geteuid() != 0:
             return False
         done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}m,mode=0700", "cg-soak", str(self.disk)],
@@ -484,7 +491,7 @@ class Soak:
         store = stats.get("store", {})
         row = {"t": time.time() - t0, "store_bytes": store_bytes(self.store),
                "db_bytes": file_size(self.store), "wal_bytes": file_size(Path(f"{self.store}-wal")),
-               "ledger_bytes": file_size(self.disk / "store.ledger.sqlite3"),
+               "ledger_bytes": file_size(self.disk / "store.ledger.sqlite3"), "disk_used_bytes": disk_used(self.disk),
                "evictions": self.evictions(store.get("evictions")),
                "healthy": store.get("healthy"),
                "requests": len(self.requests), "failed": sum(1 for r in self.requests if "problem" in r)}
@@ -495,6 +502,7 @@ class Soak:
         print(f"{row['t']:7.0f}s  rss {row.get('rss_kib', 0) / 1024:6.1f} MiB  fds {row.get('fds', '-'):>3}  "
               f"threads {row.get('threads', '-'):>2}  store {(row['store_bytes'] or 0) / mib:5.2f}/"
               f"{self.args.store_max_mb} MiB  db {row['db_bytes'] / mib:5.2f} MiB  wal {row['wal_bytes'] / mib:5.2f} MiB"
+              f"  ledger {row['ledger_bytes'] / mib:5.2f} MiB  disk {row['disk_used_bytes'] / mib:5.1f} MiB"
               f"  evictions {row['evictions']}  healthy {row['healthy']}  requests {row['requests']}"
               f"  failed {row['failed']}", flush=True)
 
