@@ -94,6 +94,7 @@ FAULTS = (  # (fraction of the run, fault)
     (0.80, "graceful_restart"),
 )
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+RETRIES, BACKOFF_S = 2, 0.5  # the anthropic and openai SDKs' defaults: 2 retries, from 0.5 s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,9 +454,33 @@ class Soak:
 
     # -- the load -------------------------------------------------------------------------------
 
-    async def converse(self, conversation, kind: str) -> None:
+    async def send(self, conn: BodyConn | None, data: bytes, record: dict) -> tuple[BodyConn, int]:
+        """One request as the SDKs send it: a refused connection, or a kept-alive one closed before
+        any response byte (a stopping cg closes idle ones), is tried again after 0.5 s and 1 s (the
+        anthropic and openai SDKs' first backoffs); a response cut once it began is not, nor is a 502."""
         from twisted.internet import reactor
         from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+        from twisted.internet.error import ConnectionRefusedError
+
+        for attempt in range(RETRIES + 1):
+            try:
+                if conn is None or conn.lost:
+                    conn = None
+                    conn = await connectProtocol(TCP4ClientEndpoint(reactor, HOST, self.cg_port, timeout=10),
+                                                 BodyConn())
+                _ttfb, _total, status = await conn.request(data)
+                return conn, status
+            except (ResponseError, ConnectionRefusedError) as e:
+                if (conn is not None and conn.body) or attempt == RETRIES:
+                    raise
+                record.setdefault("retried", []).append(f"{type(e).__name__}: {e}")
+                if conn is not None:
+                    conn.transport.abortConnection()
+                conn = None
+                await sleep(BACKOFF_S * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    async def converse(self, conversation, kind: str) -> None:
 
         from cg.stream.streamcheck import check_anthropic_stream
 
@@ -467,22 +492,7 @@ class Soak:
             record = {"t0": time.time(), "kind": kind, "bytes": len(data)}
             self.requests.append(record)
             try:
-                if conn is None or conn.lost:
-                    conn = await connectProtocol(TCP4ClientEndpoint(reactor, HOST, self.cg_port, timeout=10),
-                                                 BodyConn())
-                    reused = False
-                else:
-                    reused = True
-                try:
-                    _ttfb, _total, status = await conn.request(data)
-                except ResponseError as e:
-                    if not reused or conn.body:
-                        raise
-                    # a kept-alive connection cg closed meanwhile (a restart's drain): once more, on a new one
-                    conn = await connectProtocol(TCP4ClientEndpoint(reactor, HOST, self.cg_port, timeout=10),
-                                                 BodyConn())
-                    record["retried"] = str(e)
-                    _ttfb, _total, status = await conn.request(data)
+                conn, status = await self.send(conn, data, record)
                 body = bytes(conn.body)
                 if status != 200:
                     record["problem"] = f"status {status}: {body[:200]!r}"
@@ -597,20 +607,22 @@ class Soak:
         hold = self.args.enospc_s
         filler = self.disk / "filler"
         written = 0
-        with filler.open("wb") as f:
+        # unbuffered: a buffered file's close would write its last partial chunk and raise ENOSPC again
+        with filler.open("wb", buffering=0) as f:
             chunk = b"\0" * (1 << 16)
             try:
                 while True:
-                    f.write(chunk)
-                    f.flush()
-                    written += len(chunk)
+                    written += f.write(chunk)
             except OSError as e:
                 if e.errno != errno.ENOSPC:
+                    filler.unlink()
                     raise
-        before = self.cg_stats().get("store", {})
-        await sleep(hold)
-        during = self.cg_stats().get("store", {})
-        filler.unlink()
+        try:
+            before = self.cg_stats().get("store", {})
+            await sleep(hold)
+            during = self.cg_stats().get("store", {})
+        finally:
+            filler.unlink()
         t_free = time.time()
         wrote_again = None
         while time.time() - t_free < 120:
@@ -764,7 +776,8 @@ class Soak:
                not unexpected and len(done) > 0,
                f"{len(done)} requests ({sum(r['kind'] == 'claude' for r in done)} Claude Code, "
                f"{sum(r['kind'] == 'codex' for r in done)} Codex), {len(meant)} meant to fail {self.meant}, "
-               f"{len(unexpected)} unexpected" + (f": first {unexpected[0]['problem']}" if unexpected else "")))
+               f"{len(unexpected)} unexpected" + (f": first {unexpected[0]['problem']}" if unexpected else "")
+               + f"; {sum(1 for r in self.requests if 'retried' in r)} sent again after a connection error, as the SDKs do"))
         # markers
         lines = self.fake_lines()
         missing = [(line["t"], m) for line in lines for m in line.get("missing", ())]
