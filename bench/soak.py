@@ -630,13 +630,17 @@ class Soak:
             if self.cg_stats().get("store", {}).get("writes", 0) > during.get("writes", 0):
                 wrote_again = time.time() - t_free
                 break
+        await sleep(3)  # the ledger's next batches: rows held while the disk was full go with them
+        after = self.cg_stats().get("store", {})
+        rows_lost = after.get("ledger_rows_lost", 0) - before.get("ledger_rows_lost", 0)
         self.faults["enospc"] = {
             "filled_mib": round(written / (1 << 20), 1), "held_s": hold,
             "write_errors": during.get("write_errors", 0) - before.get("write_errors", 0),
             "ledger_write_errors": during.get("ledger_write_errors", 0) - before.get("ledger_write_errors", 0),
+            "ledger_rows_lost": rows_lost,
             "healthy_while_full": during.get("healthy"),
             "stored_again_after_s": None if wrote_again is None else round(wrote_again, 1),
-            "ok": wrote_again is not None}
+            "ok": wrote_again is not None and rows_lost == 0}
 
     async def fault_upstream_restart(self) -> None:
         t0 = time.time()
