@@ -398,6 +398,46 @@ def test_graceful_stop_takes_no_new_request_on_a_kept_alive_connection(cg, fake)
     yield stopped
 
 
+class _Later:
+    """A reply the fake plays `delay` seconds after the request came (its head not yet sent)."""
+
+    def __init__(self, reply, delay):
+        self.reply, self.delay = reply, delay
+
+    def play(self, request, upstream):
+        reactor.callLater(self.delay, self.reply.play, request, upstream)
+
+
+@inlineCallbacks
+def test_a_response_that_waited_for_the_provider_through_a_stop_says_connection_close(cg, fake):
+    """The provider's head replaces the response's headers: the close a graceful stop asked for
+    must survive it, or a pooled client sends its next request on a connection about to close."""
+    fake.enqueue(_Later(JSONReply(anthropic_message("ok")), 0.3))
+    client = yield connect(cg.port, http_request("POST", "/v1/messages", compact(REQUEST), close=False))
+    yield task.deferLater(reactor, 0.1, lambda: None)  # the request is with the provider
+    stopped = cg.stop()
+    status, headers, _ = split_response((yield client.closed))
+    assert status == 200 and headers[b"connection"] == [b"close"]
+    yield stopped
+
+
+@inlineCallbacks
+def test_a_request_whose_head_arrives_during_a_stop_is_the_connections_last(cg, fake):
+    """Twisted decides a connection's persistence when a request's head is complete: a stop that
+    began while it arrived must not be undone by it."""
+    fake.enqueue(SSEReply(anthropic_stream_events(texts=["s"] * 10), delay=0.05), JSONReply(anthropic_message("ok")))
+    busy = yield connect(cg.port, http_request("POST", "/v1/messages", compact({**REQUEST, "stream": True})))
+    yield busy.first_data  # a stream in flight keeps the drain open
+    head, rest = http_request("POST", "/v1/messages", compact(REQUEST), close=False).split(b"\r\n", 1)
+    client = yield connect(cg.port, head + b"\r\n")
+    yield task.deferLater(reactor, 0.1, lambda: None)  # the first line is in: a request under way
+    stopped = cg.stop()
+    client.transport.write(rest)
+    status, headers, _ = split_response((yield client.closed))  # closed after it, by cg
+    assert status == 200 and headers[b"connection"] == [b"close"]
+    yield stopped
+
+
 @inlineCallbacks
 def test_graceful_stop_cuts_streams_after_drain_timeout(make_cg, fake):
     cg = make_cg(anthropic_upstream=fake.url, drain_timeout=0.2)

@@ -588,8 +588,8 @@ class ThreadedLedger:
         self.failed(failure, lost)
 
     def close(self) -> None:
+        self._closed = True  # first: a write that fails now loses its rows, none waits for a timer
         self.flush()
-        self._closed = True
 
     def _read(self, query: str, *args: object) -> Deferred[Any]:
         self.flush()

@@ -450,7 +450,10 @@ class ExchangeDriver:
         request = self.request
         request.setResponseCode(command.status, command.phrase)
         if command.headers is not None:
+            closing = request.responseHeaders.getRawHeaders(b"connection")  # set by a graceful stop, or the client
             request.responseHeaders = typing.cast(Headers, command.headers)
+            if closing is not None:
+                request.responseHeaders.setRawHeaders(b"connection", closing)
         for name, value in command.fields:
             request.setHeader(name, value)
 

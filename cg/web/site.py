@@ -69,6 +69,23 @@ class HeadTimedChannel(http.HTTPChannel):
     _between_requests = False
     _closed_watchers: list[Callable[[bool], object]] | None = None
     _closed_by_client: bool | None = None  # once the connection is gone
+    _last_response = False  # a graceful stop began: this connection closes after its response
+
+    def last_response(self) -> None:
+        """Close this connection after the response under way (`Connections.stop_reuse`), and
+        after the one whose head is still arriving: its head would make the channel persistent
+        again (``checkPersistence``)."""
+        self._last_response = True
+        self.persistent = False  # HTTPChannel.requestDone then closes it
+        for request in self.requests:
+            if not request.startedWriting:
+                request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+
+    def checkPersistence(self, request: http.Request, version: bytes) -> bool:
+        if self._last_response:
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return False
+        return bool(super().checkPersistence(request, version))  # type: ignore[no-untyped-call]  # untyped in Twisted
 
     def when_closed(self, watcher: Callable[[bool], object]) -> None:
         """Call ``watcher(by_client)`` once, when this connection is gone (at once if it is).
@@ -195,14 +212,11 @@ class Connections(WrappingFactory):
         drain, and under steady traffic the drain never empties before ``--drain-timeout`` cuts it.
         """
         for protocol in list(self.protocols):
-            channel = cast(http.HTTPChannel, protocol.wrappedProtocol)
+            channel = cast(HeadTimedChannel, protocol.wrappedProtocol)
             if not channel.requests:
                 protocol.transport.loseConnection()
                 continue
-            channel.persistent = False  # HTTPChannel.requestDone then closes it
-            for request in channel.requests:
-                if not request.startedWriting:
-                    request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            channel.last_response()
 
     def close_all(self) -> defer.Deferred[None]:
         """Close every connection once its pending bytes are written; fires when all are gone."""
