@@ -138,10 +138,11 @@ def test_a_breakpoint_inside_a_repaired_answer_leaves_every_lifetime_as_the_clie
                                       "content": [{"type": "text", "text": error, "cache_control": EPHEMERAL}]}]}]}
     rewriter = Rewriter(rewrite_config())
     raw = json.dumps(leaked).encode()
-    assert breakpoints(json.loads(rewriter.finish(rewriter.parse(raw, b"/v1/messages"), lifetime=TTL_1H).body)) \
-        == [TTL_1H] * 3
+    hour = rewriter.finish(rewriter.parse(raw, b"/v1/messages"), lifetime=TTL_1H)
+    assert breakpoints(json.loads(hour.body)) == [TTL_1H] * 3 and hour.lifetime == TTL_1H
     repaired = rewriter.finish(rewriter.parse(raw, b"/v1/messages"), {"toolu_leak": "the original"}, lifetime=TTL_1H)
     assert repaired.repaired == 1 and breakpoints(json.loads(repaired.body)) == [TTL_5M] * 3
+    assert repaired.lifetime is None  # what the keep-alive's pings go by: the client's lifetime, as sent
 
 
 # ---------------------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ class Rewrite:
     dialect: Shape = MESSAGES_SHAPE  # the body's shape (the path's), which the response shares
     usage_added: bool = False  # cg set stream_options.include_usage: the client did not ask for usage
     moved: int | None = None  # the first message shared with the last body whose edits changed (Plan.moved)
+    lifetime: float | None = None  # what every breakpoint asks for now (--cache-ttl); None: the client's
 
 
 @attrs.frozen
@@ -146,8 +147,12 @@ class Rewriter:
         compaction = plan(body, shape, self.config.compact, lossy if injected else False, self.memo, older)
         repairs = repair_edits(body, incoming.repairs, repair_texts) if repair_texts else []
         edits = repairs + compaction.edits + (incoming.injection or []) + (restored or [])
+        asked = None
         if lifetime is not None and shape.select(True, False, False):
-            edits += _outside(lifetime_edits(body, lifetime), edits)
+            wanted = lifetime_edits(body, lifetime)
+            kept = _outside(wanted, edits)
+            asked = lifetime if len(kept) == len(wanted) else None
+            edits += kept
         forwarded(body, compaction)
         return Rewrite(
             body=body.apply(edits),
@@ -162,6 +167,7 @@ class Rewriter:
             dialect=shape,
             usage_added=incoming.usage_added,
             moved=compaction.moved,
+            lifetime=asked,
         )
 
     def originals(self, incoming: Incoming) -> Mapping[str, bytes]:

@@ -721,8 +721,10 @@ class Preparation:
         if self._observe:
             self._ready(unchanged)
             return
-        if self._lifetime is not None and unchanged.keepalive is not None and unchanged.keepalive[1] is not None:
-            unchanged = attrs.evolve(unchanged, keepalive=(unchanged.keepalive[0], self._lifetime))  # pings keep it
+        # Pings keep the lifetime the breakpoints ask for: the chosen one unless the rewrite had to
+        # leave them as the client sent them (Rewriter.finish: all or none).
+        if rewrite.lifetime is not None and unchanged.keepalive is not None and unchanged.keepalive[1] is not None:
+            unchanged = attrs.evolve(unchanged, keepalive=(unchanged.keepalive[0], rewrite.lifetime))
         # Kept for the response's life: what it decides by (not the parse), and the originals
         # behind its markers, which answer expand calls even if the store breaks meanwhile.
         self._ready(attrs.evolve(unchanged, body=rewrite.body, rewrite=attrs.evolve(rewrite, originals={}, parsed={}),
