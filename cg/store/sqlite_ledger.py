@@ -150,8 +150,8 @@ _ADD_CONVERSATION = (
     f" cache_until = {_LATER}, kept_warm = excluded.kept_warm"
 )
 # A batch's pings of a conversation it holds no request of: added to its row, if there is one.
-_PINGED = ("UPDATE ledger_conversations SET kept_warm = 1, cache_until = max(coalesce(cache_until, ?1), ?1),"
-           " pings = pings + ?4, cost_pings = cost_pings + ?5 WHERE tenant = ?2 AND id = ?3")
+_PINGED = ("UPDATE ledger_conversations SET kept_warm = 1, cache_until = max(coalesce(cache_until, :until), :until),"
+           " pings = pings + :pings, cost_pings = cost_pings + :cost WHERE tenant = :tenant AND id = :id")
 
 
 class SQLiteLedger:
@@ -174,8 +174,9 @@ class SQLiteLedger:
                 (s.tenant, s.id, s.client, s.model, s.first, s.last, *flatten(s.totals), s.cache_until,
                  int(s.kept_warm))
                 for s in batch.conversations.values() if s.client is not None])
-            self.conn.executemany(_PINGED, [
-                (s.cache_until, s.tenant, s.id, s.totals.pings, s.totals.cost_pings)
+            self.conn.executemany(_PINGED, [  # named: sqlite3 refuses numbered ?N with a sequence from 3.14
+                {"until": s.cache_until, "tenant": s.tenant, "id": s.id, "pings": s.totals.pings,
+                 "cost": s.totals.cost_pings}
                 for s in batch.conversations.values() if s.client is None])
             self.conn.executemany(
                 "INSERT INTO ledger_turns (time, tenant, conversation, row) VALUES (?, ?, ?, ?)",
