@@ -272,7 +272,7 @@ def test_a_conversation_shows_its_offloads_verdicts_and_originals_as_text(driver
     first = 1_796_000_000_000_001  # seqs are process-wide request numbers; the page numbers the turns 1, 2, …
     for seq, (verdict, detail) in enumerate(verdicts, first):
         changes = [Change(seq, 2, 0, "Bash", "offload", True, ident, 19_000, 700)] if seq == first else []
-        on_the_reactor(ledger.record, ledger_turn("s-verdicts", now + 60 * seq, seq, verdict=verdict, detail=detail,
+        on_the_reactor(ledger.record, ledger_turn("s-verdicts", now + 60 * (seq - first), seq, verdict=verdict, detail=detail,
                                   tool_tokens=(19_000, 700) if seq == first else (0, 0), epoch=verdict == CG_PREFIX,
                                   billed=Usage(40, 0, 20_000, 300) if verdict in (EXPIRED, CLIENT_PREFIX, CG_PREFIX)
                                   else None),
@@ -289,6 +289,8 @@ def test_a_conversation_shows_its_offloads_verdicts_and_originals_as_text(driver
     assert change == ["messages[2].content[0]", "Bash", "offloaded: head, tail and a summary, the rest behind the marker",
                       "19,000 → 700 (−96.3%)",
                       f"<<cg:{ident}>>"]
+    shown = page.text("#view-conversation")
+    assert "NaN" not in shown and "Invalid Date" not in shown  # every time the page shows is one
     page.screenshot("conversation")
 
     page.open("#/conversation/s-1")  # the request sent through cg: cg's own record of its offload
