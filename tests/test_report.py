@@ -2,6 +2,7 @@
 
 import gzip
 import io
+import sqlite3
 import sys
 
 import pytest
@@ -430,6 +431,10 @@ def test_store_options_are_refused_in_one_line(tmp_path, capsys):
         out, err = capsys.readouterr()
         assert out == "" and err.startswith(said) and err.count("\n") == 1, err
     assert not (tmp_path / "none.sqlite3").exists()
+    sqlite3.connect(tmp_path / "store.sqlite3").close()  # a store, but no ledger beside it
+    assert main(["--store", f"sqlite:{tmp_path / 'store.sqlite3'}"]) == 1
+    assert "has no ledger" in capsys.readouterr().err
+    assert not (tmp_path / "store.ledger.sqlite3").exists()  # not made by a report (run as root, cg could not open it)
     for argv in ([], ["log", "--store", "sqlite:x"]):
         with pytest.raises(SystemExit) as e:
             main(argv)

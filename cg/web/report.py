@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         return report.report_changelogs(args, stdout, stderr)
     # The stores' modules (SQLite, Redis) and the reactor load only for --store.
     from cg.store import store_label, store_password, usable_store_url
+    from cg.store.sqlite_ledger import ledger_path
 
     try:
         scheme, path = usable_store_url(args.store)
@@ -41,6 +42,10 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     # Never create one: an empty file named like cg's store would be a report of nothing.
     if scheme == "sqlite" and not os.path.isfile(path):
         print(f"cg-report: no store at {path}", file=stderr)
+        return 1
+    # Nor its ledger: opening the store would create one (owned by whoever runs cg-report).
+    if scheme == "sqlite" and not os.path.isfile(ledger_path(path)):
+        print(f"cg-report: {path} has no ledger ({ledger_path(path)}): no cg has recorded a request there", file=stderr)
         return 1
     from twisted.internet import task
 
