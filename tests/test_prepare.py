@@ -302,7 +302,7 @@ def thinking_body() -> bytes:
 
 
 def test_a_thinking_block_is_asked_about_once_per_process_and_a_failed_read_leaves_it_as_sent():
-    seen = Seen()
+    seen = Seen(shared=True)  # --workers, Redis: another process may have written the record
     raw = thinking_body()
     machine = preparation(raw, hidden=seen)
     (read,) = machine.start()
@@ -316,6 +316,16 @@ def test_a_thinking_block_is_asked_about_once_per_process_and_a_failed_read_leav
     (read,) = machine.start()
     assert sent_messages(ready(machine.feed(Answered(read, None))).forward) == json.loads(later)["messages"]
     assert isinstance(ready(preparation(later, hidden=seen).start()), Ready)  # an older one's is known: no read
+
+
+def test_alone_on_its_store_a_process_asks_about_a_thinking_block_once():
+    """No other process writes its store's records: a "none" is true for good, the latest reply's too
+    (most turns with thinking had no expand splice: they must not wait on the store every turn)."""
+    seen = Seen()
+    machine = preparation(thinking_body(), hidden=seen)
+    (read,) = machine.start()
+    assert isinstance(ready(machine.feed(Answered(read, None))), Ready)
+    assert isinstance(ready(preparation(later_body(), hidden=seen).start()), Ready)  # no read
 
 
 def later_body() -> bytes:
@@ -340,7 +350,7 @@ def test_a_process_that_asks_before_another_processs_record_commits_asks_again_n
     the next turn before the freeze committed. Its next turn must carry the hidden turn too, as the
     writer's turns do, or the prefix differs by process and the thinking is invalid."""
     key, text = record(Shown(("text", "thinking"), (1,), (1, "sig-later")), [HiddenTurn(CALL, ANSWER)])
-    writer, other, store = Seen(), Seen(), {}
+    writer, other, store = Seen(shared=True), Seen(shared=True), {}
     writer.put("tenant-a", key, text)
     assert prepared(thinking_body(), other, store) == json.loads(thinking_body())["messages"]  # too early
     store[key] = text  # the writer's freeze commits

@@ -437,10 +437,11 @@ class Preparation:
         carried), and the store is asked only about those this process has not seen. A store that
         cannot say leaves the message as the client sent it, for that turn.
 
-        "None" is kept only for a block older than the latest assistant message: with `--workers`,
-        that message's response may have ended in another process whose record is not committed
-        yet, and a "none" kept for good would leave this process without the turns the writer puts
-        back (the prefix differing by process); asked again next turn, it is there."""
+        On a store other processes write too (`Seen.shared`), "none" is kept only for a block older
+        than the latest assistant message: that message's response may have ended in another process
+        whose record is not committed yet, and a "none" kept for good would leave this process
+        without the turns the writer puts back (the prefix differing by process); asked again next
+        turn, it is there. Alone on its store, this process wrote every record it could be told of."""
         reader = shape.select(anchors, None, None)
         if reader is None:
             return
@@ -451,7 +452,7 @@ class Preparation:
 
                 def read(text: object, message: int = message, block: int = block, key: str = key) -> None:
                     if text is None:
-                        if message != latest:
+                        if message != latest or not seen.shared:
                             seen.put(tenant, key, None)
                         return
                     found = seen.put(tenant, key, _as_bytes(text))

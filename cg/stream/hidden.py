@@ -203,10 +203,13 @@ class Seen:
     under (the last `limit`): a request asks the store only about thinking blocks it has not seen. A
     key is a new signature's, which no request carried before the response that wrote it ended, so
     "none" stays true but for the moment between that response's end and its record's commit: the
-    process that wrote a record knows it at once, and another is told "none" only for a block older
-    than the request's latest assistant message (`cg.exchange.prepare`)."""
+    process that wrote a record knows it at once. With a `shared` store (`--workers`, Redis: another
+    process may be that writer), "none" is kept only for a block older than the request's latest
+    assistant message (`cg.exchange.prepare`); alone on its store, this process keeps every "none".
+    """
 
-    def __init__(self, limit: int = 50_000, max_bytes: int = 32 << 20) -> None:
+    def __init__(self, limit: int = 50_000, max_bytes: int = 32 << 20, shared: bool = False) -> None:
+        self.shared = shared
         self._limit = limit
         self._max_bytes = max_bytes
         self._bytes = 0

@@ -76,6 +76,7 @@ class Forwarder:
         reactor: IReactorTime | None = None,
         keepalive: KeepAlive | None = None,
         cache_ttl: str = "keep",
+        shared_store: bool = False,
     ):
         self.upstream = upstream
         self.stats = stats
@@ -100,7 +101,7 @@ class Forwarder:
         # What the cache-aware policy learned from the store, per (tenant, conversation key).
         self.known = cold.Known()
         # The records of hidden turns this process read or wrote (cg.stream.hidden).
-        self.hidden = hidden.Seen()
+        self.hidden = hidden.Seen(shared=shared_store)
         self._index = None if store is None else _Index(store)
         self.ledger = ledger  # the dashboard's rows (cg.exchange.ledger), in the store
         self.book = Book()

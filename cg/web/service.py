@@ -241,6 +241,8 @@ class CGService(service.Service):
             reactor=reactor,
             keepalive=self.keepalive,
             cache_ttl=config.cache_ttl,
+            # another process may write hidden-turn records to the same store (cg.stream.hidden.Seen)
+            shared_store=config.workers > 1 or self.stats.store_kind == "redis",
         )
         self.resource = ProxyResource(self.forwarder, Access(config.tenant, config.admin_token))
         self.site = ProxySite(
