@@ -125,7 +125,7 @@ class Rewriter:
         injection = self._injection(body, shape)
         # Exactly where cg manages expand does it repair the client's answers to expand calls.
         repairs = find_repairs(body, shape) if injection is not None else []
-        usage_added = injection is not None and any(text == "," + _USAGE_OPTION for _, text in injection)
+        usage_added = injection is not None and body.added_last(_USAGE_OPTION) in injection
         return Incoming(body, shape, stash, injection, repairs, usage_added, previous)
 
     def finish(self, incoming: Incoming, repair_texts: dict[str, str] | None = None,

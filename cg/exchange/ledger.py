@@ -25,7 +25,6 @@ CLIENTS = ("claude-code", "codex", "sdk", "other")
 # (cg.web.keepalive), billed like any request but counted apart: it is cg's spending, not the client's.
 REQUEST = "request"
 PING = "ping"
-KINDS = (REQUEST, PING)
 
 # Why a turn wrote more to the provider's prompt cache than it read (`Turn.verdict`):
 EXPECTED = "expected"  # the conversation's first turn, or only new content was written
@@ -72,7 +71,7 @@ class Turn:
     verdict_detail: str = ""  # "idle 7m12s", "messages[3].content[0]", "epoch 2", …
     added_ms: float | None = None  # cg's own share of the client's time to first byte
     cache_until: float | None = None  # when the conversation's prompt cache expires after this turn
-    kind: str = REQUEST  # one of KINDS; last, so that rows written before it read back as requests
+    kind: str = REQUEST  # REQUEST or PING; last, so that rows written before it read back as requests
 
 
 @attrs.frozen
