@@ -36,10 +36,10 @@ from cg.wire.dialect import SHAPES
 
 # Conversations whose sent results are remembered (least recently used first out); one beyond
 # that counts its results as new, which prices a result sent before as a write, not a read (the
-# estimate without cg comes out higher for that turn). A team's gateway runs ~100 at once.
+# estimate without cg comes out higher for that turn).
 MAX_CONVERSATIONS = 512
-# Results remembered per conversation (a long Claude Code session compacts a few hundred); past it,
-# forgotten the same way. At most ~1 M content ids in all, ~60 MB; a few MB in practice.
+# Results remembered per conversation; past it, the conversation's are cleared at once (its next
+# turns price them as new, as above). Bounds the memory: at most ~1 M content ids in all.
 MAX_RESULTS = 2000
 
 

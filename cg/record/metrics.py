@@ -374,8 +374,8 @@ _MIRRORED: tuple[tuple[str, str, tuple[str, ...]], ...] = (
      "conversation's keep-alive.", ()),
     ("cg_keepalive_billed_tokens_total", "Tokens the provider billed for keep-alive pings, by kind (mostly "
      "cache_read).", ("kind",)),
-    ("cg_keepalive_ended_total", "Conversations whose keep-alive ended, by why (idle, budget, failed, missed, "
-     "refused, ineligible, evicted, stopped, gone).", ("reason",)),
+    ("cg_keepalive_ended_total", "Conversations whose keep-alive ended, by why (idle, budget, forecast, failed, "
+     "missed, refused, ineligible, evicted, stopped, gone).", ("reason",)),
     ("cg_memo_hits_total", "Compaction memo lookups that found an entry, by table.", ("table",)),
     ("cg_memo_misses_total", "Compaction memo lookups that did not, by table.", ("table",)),
 )

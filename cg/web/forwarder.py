@@ -25,6 +25,7 @@ from cg.exchange.prepare import Request as PrepareRequest
 from cg.exchange.record import ExchangeRecord
 from cg.record.changelog import ChangeLog, NullChangeLog, compaction_record, ping_record, usage_record
 from cg.record.ledger import Book, Sent
+from cg.record.pricing import ANTHROPIC
 from cg.record.stats import Stats
 from cg.store.base import ILedger, IStore
 from cg.stream import hidden
@@ -176,7 +177,7 @@ class Forwarder:
         price go into /stats, the ledger (a row of kind PING, with the cache's new expiry) and the
         change log, each apart from the clients' requests."""
         now = self.now()
-        cost = self.book.cost(sent.model, "anthropic", usage)  # pings are Anthropic's
+        cost = self.book.cost(sent.model, ANTHROPIC, usage)  # pings are Anthropic's
         self.stats.keepalive.cost_usd += cost
         if cache is not None:
             self.cache_used(sent.tenant, cache)

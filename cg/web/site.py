@@ -214,7 +214,7 @@ class Connections(WrappingFactory):
         for protocol in list(self.protocols):
             channel = cast(HeadTimedChannel, protocol.wrappedProtocol)
             if not channel.requests:
-                protocol.transport.loseConnection()
+                protocol.loseConnection()  # through the wrapper: a close of cg's, not the client's leaving
                 continue
             channel.last_response()
 
