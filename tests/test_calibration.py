@@ -93,7 +93,7 @@ def test_the_fit_is_least_squares_over_what_the_first_request_did_not_hold():
     first, a, b = Segment(b"f", 1000), Segment(b"a", 100), Segment(b"b", 300)
     scale, held = calibration([([first], 1000), ([first, a], 1120), ([first, a, b], 1480)])
     assert held == {b"f"} and scale == round((100 * 120 + 400 * 480) / (100**2 + 400**2), 4)
-    assert calibration([([first], 1000), ([first, a], 1120)]) == calibration([([first], 1000), ([first, a], 1120)])
+    assert calibration(iter([([first], 1000), ([first, a], 1120)])) == calibration([([first], 1000), ([first, a], 1120)])
     assert calibration([([first], None), ([first, a], None)])[0] is None  # nothing recorded
     assert calibration([([first], 100), ([first, a], 100)])[0] is None  # a fake provider's usage: out of bounds
     assert calibration([([first], 1200), ([first], 1200)])[0] == 1.0  # nothing added

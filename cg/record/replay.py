@@ -219,25 +219,28 @@ def _item_segments(body: dict[str, Any], shape: Shape, sizer: _Sizer) -> list[Se
 CALIBRATION_BOUNDS = (0.5, 2.0)
 
 
-def calibration(prompts: list[tuple[list[Segment], int | None]]) -> tuple[float | None, frozenset[bytes]]:
+def calibration(prompts: Iterable[tuple[list[Segment], int | None]]) -> tuple[float | None, frozenset[bytes]]:
     """How much a conversation's later segments weigh in the provider's count against cg's estimate:
     from each request's simulated segments and its recorded prompt size (None: not recorded), the
     scale ``s`` that makes ``recorded ≈ first + s × later`` (``first``: the segments its first
     request held, as fitted; ``later``: the others) in least squares, and those first segments;
     1.0 where nothing was added; None where nothing was recorded or the fit is out of
-    ``CALIBRATION_BOUNDS`` (the recorded usage is not taken as the prompt's)."""
-    if not prompts:
-        return None, frozenset()
-    first = frozenset(seg.digest for seg in prompts[0][0])
-    if all(recorded is None for _, recorded in prompts):
-        return None, first
+    ``CALIBRATION_BOUNDS`` (the recorded usage is not taken as the prompt's). One pass, keeping
+    sums only: a long session's prompts are never all in memory at once."""
+    first: frozenset[bytes] | None = None
     covariance = variance = 0
+    recorded_any = False
     for prompt, recorded in prompts:
+        if first is None:
+            first = frozenset(seg.digest for seg in prompt)
         if recorded is None:
             continue
+        recorded_any = True
         later = sum(seg.tokens for seg in prompt if seg.digest not in first)
         covariance += later * (recorded - (sum(seg.tokens for seg in prompt) - later))
         variance += later * later
+    if first is None or not recorded_any:
+        return None, first or frozenset()
     if not variance:
         return 1.0, first
     scale = round(covariance / variance, 4)  # rounded: the same figure wherever it is computed
@@ -341,16 +344,18 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
     states: dict[str | None, _Conversation] = {}
     sizer = _Sizer()
     raw = sizer.unscaled()
-    bodies = list(_parsed(requests))
+    requests = list(requests)
     fitted = False
-    if calibrate:
-        scale, sizer.first = calibration([(segments(body, shape, raw), _prompt(request.recorded))
-                                          for request, shape, body in bodies])
+    if calibrate and any(request.recorded is not None for request in requests):
+        # A pass of its own, each body parsed again below: a session's bodies (each the whole history
+        # so far) are never all held at once.
+        scale, sizer.first = calibration((segments(body, shape, raw), _prompt(request.recorded))
+                                         for request, shape, body in _parsed(requests))
         fitted, sizer.scale = scale is not None, scale or 1.0
     caches: dict[tuple[str, str], tuple[PromptCache, PromptCache, PromptCache]] = {}
     seen: set[str] = set()
     turns: list[Turn] = []
-    for request, shape, direct_body in bodies:
+    for request, shape, direct_body in _parsed(requests):
         if warm is not None:
             warm.until(request.time)
         model = direct_body.get("model") if isinstance(direct_body.get("model"), str) else None
