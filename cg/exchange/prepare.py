@@ -499,7 +499,7 @@ class Preparation:
         if self._lifetime is not None:
             self._start_cold(conversation)
             return
-        margin = (rewriter.config.cold or cold.ColdPolicy()).margin
+        policy = rewriter.config.cold or cold.ColdPolicy()  # its margin says when a cache surely expired
         now, answers = self._now, {}
 
         def chose(text: object) -> None:
@@ -515,7 +515,7 @@ class Preparation:
                 if len(answers) < 2:
                     return
                 frozen, before = answers["frozen"], answers["before"]
-                if frozen is not None or not isinstance(before, float | int) or not now > before + margin:
+                if frozen is not None or not isinstance(before, float | int) or not policy.is_cold(before, now):
                     chose(frozen if frozen is not _UNKNOWN else None)
                     return
                 self._ask(Freeze(tenant, key, b"1h"), chose, lambda message: chose(None))

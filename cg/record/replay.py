@@ -39,7 +39,7 @@ What it states rather than measures:
 - Cache lifetime (``cache_ttl``): "keep" prices the client's breakpoints as they are; "5m" and
   "1h" give every breakpoint of the via-cg prompt that lifetime (one lifetime for all: Anthropic
   wants longer ones before shorter ones); "auto" keeps the client's until the conversation's cache
-  first expires (its next request writes the prefix anyway, whatever its lifetime), then asks for
+  first expires (the cold policy's margin past it, as twistd cg decides) (its next request writes the prefix anyway, whatever its lifetime), then asks for
   an hour from that request on. Keep-alive pings at the lifetime the breakpoints ask for.
 - The cache-aware policy (``config.cold``, cg.compaction.cold) runs on the requests' own times:
   a request later than the conversation's cache lifetime (plus the policy's margin) after the
@@ -310,7 +310,8 @@ class _Conversation:
 class _Lifetime:
     """The lifetime cg's breakpoints ask for (``cache_ttl``, see the module docstring), per model."""
 
-    def __init__(self, cache_ttl: str):
+    def __init__(self, cache_ttl: str, policy: cold.ColdPolicy):
+        self.policy = policy  # when a cache surely expired, as twistd cg's preparation tells it
         self.fixed = CACHE_TTLS[cache_ttl]
         self.auto = cache_ttl == "auto"
         self.expires: dict[str | None, float] = {}  # the client's cache, per model
@@ -321,7 +322,7 @@ class _Lifetime:
         if not self.auto or asked is None:
             return self.fixed
         expires = self.expires.get(model)
-        if expires is not None and now > expires and model not in self.chosen:
+        if self.policy.is_cold(expires, now) and model not in self.chosen:
             self.chosen[model] = TTL_1H
         lifetime = self.chosen.get(model, asked)
         self.expires[model] = now + lifetime
@@ -337,8 +338,8 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
     with the conversation's calibration (``calibration``) where its requests recorded their size."""
     table = table or prices()
     warm = _KeepWarm(keep_warm) if keep_warm is not None else None
-    lifetimes = _Lifetime(cache_ttl)
     config = config or RewriteConfig()
+    lifetimes = _Lifetime(cache_ttl, config.cold or cold.ColdPolicy())
     rewriter = Rewriter(config)
     # Per model, as cg keys it (cold.conversation_key): a side request to another model has a cache of its own.
     states: dict[str | None, _Conversation] = {}
