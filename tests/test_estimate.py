@@ -354,6 +354,19 @@ def test_keepalive_reads_where_an_expired_cache_would_be_written():
     assert saving > 0 and turns[1].cost_keepalive == pytest.approx(turns[1].cost_cg + turns[1].ping_cost)
 
 
+def test_keepalive_pings_by_the_lifetime_cache_ttl_gives_the_breakpoints():
+    """--cache-ttl 1h: the breakpoints ask for an hour, so a ping is due 30 s before the hour, not
+    before 5 minutes (the client's own lifetime): a 10-minute gap needs none."""
+    session = keepalive_session(0.0, 610.0)  # one 10-minute gap
+    policy = keepalive.Policy(max_idle=7200.0, forecast=None)
+    client = replay(session, rewrite_config(), keep_warm=policy)
+    hour = replay(session, rewrite_config(), keep_warm=policy, cache_ttl="1h")
+    assert client[0].pings == 2 and hour[0].pings == 0  # 280 and 550 s; the hour's first is at 3570 s
+    kept = hour[1].keepalive  # the prefix read (the hour held it), only the new turn written
+    assert kept.cache_read > 10 * kept.cache_write_1h and kept.cache_write_5m == 0
+    assert hour[1].pings == 2  # after the last request, at 3580 and 7150 s (the idle bound 7200 s)
+
+
 def test_keepalive_bounds_and_what_it_leaves_alone():
     session = keepalive_session(0.0, 610.0)
     one = replay(session, rewrite_config(), keep_warm=keepalive.Policy(budget=1))
