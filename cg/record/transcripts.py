@@ -155,14 +155,14 @@ def _claude_usage(usage: object) -> Tokens | None:
 
 
 _FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor "
+_FILLER_PER_HUNDRED = estimate_tokens(_FILLER * 100)  # of one, the estimate's rounding would show
 
 
 def unseen_block(tokens: int) -> dict[str, Any]:
     """A system text block of about ``tokens`` (cg's estimate) standing for what a session's prompt
     held that its transcript and the envelope do not: its CLAUDE.md and MCP tools, another
     version's system prompt, the provider's own count of the rest."""
-    per_hundred = estimate_tokens(_FILLER * 100)  # of one, the estimate's rounding would show
-    return {"type": "text", "text": _FILLER * max(1, round(100 * tokens / per_hundred))}
+    return {"type": "text", "text": _FILLER * max(1, round(100 * tokens / _FILLER_PER_HUNDRED))}
 
 
 def _fewer_tools(tools: list[dict[str, Any]], tokens: int) -> list[dict[str, Any]]:
