@@ -158,11 +158,19 @@ class Store:
         self.held: set[str] = set()
         self.broken = False
         self.healthy = True
+        self.asked: list[prepare.StoreCommand] = []
+
+    def asked_about_the_lifetime(self) -> int:
+        """Store commands on `ttl:` keys since the last call."""
+        count = sum(command.key.startswith("ttl:") for command in self.asked if hasattr(command, "key"))
+        self.asked = []
+        return count
 
     def known(self, tenant, ids):
         return {i for i in ids if i in self.held}
 
     def answer(self, command):
+        self.asked.append(command)
         if self.broken and isinstance(command, prepare.ReadFrozen | prepare.RecordCache | prepare.Freeze):
             return prepare.Failed(command, "the store is down")
         if isinstance(command, prepare.ReadFrozen):
@@ -225,6 +233,34 @@ def test_auto_is_the_clients_lifetime_until_the_cache_expires_then_an_hour_froze
 
     store.broken = True  # known in this process: the store is not asked
     assert prepared(store, raw, now + 5, known).forward.body == expired.forward.body
+
+
+def test_auto_answers_a_warm_conversation_in_process_and_keeps_the_choice_every_cg_makes():
+    """Until the first expiry, `auto` must know whether the cache went cold: once a second read found
+    nothing frozen, a turn well within the lifetime asks the store nothing about it; every half a
+    margin the record moves on (so another cg, or a restart, does not take a warm cache for cold).
+    The cold turn is still seen, and another cg's choice is still the one every turn sends."""
+    store, known, now = Store(), cold.Known(), 1_800_000_000.0
+    raw = json.dumps(messages_body(2)).encode()
+    assert kept(prepared(store, raw, now, known)) and store.asked_about_the_lifetime() == 2
+    assert kept(prepared(store, raw, now + 1, known)) and store.asked_about_the_lifetime() == 2  # settles it
+    for seconds in range(2, 2 + int(MARGIN / 2) - 1, 3):  # agent-paced turns: no store round trip
+        assert kept(prepared(store, raw, now + seconds, known))
+    assert store.asked_about_the_lifetime() == 0
+    now += MARGIN / 2 + 1  # the record would lag half a margin: it moves on
+    assert kept(prepared(store, raw, now, known)) and store.asked_about_the_lifetime() == 2
+    assert store.until[next(key for key in store.until if key.startswith("ttl:"))] == now + TTL_5M
+
+    other = cold.Known()  # another cg over the same store, the same conversation, warm: the client's
+    now += 5
+    assert kept(prepared(store, raw, now, other))
+    now += TTL_5M + MARGIN + 1  # expired: each cg asks, the first freezes the hour, the other reads it
+    hour = prepared(store, raw, now, known)
+    assert asked(hour) == [TTL_1H, TTL_1H]
+    assert prepared(store, raw, now + 1, other).forward.body == hour.forward.body
+    store.asked_about_the_lifetime()
+    assert prepared(store, raw, now + 2, other).forward.body == hour.forward.body
+    assert store.asked_about_the_lifetime() == 0
 
 
 def test_auto_after_a_restart_reads_the_frozen_hour_and_a_store_that_cannot_say_leaves_keep():

@@ -143,7 +143,9 @@ class ColdStats:
 @attrs.define
 class Known:
     """What this cg last learned from the store of each conversation (tenant, key): its epochs,
-    and an expiry its cache surely lives until (the store holds that one or a later one).
+    and an expiry its cache surely lives until (the store holds that one or a later one). Under a
+    conversation's `lifetime_key`, the same for --cache-ttl auto: its frozen lifetime, or that none
+    was frozen (`found_none`), and the expiry recorded under that key.
 
     A request that finds its conversation surely warm asks the store nothing (`warm`): an epoch is
     frozen only at a request ``margin`` seconds past the stored expiry, which this record keeps
@@ -174,6 +176,11 @@ class Known:
         learned.settled = learned.read and epochs == learned.epochs
         learned.epochs, learned.read = epochs, True
         return epochs
+
+    def found_none(self, tenant: str, key: str) -> None:
+        """A read found nothing frozen for the conversation (the lifetime --cache-ttl auto chose):
+        settled, as `set_epochs`, by a second read that finds none either."""
+        self.set_epochs(tenant, key, [])
 
     def doubt(self, tenant: str, key: str) -> None:
         """The store could not say which epochs it holds now: ask it again next time."""

@@ -23,7 +23,8 @@ state         event                                        commands → next sta
 (start)       bypassed, nothing to parse, or no JSON       Ready (the body as it came) → READY
 (start)       A body cg parses                             ReadFrozen per repair and per thinking
                                                            block not seen; --cache-ttl auto, no
-                                                           lifetime known: ReadFrozen and
+                                                           lifetime known and the cache not surely
+                                                           warm (cold.Known): ReadFrozen and
                                                            [RecordCache] of the lifetime; else
                                                            [RecordCache], [ReadFrozen epoch 0] →
                                                            LOOKING_UP (with nothing to look up: as
@@ -496,11 +497,16 @@ class Preparation:
         tenant = self._request.tenant
         key = cold.lifetime_key(cold.conversation_key(conversation, self._unchanged.model))
         self._lifetime = self._known.lifetime(tenant, key)
-        if self._lifetime is not None:
+        policy = rewriter.config.cold or cold.ColdPolicy()  # its margin says when a cache surely expired
+        now = self._now
+        until = now + asked if incoming.stash else None  # count_tokens reads, never writes
+        if self._lifetime is not None or self._known.warm(tenant, key, now, until, policy.margin):
+            # Known in this process: the choice frozen, or nothing frozen and the cache not cold yet
+            # (cold.Known.warm: its record in the store kept within half a margin). The store is
+            # asked nothing.
             self._start_cold(conversation)
             return
-        policy = rewriter.config.cold or cold.ColdPolicy()  # its margin says when a cache surely expired
-        now, answers = self._now, {}
+        answers: dict[str, object] = {}
 
         def chose(text: object) -> None:
             lifetime = _LIFETIMES.get(_as_bytes(text)) if text is not None else None
@@ -515,16 +521,24 @@ class Preparation:
                 if len(answers) < 2:
                     return
                 frozen, before = answers["frozen"], answers["before"]
+                if frozen is _UNKNOWN:
+                    self._known.doubt(tenant, key)
+                elif frozen is None:
+                    self._known.found_none(tenant, key)
                 if frozen is not None or not isinstance(before, float | int) or not policy.is_cold(before, now):
                     chose(frozen if frozen is not _UNKNOWN else None)
                     return
                 self._ask(Freeze(tenant, key, b"1h"), chose, lambda message: chose(None))
             return got
 
+        def recorded(before: object) -> None:
+            assert until is not None
+            self._known.stored(tenant, key, until)
+            answer("before")(before)
+
         self._ask(ReadFrozen(tenant, key), answer("frozen"), lambda message: answer("frozen")(_UNKNOWN))
-        if incoming.stash:  # count_tokens reads, never writes
-            self._ask(RecordCache(tenant, key, now + asked), answer("before"),
-                      lambda message: answer("before")(None))
+        if until is not None:
+            self._ask(RecordCache(tenant, key, until), recorded, lambda message: answer("before")(None))
         else:
             answers["before"] = None
 
