@@ -25,6 +25,7 @@ from cg.store import (
     store_from_url,
 )
 from cg.store.base import CACHE_RECORD_DAYS
+from cg.store.sqlite_ledger import ledger_path
 from cg.store.threaded import TOUCH_EVERY, RecentlyTouched
 
 DAY = 86400.0
@@ -515,6 +516,29 @@ async def test_a_locked_store_fails_the_put(db_path, monkeypatch, sqlite_store):
     assert store.stats.write_errors == 1
     assert store.stats.healthy  # a locked store still reads: what it knew is still there
     assert await store.put("", {"b": b"."}) == {"b"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_write_of_the_ledger_elsewhere_holds_up_no_store_write(db_path, monkeypatch, sqlite_store):
+    """Another process's ledger transaction (a worker's dashboard rows, its trim) locks the ledger's
+    file only: a request's put, a freeze and a cache record go on (they once took every attached
+    file's lock, so a put waited for it and, past the busy timeout, sent its original whole)."""
+    monkeypatch.setattr(cg.store.sqlite, "BUSY_TIMEOUT", 0.1)
+    store = sqlite_store()
+    await store.put("", {"a": b"."})
+    lock = sqlite3.connect(ledger_path(db_path), timeout=0, isolation_level=None)
+    lock.execute("BEGIN")
+    lock.execute("DELETE FROM ledger_turns WHERE 0")  # holds the ledger's write lock, as a trim does
+    try:
+        assert await store.put("", {"b": b"."}) == {"b"}
+        assert await store.freeze("", "k", b"text") == b"text"
+        assert await store.cache_until("", "c", 10.0) is None
+        store.touch("", ["a"])
+        assert await store.purge(1.0) == 0
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert store.stats.write_errors == 0 and await store.get("", "b") == b"."
 
 
 @pytest.mark.parametrize("how", ["garbage", "drop", "removed"])

@@ -142,6 +142,9 @@ def test_an_original_stored_through_one_worker_is_read_through_the_other(spawn, 
     with Only(first, [first, second]):
         status, _ = _request(port, "POST", "/v1/messages", body, headers)
         assert status == 200
+    # Offloaded, so stored before it went: a store that could not write (once: another worker's
+    # ledger transaction held its lock) sends the original whole, and the read below finds nothing.
+    _wait_for(proc, r"POST /v1/messages 200 .* markers=1 ")
     with Only(second, [first, second]):
         status, original = _request(port, "GET", f"/cg/expand/{marker_id(BIG.encode())}")
     assert (status, original) == (200, BIG.encode())

@@ -103,9 +103,14 @@ class SQLiteDB:
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
+        """A write transaction on the store's file only. BEGIN IMMEDIATE would lock every attached
+        file, the ledger's too: a request's put would wait on another process's dashboard writes
+        (and, past BUSY_TIMEOUT, go whole). A write first takes the one lock (waiting as BEGIN
+        IMMEDIATE would, busy_timeout) before anything is read."""
         total = self.total
-        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.execute("BEGIN")
         try:
+            self.conn.execute(_LOCK_STORE)
             yield
             self.conn.execute("COMMIT")
         except BaseException:
@@ -295,6 +300,10 @@ class SQLiteDB:
         # Give the space back to the disk. executescript: execute() would free one page only.
         self.conn.executescript("PRAGMA incremental_vacuum;")
         return count
+
+
+# A write that changes nothing: it takes the store file's write lock, and no other file's.
+_LOCK_STORE = "DELETE FROM main.originals WHERE 0"
 
 
 # When each conversation's prompt cache expires (IStore.cache_until): no content, not counted in
