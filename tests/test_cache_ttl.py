@@ -188,14 +188,18 @@ class Store:
         return prepare.Answered(command, None)
 
 
-def prepared(store: Store, raw: bytes, now: float, known: cold.Known, **options) -> prepare.Ready:
-    """`raw` prepared at `now` against `store`, its commands answered one by one."""
-    request = prepare.Request(raw, b"/v1/messages", 7, "tenant-a", SESSION.encode(),
+def prepared(store: Store, raw: bytes, now: float, known: cold.Known, touched: list | None = None,
+             target: bytes = b"/v1/messages", **options) -> prepare.Ready:
+    """`raw` prepared at `now` against `store`, its commands answered one by one (its touches, to
+    `touched`)."""
+    request = prepare.Request(raw, target, 7, "tenant-a", SESSION.encode(),
                       {"x-claude-code-session-id": SESSION}.get)
     machine = prepare.Preparation(request, rewriter=Rewriter(rewrite_config()), known=known, index=store, now=now,
                           cache_ttl="auto", **options)
     pending = machine.start()
     while True:
+        if touched is not None:
+            touched += [command for command in pending if isinstance(command, prepare.Touch)]
         pending = [command for command in pending if not isinstance(command, prepare.Touch)]
         if isinstance(pending[0], prepare.Ready):
             return pending[0]
@@ -261,6 +265,23 @@ def test_auto_answers_a_warm_conversation_in_process_and_keeps_the_choice_every_
     store.asked_about_the_lifetime()
     assert prepared(store, raw, now + 2, other).forward.body == hour.forward.body
     assert store.asked_about_the_lifetime() == 0
+
+
+def test_auto_touches_the_choice_it_knows_so_a_purge_spares_it():
+    """A turn that takes the frozen hour from memory reads nothing, so it touches the text (the store
+    writes that once a minute at most): `cg-store purge --older-than` spares a choice still in use.
+    count_tokens touches nothing, as it records nothing."""
+    store, known, now = Store(), cold.Known(), 1_800_000_000.0
+    raw = json.dumps(messages_body(2)).encode()
+    prepared(store, raw, now, known)
+    hour = prepared(store, raw, now + TTL_5M + MARGIN + 1, known)
+    key = next(key for key in store.frozen if key.startswith("ttl:"))
+    touched: list[prepare.Touch] = []
+    assert prepared(store, raw, now + TTL_5M + MARGIN + 9, known, touched=touched).forward.body == hour.forward.body
+    assert [touch.frozen for touch in touched] == [frozenset({key})] and touched[0].tenant == "tenant-a"
+    counted: list[prepare.Touch] = []
+    prepared(store, raw, now + TTL_5M + MARGIN + 9, known, touched=counted, target=b"/v1/messages/count_tokens")
+    assert not [touch for touch in counted if touch.frozen]
 
 
 def test_auto_after_a_restart_reads_the_frozen_hour_and_a_store_that_cannot_say_leaves_keep():

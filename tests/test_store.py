@@ -212,6 +212,21 @@ async def test_purge(make_store):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_frozen_text_touched_while_used_outlives_a_purge(make_store):
+    """A text read from memory on every turn (--cache-ttl auto's choice) is touched instead of read:
+    `cg-store purge --older-than` spares it while it is used, and takes it once it is not."""
+    clock = FakeClock()
+    store = make_store(clock=clock)
+    await store.freeze("", "ttl:used", b"1h")
+    await store.freeze("", "ttl:gone", b"1h")
+    for _ in range(10):  # a conversation active for ten days
+        clock.advance(DAY)
+        store.touch("", [], frozen=["ttl:used"])
+    assert await store.purge(5) == 1
+    assert await store.frozen("", "ttl:used") == b"1h" and await store.frozen("", "ttl:gone") is None
+
+
+@pytest_twisted.ensureDeferred
 async def test_info(make_store):
     clock = FakeClock()
     store = make_store(clock=clock)

@@ -25,7 +25,8 @@ state         event                                        commands → next sta
                                                            block not seen; --cache-ttl auto, no
                                                            lifetime known and the cache not surely
                                                            warm (cold.Known): ReadFrozen and
-                                                           [RecordCache] of the lifetime; else
+                                                           [RecordCache] of the lifetime (known
+                                                           frozen: [Touch] it); else
                                                            [RecordCache], [ReadFrozen epoch 0] →
                                                            LOOKING_UP (with nothing to look up: as
                                                            on its last answer)
@@ -207,10 +208,11 @@ class PutOriginals:
 
 @attrs.frozen(eq=False)
 class Touch:
-    """These originals were used (for the store's LRU); no answer."""
+    """These originals (and frozen texts) were used (for the store's LRU and purges); no answer."""
 
     tenant: str
     ids: frozenset[str]
+    frozen: frozenset[str] = frozenset()  # keys of frozen texts
 
 
 @attrs.define
@@ -503,7 +505,10 @@ class Preparation:
         if self._lifetime is not None or self._known.warm(tenant, key, now, until, policy.margin):
             # Known in this process: the choice frozen, or nothing frozen and the cache not cold yet
             # (cold.Known.warm: its record in the store kept within half a margin). The store is
-            # asked nothing.
+            # asked nothing; a frozen choice is touched (the store writes that at most once a
+            # minute, TOUCH_EVERY), so `cg-store purge --older-than` spares it while it is used.
+            if self._lifetime is not None and until is not None:
+                self._out.append(Touch(tenant, frozenset(), frozenset({key})))
             self._start_cold(conversation)
             return
         answers: dict[str, object] = {}

@@ -82,8 +82,9 @@ class IStore(Interface):
         """Synchronously: which of ``ids`` are known to be committed (none while the store
         is unhealthy). Only ids outside this set need a ``put``."""
 
-    def touch(tenant: str, ids: Iterable[str]) -> None:
-        """Record that ``ids`` were used (for LRU), off the request path."""
+    def touch(tenant: str, ids: Iterable[str], frozen: Iterable[str] = ()) -> None:
+        """Record that originals ``ids`` and the frozen texts under ``frozen`` were used (for LRU and
+        ``purge``), off the request path."""
 
     def get(tenant: str, id: str) -> Deferred[bytes | None]:
         """The original, or None if unknown, evicted, or the store is broken."""

@@ -71,10 +71,11 @@ class MemoryStore:
     def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
         return {id_ for id_ in ids if (tenant, id_) in self._originals}
 
-    def touch(self, tenant: str, ids: Iterable[str]) -> None:
-        for id_ in ids:
-            if (tenant, id_) in self._originals:
-                self._use(self._originals, (tenant, id_))
+    def touch(self, tenant: str, ids: Iterable[str], frozen: Iterable[str] = ()) -> None:
+        for table, names in ((self._originals, ids), (self._frozen, frozen)):
+            for name in names:
+                if (tenant, name) in table:
+                    self._use(table, (tenant, name))
 
     def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
         self.stats.reads += 1

@@ -148,24 +148,24 @@ class Known:
 
 
 class RecentlyTouched:
-    """Which (tenant, id) had their last use recorded within the last ``TOUCH_EVERY`` seconds
+    """Which (table, tenant, id) had their last use recorded within the last ``TOUCH_EVERY`` seconds
     (to twice that): two generations of sets, the older dropped as a whole, so it stays bounded
     by the ids used in two minutes. Reactor thread only."""
 
     def __init__(self, clock: Callable[[], float]):
         self._clock = clock
-        self._current: set[tuple[str, str]] = set()
-        self._previous: set[tuple[str, str]] = set()
+        self._current: set[tuple[str, str, str]] = set()
+        self._previous: set[tuple[str, str, str]] = set()
         self._since = clock()
 
-    def fresh(self, tenant: str, ids: Iterable[str]) -> tuple[str, ...]:
-        """The ids not touched lately, now counted as touched."""
+    def fresh(self, tenant: str, ids: Iterable[str], table: str = "originals") -> tuple[str, ...]:
+        """The ids (of originals, or keys of "frozen" texts) not touched lately, now counted as touched."""
         now = self._clock()
         if now - self._since >= TOUCH_EVERY:
             self._previous, self._current, self._since = self._current, set(), now
         fresh = []
         for id_ in ids:
-            key = (tenant, id_)
+            key = (table, tenant, id_)
             if key not in self._current and key not in self._previous:
                 self._current.add(key)
                 fresh.append(id_)
@@ -470,12 +470,13 @@ class ThreadedStore:
         # Unhealthy, it vouches for nothing, even for ids a reopen found stored.
         return self._known.check(tenant, ids) if self.stats.healthy else set()
 
-    def touch(self, tenant: str, ids: Iterable[str]) -> None:
+    def touch(self, tenant: str, ids: Iterable[str], frozen: Iterable[str] = ()) -> None:
         if self._closed:
             return
-        fresh = self._touched.fresh(tenant, ids)
-        if fresh:
-            self._worker.submit_background(self._connection.note, "originals", tenant, fresh)
+        for table, names in (("originals", ids), ("frozen", frozen)):
+            fresh = self._touched.fresh(tenant, names, table)
+            if fresh:
+                self._worker.submit_background(self._connection.note, table, tenant, fresh)
 
     def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
         self.stats.reads += 1

@@ -320,7 +320,7 @@ class ExchangeDriver:
     def _touch(self, command: prepare.Touch) -> None:
         store = self.host.store
         assert store is not None
-        store.touch(command.tenant, command.ids)
+        store.touch(command.tenant, command.ids, command.frozen)
 
     def _keep_hidden(self, command: KeepHidden) -> None:
         self.host.keep_hidden(self.tenant, command.key, command.text)

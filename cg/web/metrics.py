@@ -76,8 +76,8 @@ class MeteredStore:
     def known(self, tenant: str, ids: Iterable[str]) -> set[str]:
         return self._store.known(tenant, ids)
 
-    def touch(self, tenant: str, ids: Iterable[str]) -> None:
-        self._store.touch(tenant, ids)
+    def touch(self, tenant: str, ids: Iterable[str], frozen: Iterable[str] = ()) -> None:
+        self._store.touch(tenant, ids, frozen)
 
     def get(self, tenant: str, id: str) -> Deferred[bytes | None]:
         return self._timed("get", lambda: self._store.get(tenant, id))
