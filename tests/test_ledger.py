@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
-from twisted.internet.defer import fail, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import LogLevel
@@ -34,7 +34,7 @@ from cg.store.base import ILedger, as_store_error
 from cg.store.ledger import MemoryLedger
 from cg.store.sqlite import SQLiteDB
 from cg.store.sqlite_ledger import find_conversation, ledger_path
-from cg.store.threaded import LEDGER_BATCH_DELAY, ThreadedLedger
+from cg.store.threaded import LEDGER_BATCH_DELAY, LEDGER_RETRY_MAX, ThreadedLedger
 from cg.stream.usage import Usage
 from cg.web.config import Config
 from cg.web.service import LEDGER_TRIM_EVERY, CGService
@@ -381,20 +381,54 @@ def test_rows_a_store_has_no_room_for_wait_for_the_next_batch_and_the_oldest_go_
     ledger.record(turn(T0, seq=1), [])
     clock.advance(LEDGER_BATCH_DELAY)
     ledger.record(turn(T0 + 1, seq=2), [])
-    clock.advance(LEDGER_BATCH_DELAY)
-    clock.advance(LEDGER_BATCH_DELAY)
+    clock.advance(2 * LEDGER_BATCH_DELAY)  # each try waits twice as long as the one before
+    clock.advance(4 * LEDGER_BATCH_DELAY)
     assert jobs == [[1], [1, 2], [1, 2]] and failures == [0, 0]  # written at last, none lost, in order
     monkeypatch.setattr(cg.store.threaded, "LEDGER_HELD_MAX", 2)
     answers += [full]
     for seq in (3, 4, 5):
         ledger.record(turn(T0 + seq, seq=seq), [])
-    clock.advance(LEDGER_BATCH_DELAY)
-    clock.advance(LEDGER_BATCH_DELAY)
+    clock.advance(LEDGER_BATCH_DELAY)  # a write that succeeded set the pace back
+    clock.advance(2 * LEDGER_BATCH_DELAY)
     assert jobs[3:] == [[3, 4, 5], [4, 5]] and failures[2:] == [1]  # the oldest past the bound: lost
     answers += [sqlite3.DatabaseError("file is not a database")]
     ledger.record(turn(T0 + 6, seq=6), [])
     clock.advance(LEDGER_BATCH_DELAY)
     assert failures[3:] == [1] and clock.getDelayedCalls() == []  # not for want of room: lost at once
+
+
+def test_held_rows_are_tried_again_less_and_less_often_until_a_write_succeeds():
+    """A disk full for hours is not tried every second: each try for want of room waits twice as long
+    as the one before, to LEDGER_RETRY_MAX, rows recorded meanwhile wait with them; a write that
+    succeeds sets the pace back to one batch a second."""
+    clock, jobs, writing = Clock(), [], []
+    room = [False]
+
+    def submit(fn, *args):
+        jobs.append(clock.seconds())
+        full = sqlite3.OperationalError("database or disk is full")
+        if not room[0]:
+            return fail(as_store_error(full))
+        writing.append(Deferred())  # on the store's thread until the test fires it
+        return writing[-1]
+
+    ledger = ThreadedLedger(submit, SimpleNamespace(ledger_write="write"), clock, failed=lambda failure, lost: None)
+    ledger.record(turn(T0, seq=1), [])
+    for _ in range(10):
+        ledger.record(turn(T0, seq=2), [])  # new rows do not hurry the next try
+        clock.advance(1)
+    clock.pump([1] * int(LEDGER_RETRY_MAX * 3))
+    assert [b - a for a, b in zip(jobs, jobs[1:])] == [2, 4, 8, 16, 32, LEDGER_RETRY_MAX, LEDGER_RETRY_MAX]
+    room[0] = True
+    clock.pump([1] * int(LEDGER_RETRY_MAX))
+    (retried,) = writing
+    recorded = clock.seconds()
+    ledger.record(turn(T0, seq=3), [])  # while the held rows are being written
+    retried.callback(None)  # they were: a batch a second again, this row's too
+    clock.advance(LEDGER_BATCH_DELAY)
+    assert jobs[-1] == recorded + LEDGER_BATCH_DELAY and len(writing) == 2
+    writing[-1].callback(None)
+    assert clock.getDelayedCalls() == []
 
 
 @pytest_twisted.ensureDeferred

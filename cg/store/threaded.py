@@ -56,6 +56,9 @@ LEDGER_BATCH_DELAY = 1.0
 # Ledger rows held on the reactor while the store has no room for them (a full disk, Redis at its
 # maxmemory), written with the next batch once it has: ~300 bytes each. Past it, the oldest are lost.
 LEDGER_HELD_MAX = 20_000
+# Seconds, at most, between tries to write held rows: the wait doubles from LEDGER_BATCH_DELAY with
+# each try that fails for want of room, and starts over once a write succeeds.
+LEDGER_RETRY_MAX = 60.0
 # Rows of each table one batch of a ledger trim deletes: each batch is its own job on the worker, so
 # the store's other jobs (a request's offload) wait for one batch, not for a long downtime's trim.
 TRIM_BATCH = 1000
@@ -544,8 +547,9 @@ class ThreadedLedger:
 
     A write that fails for want of room (`no_room`: a full disk, Redis out of memory) puts its rows
     back, up to LEDGER_HELD_MAX, for the next batch: a disk full for a minute costs the dashboard no
-    row. Any other failure loses its batch. Either way it is counted (StoreStats) and logged, never
-    raised to a caller."""
+    row. That batch waits twice as long as the last (to LEDGER_RETRY_MAX), so a disk full for a day
+    is not tried every second; a query still sends them at once. Any other failure loses its batch.
+    Either way it is counted (StoreStats) and logged, never raised to a caller."""
 
     submit: Callable[..., Deferred[Any]]  # ThreadedStore._submit: a Connection job on the worker
     connection: Connection
@@ -556,6 +560,7 @@ class ThreadedLedger:
     _pending: list[Op] = attrs.field(factory=list, init=False)
     _timer: IDelayedCall | None = attrs.field(default=None, init=False)
     _closed: bool = attrs.field(default=False, init=False)
+    _delay: float = attrs.field(default=LEDGER_BATCH_DELAY, init=False)  # before the next batch goes
 
     def record(self, turn: Turn, changes: Sequence[Change]) -> None:
         self._add((turn, tuple(changes)))
@@ -565,7 +570,7 @@ class ThreadedLedger:
             return
         self._pending.append(op)
         if self._timer is None:
-            self._timer = self.clock.callLater(LEDGER_BATCH_DELAY, self.flush)
+            self._timer = self.clock.callLater(self._delay, self.flush)
 
     def flush(self) -> None:
         """Send the pending rows to the worker now, as one batch."""
@@ -575,7 +580,15 @@ class ThreadedLedger:
             self._timer = None
         if self._pending:
             ops, self._pending = self._pending, []
-            self.submit(self.connection.ledger_write, ops, self.max_turns).addErrback(self._write_failed, ops)
+            self.submit(self.connection.ledger_write, ops, self.max_turns).addCallbacks(
+                self._wrote, self._write_failed, errbackArgs=(ops,))
+
+    def _wrote(self, _: object) -> None:
+        if self._delay == LEDGER_BATCH_DELAY:
+            return
+        self._delay = LEDGER_BATCH_DELAY
+        if self._timer is not None and self._timer.active():  # rows recorded while it was written
+            self._timer.reset(LEDGER_BATCH_DELAY)
 
     def _write_failed(self, failure: Failure, ops: list[Op]) -> None:
         if self._closed or not no_room(failure.value):
@@ -584,8 +597,10 @@ class ThreadedLedger:
         held = ops + self._pending
         lost = max(0, len(held) - LEDGER_HELD_MAX)
         self._pending = held[lost:]
-        if self._timer is None:
-            self._timer = self.clock.callLater(LEDGER_BATCH_DELAY, self.flush)
+        self._delay = min(self._delay * 2, LEDGER_RETRY_MAX)
+        if self._timer is not None and self._timer.active():  # set by a record() since, at the old pace
+            self._timer.cancel()
+        self._timer = self.clock.callLater(self._delay, self.flush)
         self.failed(failure, lost)
 
     def close(self) -> None:
