@@ -18,7 +18,7 @@ from twisted.python import usage
 
 from cg import __version__
 from cg.store import SQLiteStore
-from cg.web.config import DEFAULT_BACKLOG, Config, with_backlog
+from cg.web.config import DEFAULT_BACKLOG, Config, format_size, parse_size, with_backlog
 from cg.web.service import CGService, endpoint
 from cg.web.tap import DEFAULT_LISTEN, Options
 from cg.web.workers import WorkerPool
@@ -197,6 +197,16 @@ def test_a_size_is_read_once_given_or_not(option, given, value):
     options.parseOptions(["--store", "memory:"] + ([f"--{option}", given] if given else []))
     assert options[option] == value
     assert getattr(options.config(), option.replace("-", "_")) == value
+
+
+def test_help_shows_a_sizes_default_as_a_person_types_it():
+    """--max-body's help says "bytes, or 64MiB": its default reads 64MiB too, not 67108864."""
+    shown = " ".join(str(Options()).split())
+    assert "[default: 64MiB]" in shown and "[default: 16MiB]" in shown
+    assert "67108864" not in shown and "16777216" not in shown
+    assert [format_size(size) for size in (0, 1000, 1024, 3 << 20, 2 << 30, (1 << 30) + 1)] == [
+        "0", "1000", "1KiB", "3MiB", "2GiB", str((1 << 30) + 1)]
+    assert all(parse_size(format_size(size)) == size for size in (1000, 1024, 3 << 20, 2 << 30))
 
 
 def _options_taking_a_value() -> list[str]:

@@ -53,6 +53,15 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2).upper()]
 
 
+def format_size(size: int) -> str:
+    """`size` as a person types it, in the largest binary unit that holds it whole (64MiB): what
+    `parse_size` reads back to the same number."""
+    for unit in "GMK":
+        if size and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}iB"
+    return str(size)
+
+
 @attrs.frozen
 class Config:
     listen: tuple[str, ...] = (f"tcp:8080:interface=127.0.0.1:backlog={DEFAULT_BACKLOG}",)

@@ -15,7 +15,7 @@ from cg import __version__
 from cg.compaction import options
 from cg.exchange import keepalive
 from cg.store import PASSWORD_ENV, default_store_url, store_password, usable_store_url
-from cg.web.config import DEFAULT_BACKLOG, Config, endpoint_fields, parse_size
+from cg.web.config import DEFAULT_BACKLOG, Config, endpoint_fields, format_size, parse_size
 from cg.web.dashboard_api import read_admin_token
 from cg.web.service import CGService, endpoint, settle_gc
 from cg.web.tenant import parse_tenant
@@ -106,6 +106,10 @@ def _plugin_endpoint_types() -> set[str]:
             or type(parser).__module__.startswith("twisted.plugins.")}
 
 
+# The options that take a size: --help shows their defaults as a person types them (64MiB).
+_SIZES = ("max-body", "max-held")
+
+
 class Options(usage.Options):
     synopsis = "[options]"
     longdesc = (
@@ -128,7 +132,7 @@ class Options(usage.Options):
             _DEFAULTS.openai_upstream,
             "Base URL of the OpenAI API: http(s)://host[:port], optionally with a path prefix.",
         ],
-        _typed("max-body", _DEFAULTS.max_body, "Largest request body accepted (bytes, or 64MiB, 2G); larger ones get a "
+        _typed("max-body", format_size(_DEFAULTS.max_body), "Largest request body accepted (bytes, or 64MiB, 2G); larger ones get a "
                "413.", _SIZE),
         [
             "upstream-ca",
@@ -248,7 +252,7 @@ class Options(usage.Options):
         ),
         _typed(
             "max-held",
-            _DEFAULTS.max_held,
+            format_size(_DEFAULTS.max_held),
             "Most bytes of a stream cg holds back while it decides on an expand call (bytes, or 16MiB); "
             "past it, it releases them as they came.",
             _SIZE,
@@ -320,6 +324,9 @@ class Options(usage.Options):
     def postOptions(self) -> None:
         if not self["listen"]:
             self["listen"] = [DEFAULT_LISTEN]
+        for size in _SIZES:  # not given: its default, as --help shows it (64MiB), read as given ones are
+            if isinstance(self[size], str):
+                self[size] = parse_size(self[size])
         for option, allowed in (("expand", ("on", "off")), ("cold-policy", ("on", "off")),
                                 ("mode", ("forward", "observe")), ("cache-ttl", tuple(CACHE_TTLS))):
             if self[option] not in allowed:
