@@ -136,7 +136,7 @@ def test_a_ping_is_counted_in_the_change_log_the_ledger_cg_report_and_the_dashbo
     assert line["cost_usd"] == pytest.approx(cost)
     from_log = tally([str(changelog)], quiet=True).summary()
     from_store = Tally()
-    for turn, changes in ledger.turns(None, None).result:
+    for turn, changes in ledger.turns().result:
         from_store.add_turn(turn, changes)
     for report in (from_log, from_store.summary()):
         assert report["usage"]["requests"] == 1 and report["usage"]["cache_read_tokens"] == 0

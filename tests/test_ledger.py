@@ -644,11 +644,8 @@ async def test_turns_are_every_kept_turn_oldest_first_with_their_changes(make_le
     ledger.record(turn(T0 + 70, seq=2, conversation="-"), [])  # no conversation: no summary, but a turn
     ledger.record(turn(T0 + 5, seq=1), [offload, reformat])
     ledger.record(turn(T0 + 90, seq=3, tenant="b:/%"), [])
-    assert [(t.seq, list(c)) for t, c in await ledger.turns(None, None)] == [
-        (1, [offload, reformat]), (2, []), (3, [])]
-    assert [t.seq for t, _ in await ledger.turns(None, T0 + 70)] == [2, 3]
-    assert [t.seq for t, _ in await ledger.turns("b:/%", None)] == [3]
-    assert [t.seq for t, _ in await ledger.turns("", T0 + 6)] == [2]
+    assert [(t.seq, list(c)) for t, c in await ledger.turns()] == [
+        (1, [offload, reformat]), (2, []), (3, [])]  # of every tenant
 
 
 @pytest_twisted.ensureDeferred

@@ -175,9 +175,9 @@ class ILedger(Interface):
         """(`Conversation`, its `Turn`s oldest first, their `Change`s), or None when unknown. With
         tenant None and the same id under several tenants: the most recently active one."""
 
-    def turns(tenant: str | None, since: float | None) -> Deferred[list[tuple[Turn, Sequence[Change]]]]:
-        """Every `Turn` kept that arrived at or after `since` (None: all), oldest first, each with
-        its `Change`s: what `cg-report --store` counts. Turns without a conversation are here too."""
+    def turns() -> Deferred[list[tuple[Turn, Sequence[Change]]]]:
+        """Every `Turn` kept, of every tenant, oldest first, each with its `Change`s: what
+        `cg-report --store` counts. Turns without a conversation are here too."""
 
     def trim(now: float) -> Deferred[int]:
         """Drop what is past its retention; fire with how many rows went."""

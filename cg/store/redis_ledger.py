@@ -274,14 +274,12 @@ class RedisLedger:
         turns = sorted((load_turn(row) for row in rows), key=lambda pair: (pair[0].time, pair[0].seq))
         return _conversation(member, fields), [t for t, _ in turns], [c for _, changes in turns for c in changes]
 
-    def turns(self, tenant: str | None, since: float | None) -> list[tuple[Turn, Sequence[Change]]]:
+    def turns(self) -> list[tuple[Turn, Sequence[Change]]]:
         wanted = []
         with self._talking():
             for member in cast(list[bytes], self.client.zrange(f"{self.prefix}l:tq", 0, -1)):
-                id_, time, where = member.decode().split(":", 2)  # where: TENANT:CONVERSATION, as l:ct's
-                if (since is None or float(time) >= since) and (
-                        tenant is None or where.split(":", 1)[0] == _quote(tenant)):
-                    wanted.append((id_, where))
+                id_, _, where = member.decode().split(":", 2)  # where: TENANT:CONVERSATION, as l:ct's
+                wanted.append((id_, where))
             rows: list[bytes | None] = []
             for start in range(0, len(wanted), TURNS_BATCH):
                 pipe = self.client.pipeline(transaction=False)

@@ -79,7 +79,7 @@ class LedgerBackend(Protocol):
 
     def conversation(self, tenant: str | None, id_: str) -> tuple[Conversation, list[Turn], list[Change]] | None: ...
 
-    def turns(self, tenant: str | None, since: float | None) -> list[tuple[Turn, Sequence[Change]]]: ...
+    def turns(self) -> list[tuple[Turn, Sequence[Change]]]: ...
 
     def trim(self, now: float, days: float, limit: int) -> int:
         """Delete at most `limit` rows of each kind past retention: how many went."""
@@ -624,8 +624,8 @@ class ThreadedLedger:
     def conversation(self, tenant: str | None, id: str) -> Deferred[tuple[Conversation, list[Turn], list[Change]] | None]:
         return self._read("conversation", tenant, id)
 
-    def turns(self, tenant: str | None, since: float | None) -> Deferred[list[tuple[Turn, Sequence[Change]]]]:
-        return self._read("turns", tenant, since)
+    def turns(self) -> Deferred[list[tuple[Turn, Sequence[Change]]]]:
+        return self._read("turns")
 
     def trim(self, now: float) -> Deferred[int]:
         """Batches of TRIM_BATCH, each a job of its own, until one deletes nothing: the sum."""

@@ -84,7 +84,7 @@ def tally_ledger(ledger: ILedger, label: str, stderr: TextIO | None = None, quie
     tally = report.Tally(store=label)
 
     async def read() -> report.Tally:
-        rows = await ledger.turns(None, None)
+        rows = await ledger.turns()
         for turn, changes in report.progress(rows, "request", stderr or sys.stderr, quiet):
             tally.add_turn(turn, changes)
         tally.rows_counted = (await ledger.totals(None, None)).requests
