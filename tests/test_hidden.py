@@ -134,8 +134,8 @@ def test_the_hidden_turn_is_the_bytes_the_continuation_appended():
                                                   expand_use("toolu_x")]}
     calls = MESSAGES_LOOP.lone_expand_calls(dict(assistant, stop_reason="tool_use"))
     resolutions = {REF: "the original ü".encode()}
-    body = MESSAGES_LOOP.continuation_body(forwarded, assistant, calls, resolutions)
-    hidden = MESSAGES_LOOP.hidden_turn(forwarded, assistant, calls, resolutions)
+    body, hidden = MESSAGES_LOOP.continuation(forwarded, assistant, calls, resolutions)
+    assert body == MESSAGES_LOOP.continuation_body(forwarded, assistant, calls, resolutions)
     style = ClientStyle(forwarded.decode("latin-1"))
     appended = body[len(forwarded) - 2:-2].decode()  # after the history's last message, before "]}"
     assert "\\/" in hidden.answers or "/" not in hidden.answers
@@ -147,7 +147,7 @@ def test_the_hidden_turn_is_the_bytes_the_continuation_appended():
 def test_an_expand_call_before_a_shown_block_cannot_go_back():
     assistant = {"role": "assistant", "content": [expand_use("toolu_x"), {"type": "text", "text": "after"}]}
     calls = [ExpandCall("toolu_x", {"id": REF}, REF)]
-    assert MESSAGES_LOOP.hidden_turn(request(THOUGHT), assistant, calls, {REF: b"x"}) is None
+    assert MESSAGES_LOOP.continuation(request(THOUGHT), assistant, calls, {REF: b"x"})[1] is None
 
 
 def test_the_merged_json_and_the_stream_show_the_same():

@@ -93,9 +93,11 @@ class Dialect(Protocol):
         """The expand calls of a JSON response whose tool calls are all cg's; else None."""
         ...
 
-    def continuation_body(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
-                          resolutions: Resolutions, stream: bool | None) -> bytes:
-        """The next round's request: `forwarded` byte for byte, then the turn and its answers."""
+    def continuation(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                     resolutions: Resolutions, stream: bool | None) -> tuple[bytes, HiddenTurn | None]:
+        """The next round's request: `forwarded` byte for byte, then the turn and its answers; and the
+        part of that turn the client never sees, where a later request gets it back before a
+        continuation's thinking (`cg.stream.hidden`; None in a dialect without one)."""
         ...
 
     def merge(self, rounds: list[dict[str, object]]) -> dict[str, object]:
@@ -106,14 +108,9 @@ class Dialect(Protocol):
         """What each JSON round was billed."""
         ...
 
-    def hidden_turn(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
-                    resolutions: Resolutions) -> HiddenTurn | None:
-        """The turn a continuation appends that the client never sees, where a later request gets it
-        back before a continuation's thinking (`cg.stream.hidden`); None in a dialect without one."""
-        ...
-
     def shown(self, rounds: list[dict[str, object]]) -> Shown | None:
-        """What the client is shown of a JSON loop's rounds, merged; None as `hidden_turn`."""
+        """What the client is shown of a JSON loop's rounds, merged; None in a dialect without
+        hidden turns."""
         ...
 
 
@@ -138,19 +135,15 @@ class _JSONLoop:
     def lone_expand_calls(self, response: dict[str, object]) -> list[ExpandCall] | None:
         return self._loop.lone_expand_calls(response)
 
-    def continuation_body(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
-                          resolutions: Resolutions, stream: bool | None) -> bytes:
-        return self._loop.continuation_body(forwarded, assistant, calls, resolutions, stream)
+    def continuation(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                     resolutions: Resolutions, stream: bool | None) -> tuple[bytes, HiddenTurn | None]:
+        return self._loop.continuation_body(forwarded, assistant, calls, resolutions, stream), None
 
     def merge(self, rounds: list[dict[str, object]]) -> dict[str, object]:
         return self._loop.merge(rounds)
 
     def billed(self, rounds: list[dict[str, object]]) -> list[Usage]:
         return self._loop.billed(rounds)
-
-    def hidden_turn(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
-                    resolutions: Resolutions) -> HiddenTurn | None:
-        return None
 
     def shown(self, rounds: list[dict[str, object]]) -> Shown | None:
         return None
@@ -164,9 +157,9 @@ class _AnthropicMessages(_JSONLoop):
     def stream_inspector(self, max_held: int, max_rounds: int, hide_usage: bool = False) -> StreamInspector | None:
         return Inspector(max_held=max_held, max_rounds=max_rounds)
 
-    def hidden_turn(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
-                    resolutions: Resolutions) -> HiddenTurn | None:
-        return MESSAGES_LOOP.hidden_turn(forwarded, assistant, calls, resolutions)
+    def continuation(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                     resolutions: Resolutions, stream: bool | None) -> tuple[bytes, HiddenTurn | None]:
+        return MESSAGES_LOOP.continuation(forwarded, assistant, calls, resolutions, stream)
 
     def shown(self, rounds: list[dict[str, object]]) -> Shown | None:
         return MESSAGES_LOOP.shown(rounds)

@@ -586,9 +586,8 @@ class Exchange:
         assert self._forwarded is not None  # a continuation follows a response to a body
         stream = True if self._inspector is not None else None
         try:
-            body = self._loop.continuation_body(self._forwarded, self._assistant, self._calls,
-                                                event.resolutions, stream)
-            unseen = self._loop.hidden_turn(self._forwarded, self._assistant, self._calls, event.resolutions)
+            body, unseen = self._loop.continuation(self._forwarded, self._assistant, self._calls,
+                                                   event.resolutions, stream)
         except Exception as error:  # fail open: the client gets what it would have without cg
             self._fall_back(f"building it failed: {error!r}")
             return

@@ -171,16 +171,22 @@ class _MessageLoop(abc.ABC):
         (`turn`). Every byte of `forwarded` is kept; `stream` (when not None) sets the `stream`
         key, adding it if absent. Raises ValueError when `forwarded` is not a JSON object with a
         `messages` array."""
+        return self._appended(forwarded, assistant, calls, resolutions, stream)[0]
+
+    def _appended(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                  resolutions: dict[str, bytes | Resolution],
+                  stream: bool | None) -> tuple[bytes, "ClientStyle", list[str]]:
+        """`continuation_body`, the client's style, and each message appended as it was written."""
         body = ParsedBody.load(forwarded, _CONTINUATION_SPINE)
         value, spans = body.value, body.spans
         if not isinstance(value.get("messages"), list):
             raise ValueError("not a request with a messages array")
         style = ClientStyle(body.doc)
-        new = self.turn(assistant, answers(calls, resolutions))
+        new = [style.dumps(message) for message in self.turn(assistant, answers(calls, resolutions))]
         end = spans[("messages",)][1] - 1  # the closing bracket
         lead = "," if value["messages"] else ""
-        edits = [((end, end), lead + ",".join(style.dumps(message) for message in new))]
-        return body.apply(edits + self.round_state(body, assistant, style) + stream_edit(body, stream))
+        edits = [((end, end), lead + ",".join(new))]
+        return body.apply(edits + self.round_state(body, assistant, style) + stream_edit(body, stream)), style, new
 
     def round_state(self, body: ParsedBody, assistant: dict[str, object],
                     style: "ClientStyle") -> list[tuple[jsonbytes.Span, str]]:
@@ -257,22 +263,23 @@ class _AnthropicLoop(_MessageLoop):
     def merged(self, rounds: list[dict[str, object]]) -> dict[str, object]:
         return _merge_anthropic(rounds)
 
-    def hidden_turn(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
-                    resolutions: dict[str, bytes | Resolution]) -> HiddenTurn | None:
-        """The turn `continuation_body` appends that the client never sees (`cg.stream.hidden`): the
-        round's expand calls and their answers, in the same bytes. None when an expand call comes
-        before a block the client is shown: put back after them, it would not be where it was."""
+    def continuation(self, forwarded: bytes, assistant: dict[str, object], calls: list[ExpandCall],
+                     resolutions: dict[str, bytes | Resolution],
+                     stream: bool | None = None) -> tuple[bytes, HiddenTurn | None]:
+        """`continuation_body`, and the turn it appends that the client never sees
+        (`cg.stream.hidden`): the round's expand calls and their answers, in the same bytes (the
+        answers' message is the one the body got, not serialized again). None when an expand call
+        comes before a block the client is shown: put back after them, it would not be where it was."""
+        body, style, (_, answered) = self._appended(forwarded, assistant, calls, resolutions, stream)
         content = assistant.get("content")
         if not isinstance(content, list):
-            return None
+            return body, None
         expands = [block for block in content if _is_expand_use(block)]
         if not expands or not all(map(_is_expand_use, content[len(content) - len(expands):])):
-            return None
-        style = ClientStyle(forwarded.decode("latin-1"))
-        answered = self.turn(assistant, answers(calls, resolutions))[1]
+            return body, None
         blanks = tuple((place, style.dumps(block)) for place, block in enumerate(content[:len(content) - len(expands)])
                        if is_blank_text(block))
-        return HiddenTurn(",".join(map(style.dumps, expands)), style.dumps(answered), blanks)
+        return body, HiddenTurn(",".join(map(style.dumps, expands)), answered, blanks)
 
     def shown(self, rounds: list[dict[str, object]]) -> Shown:
         """What `merge(rounds)` shows the client (`cg.stream.hidden`)."""
