@@ -337,7 +337,7 @@ def later_body() -> bytes:
 def prepared(raw: bytes, seen: Seen, store: dict) -> list:
     """The messages a process with `seen` forwards, its reads answered from `store` (key -> record)."""
     machine = preparation(raw, hidden=seen)
-    commands = machine.start()
+    commands = [command for command in machine.start() if not isinstance(command, Touch)]
     while not (len(commands) == 1 and isinstance(commands[0], Ready)):
         (read,) = commands
         assert isinstance(read, ReadFrozen)
@@ -370,6 +370,9 @@ def test_a_record_this_process_kept_puts_the_turn_back_without_a_read():
     call, answer = CALL, ANSWER
     key, text = record(shown, [HiddenTurn(call, answer)])
     seen.put("tenant-a", key, text)
-    messages = sent_messages(ready(preparation(thinking_body(), hidden=seen).start()).forward)
+    touch, done = preparation(thinking_body(), hidden=seen).start()
+    # Touched, so that `cg-store purge --older-than` spares a record its conversation still uses.
+    assert isinstance(touch, Touch) and (touch.tenant, touch.ids, touch.frozen) == ("tenant-a", frozenset(), {key})
+    messages = sent_messages(ready([done]).forward)
     assert messages[1:4] == [{"role": "assistant", "content": [{"type": "text", "text": "a"}, json.loads(call)]},
                              json.loads(answer), {"role": "assistant", "content": [THINKING]}]

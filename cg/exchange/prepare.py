@@ -22,7 +22,8 @@ state         event                                        commands → next sta
 ============  ===========================================  ===========================================
 (start)       bypassed, nothing to parse, or no JSON       Ready (the body as it came) → READY
 (start)       A body cg parses                             ReadFrozen per repair and per thinking
-                                                           block not seen; --cache-ttl auto, no
+                                                           block not seen ([Touch] those seen);
+                                                           --cache-ttl auto, no
                                                            lifetime known and the cache not surely
                                                            warm (cold.Known): ReadFrozen and
                                                            [RecordCache] of the lifetime (known
@@ -444,12 +445,15 @@ class Preparation:
         than the latest assistant message: that message's response may have ended in another process
         whose record is not committed yet, and a "none" kept for good would leave this process
         without the turns the writer puts back (the prefix differing by process); asked again next
-        turn, it is there. Alone on its store, this process wrote every record it could be told of."""
+        turn, it is there. Alone on its store, this process wrote every record it could be told of.
+        A record put back from memory is touched (as --cache-ttl auto's choice), so a purge spares
+        it while its conversation goes on."""
         reader = shape.select(anchors, None, None)
         if reader is None:
             return
         tenant, seen = self._request.tenant, self._hidden
         latest = _latest_reply(body.value.get(shape.items))
+        replayed: set[str] = set()
         for message, found in enumerate(body.per_message(_ANCHORS, shape.items, reader)):
             for block, key in found:
 
@@ -467,6 +471,9 @@ class Preparation:
                     self._ask(ReadFrozen(tenant, key), read, _stays)
                 elif isinstance(known, Record):
                     self._restore(body, message, block, known)
+                    replayed.add(key)
+        if replayed and self._incoming is not None and self._incoming.stash:
+            self._out.append(Touch(tenant, frozenset(), frozenset(replayed)))
 
     def _restore(self, body: ParsedBody, message: int, block: int, found: Record) -> None:
         edits = restore(body, message, block, found)
