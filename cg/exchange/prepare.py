@@ -548,7 +548,12 @@ class Preparation:
             self._known.stored(tenant, key, until)
             answer("before")(before)
 
-        self._ask(ReadFrozen(tenant, key), answer("frozen"), lambda message: answer("frozen")(_UNKNOWN))
+        if self._known.warm(tenant, key, now, None, policy.margin):
+            # Surely warm, only its record lagging (a turn minutes after the last): nothing can have
+            # been frozen since the last reads, so only the record moves on.
+            answers["frozen"] = None
+        else:
+            self._ask(ReadFrozen(tenant, key), answer("frozen"), lambda message: answer("frozen")(_UNKNOWN))
         if until is not None:
             self._ask(RecordCache(tenant, key, until), recorded, lambda message: answer("before")(None))
         else:
