@@ -2,13 +2,16 @@
 tests/fixtures/transcripts/shapes/, built by shapes.py there), and cg-estimate's recorded bill
 beside its simulated one."""
 
+import base64
 import io
 import json
+import struct
 from pathlib import Path
 
 from cg.compaction.options import rewrite_config
 from cg.record import estimate, transcripts
-from cg.record.replay import Sent, replay
+from cg.record.replay import Sent, image_tokens, replay, segments
+from cg.wire.dialect import MESSAGES_SHAPE
 
 SHAPES = Path(__file__).resolve().parent / "fixtures" / "transcripts" / "shapes"
 
@@ -135,7 +138,7 @@ def test_ttl_on_the_command_line():
 def test_the_recorded_bill_stands_beside_the_simulated_one():
     code, out = run(str(SHAPES), "--json")
     total = json.loads(out)["total"]
-    assert code == 0 and total["requests"] == 25 and total["recorded_requests"] == 25
+    assert code == 0 and total["requests"] == 28 and total["recorded_requests"] == 28
     assert total["sidechains"] == 3 and total["counted_once"] == 2 and total["left_out"] == 0
     assert total["simulated_vs_recorded"] == round(total["cost_direct_simulated"] / total["cost_direct_recorded"], 4)
     assert total["cost_direct_simulated"] == total["cost_direct"]
@@ -145,6 +148,28 @@ def test_the_recorded_bill_stands_beside_the_simulated_one():
     assert any(row.split()[1] == "agent-a4f1e2d" for row in rows if row.startswith("claude-code"))
     assert f"{total['simulated_vs_recorded']:.3f}" in next(row for row in rows if row.startswith("total"))
     assert "included: 3 sub-agent conversation(s)" in out and "counted once: 2 response(s)" in out
+
+
+def test_images_and_thinking_are_sized_as_billed_not_as_their_base64():
+    """A screenshot's base64 is ~20,000 tokens as text and 1,280 billed (1200x800); a thinking block
+    Claude Code wrote without its text is billed by the thinking its signature carries, not by the
+    signature as text. Found on real 2.1.x sessions: simulated 2 to 3.4 times the recorded bill."""
+    code, out = run(str(SHAPES / "opaque"), "--json", "--calibrate", "off")
+    [session] = json.loads(out)["sessions"]
+    assert code == 0 and session["requests"] == 3
+    assert 0.97 < session["simulated_vs_recorded_raw"] < 1.03  # 2.81 when base64 was sized as text
+
+    def png(width: int, height: int) -> str:
+        head = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + struct.pack(">II", width, height)
+        return base64.b64encode(head + bytes(5000)).decode()
+
+    jpeg = b"\xff\xd8\xff\xe0" + struct.pack(">H", 16) + bytes(14) + b"\xff\xc0" + struct.pack(">HBHH", 17, 8, 300, 400)
+    assert [image_tokens(png(800, 600)), image_tokens(png(1920, 1080)), image_tokens(png(4000, 100))] == [640, 1600, 82]
+    assert image_tokens(base64.b64encode(jpeg + bytes(50)).decode()) == 160  # 400x300
+    assert image_tokens("not an image") == image_tokens(None) == 1600  # unknown: at most
+    told = {"type": "thinking", "thinking": "Check the margins first.", "signature": "Eq" + "A" * 4000}
+    [with_text] = segments({"messages": [{"role": "assistant", "content": [told]}]}, MESSAGES_SHAPE)
+    assert with_text.tokens < 20  # its text; the signature seals that same text
 
 
 def test_the_envelope_is_fitted_to_the_first_requests_recorded_prompt():

@@ -50,8 +50,11 @@ What it states rather than measures:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
+import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -164,10 +167,87 @@ class _Sizer:
         key = digest(kind.encode(), raw)
         tokens = self._tokens.get(key)
         if tokens is None:
-            tokens = self._tokens[key] = estimate_tokens(raw.decode("utf-8"))
+            tokens = self._tokens[key] = _estimate(value, raw)
         if self.scale != 1.0 and key not in self.first:
             tokens = round(tokens * self.scale)
         return Segment(key, tokens, breakpoint)
+
+
+# Anthropic's images: resized to at most this many pixels on the long edge, then billed a token per
+# 750 pixels up to about 1,600 (platform.claude.com/docs/en/build-with-claude/vision, "Evaluate image size").
+IMAGE_LONG_EDGE, IMAGE_PIXELS_PER_TOKEN, IMAGE_MAX_TOKENS = 1568, 750, 1600
+_IMAGE_HEAD = 65536  # bytes of an image decoded to find its size (a JPEG's frame header can follow its metadata)
+# What marks a block whose text is not what is billed: a base64 image, a thinking block's signature.
+_OPAQUE = (b'"base64"', b'"signature"', b'"redacted_thinking"')
+# A thinking block Claude Code wrote without its text still carries it, encrypted, in its signature
+# (base64: 4 characters a 3 bytes): billed as that many bytes of thinking at ~4 a token.
+_SIGNATURE_CHARACTERS_PER_TOKEN = 4 / 3 * 4
+
+
+def _estimate(value: object, raw: bytes) -> int:
+    """Tokens of a segment: cg's estimate of its text, and what is billed other than as text (an
+    image by its pixels, a thinking block by its thinking) as the provider bills it: a screenshot is
+    ~1,600 tokens, its base64 ~100,000 by the text estimate; a signature is no text of the prompt."""
+    if not any(mark in raw for mark in _OPAQUE):
+        return estimate_tokens(raw.decode("utf-8"))
+    opaque: list[int] = []
+    text = _readable(value, opaque)
+    return estimate_tokens(_dump(text).decode("utf-8")) + sum(opaque)
+
+
+def _readable(value: object, opaque: list[int]) -> object:
+    """``value`` without what is not billed as its text (each base64 image's data, each thinking
+    block's signature), the tokens those are billed instead appended to ``opaque``."""
+    if isinstance(value, list):
+        return [_readable(item, opaque) for item in value]
+    if not isinstance(value, dict):
+        return value
+    kind, source = value.get("type"), value.get("source")
+    if kind == "image" and isinstance(source, dict) and source.get("type") == "base64":
+        opaque.append(image_tokens(source.get("data")))
+        return {**value, "source": {**source, "data": ""}}
+    if kind in ("thinking", "redacted_thinking"):
+        sealed = value.get("signature" if kind == "thinking" else "data")
+        if isinstance(sealed, str) and not value.get("thinking"):
+            opaque.append(round(len(sealed) / _SIGNATURE_CHARACTERS_PER_TOKEN))
+        return {k: v for k, v in value.items() if k not in ("signature", "data")}
+    return {key: _readable(item, opaque) for key, item in value.items()}
+
+
+def image_tokens(data: object) -> int:
+    """What Anthropic bills for a base64 image: its pixels (resized to the long-edge limit) / 750, at
+    most IMAGE_MAX_TOKENS; an image whose size cannot be read (a format not parsed here) at most."""
+    size = None
+    if isinstance(data, str):
+        head = data[: _IMAGE_HEAD // 3 * 4]
+        try:
+            size = _pixels(base64.b64decode(head[: len(head) // 4 * 4]))
+        except (binascii.Error, ValueError):
+            size = None
+    if size is None:
+        return IMAGE_MAX_TOKENS
+    width, height = size
+    shrink = min(1.0, IMAGE_LONG_EDGE / max(width, height, 1))
+    return max(1, min(IMAGE_MAX_TOKENS, math.ceil(width * shrink * height * shrink / IMAGE_PIXELS_PER_TOKEN)))
+
+
+def _pixels(head: bytes) -> tuple[int, int] | None:
+    """(width, height) from the first bytes of a PNG, GIF or JPEG, else None."""
+    if head.startswith(b"\x89PNG\r\n\x1a\n") and len(head) >= 24:
+        width, height = struct.unpack(">II", head[16:24])
+        return width, height
+    if head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
+        width, height = struct.unpack("<HH", head[6:10])
+        return width, height
+    if head.startswith(b"\xff\xd8"):
+        at = 2
+        while at + 9 <= len(head) and head[at] == 0xFF:
+            marker, length = head[at + 1], struct.unpack(">H", head[at + 2:at + 4])[0]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header: its size
+                height, width = struct.unpack(">HH", head[at + 5:at + 9])
+                return width, height
+            at += 2 + length
+    return None
 
 
 def segments(body: dict[str, Any], shape: Shape, sizer: _Sizer | None = None) -> list[Segment]:
