@@ -46,6 +46,33 @@ def test_a_resumed_file_counts_the_conversation_it_copies_once():
     assert [role for role, _ in roles(resumed.requests[0])] == ["user", "assistant", "user", "assistant", "user"]
 
 
+def test_each_file_is_read_once(monkeypatch):
+    """A user's transcripts can add up to gigabytes: finding, ordering and reading them reads each
+    file's bytes once, besides the first lines that say when its session began (a resumed file's
+    up to the end of its copy). It read each three times: to order them, for the lifetime, to parse."""
+    bytes_read: dict[str, int] = {}
+
+    class Counted(io.BufferedReader):
+        def _count(self, data: bytes) -> bytes:
+            bytes_read[str(self.name)] = bytes_read.get(str(self.name), 0) + len(data)
+            return data
+
+        def read(self, size: int | None = -1) -> bytes:
+            return self._count(super().read(size))
+
+        def readline(self, size: int | None = -1) -> bytes:  # iterating calls it
+            return self._count(super().readline(size))
+
+    monkeypatch.setattr(transcripts, "open", lambda path, mode: Counted(io.FileIO(path, mode.replace("b", ""))),
+                        raising=False)
+    sessions = list(transcripts.read(transcripts.find(SHAPES)))
+    assert len(sessions) == 11 and bytes_read
+    for name, count in bytes_read.items():
+        size = Path(name).stat().st_size
+        allowance = size if "resumed" in name else 4096  # the lines before its own session's first
+        assert count <= size + allowance, (name, count, size)
+
+
 def test_a_resumed_file_whose_name_sorts_first_is_read_after_the_one_it_continues(tmp_path):
     """Claude Code names a file by its session's UUID: the order of the names is no order of time."""
     projects = tmp_path / ".claude" / "projects" / "-home-user-project"
@@ -106,8 +133,8 @@ def test_a_rewind_sends_the_branch_without_what_it_abandoned():
 
 def test_one_hour_breakpoints_as_the_recorded_usage_shows():
     [file] = (SHAPES / "split-response").glob("*.jsonl")
-    assert transcripts.recorded_ttl(file) == "1h"
-    assert transcripts.recorded_ttl(next((SHAPES / "resumed").glob("*.jsonl"))) is None
+    assert transcripts.recorded_ttl(file.read_bytes()) == "1h"
+    assert transcripts.recorded_ttl(next((SHAPES / "resumed").glob("*.jsonl")).read_bytes()) is None
 
     def third_request_reads(ttl: str | None) -> int:
         [session], _ = read(file, ttl=ttl)

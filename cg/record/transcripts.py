@@ -106,13 +106,18 @@ def parse_time(value: object) -> float | None:
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
     with open(path, "rb") as stream:
-        for line in stream:
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                yield doc
+        yield from _docs(stream)
+
+
+def _docs(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a transcript's lines; a line that is not one is skipped."""
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            yield doc
 
 
 def _count(value: object) -> int:
@@ -417,23 +422,24 @@ RECORDED = "recorded"  # a ttl: the lifetime the transcript's own usage shows th
 _ONE_HOUR_WRITES = re.compile(rb'"ephemeral_1h_input_tokens"\s*:\s*[1-9]')
 
 
-def recorded_ttl(path: Path) -> str | None:
-    """``"1h"`` where a transcript's recorded usage has one-hour cache writes (Claude Code asks for
-    them on some plans), else None: the five-minute default. Read as bytes: a second pass over
-    the file that need not parse it."""
-    with open(path, "rb") as stream:
-        return "1h" if any(_ONE_HOUR_WRITES.search(line) for line in stream) else None
+def recorded_ttl(data: bytes) -> str | None:
+    """``"1h"`` where a transcript's recorded usage (``data``, the file's bytes) has one-hour cache
+    writes (Claude Code asks for them on some plans), else None: the five-minute default. Found in
+    the bytes: the lifetime decides every body built from the first line on."""
+    return "1h" if _ONE_HOUR_WRITES.search(data) else None
 
 
 def read_claude_code(path: Path, ttl: str | None = None, tally: Tally | None = None) -> list[Session]:
     """The conversations of one Claude Code transcript file: its main chain and each sub-agent's side
     chain (inline, or a whole ``agent-*.jsonl`` file), each response counted once across the files
     read with the same ``tally``. ``ttl``: the breakpoints' lifetime (None: five minutes; RECORDED:
-    as the file's own usage shows)."""
+    as the file's own usage shows). The file is read once (a user's can hold hundreds of MB)."""
+    with open(path, "rb") as stream:
+        data = stream.read()
     if ttl == RECORDED:
-        ttl = recorded_ttl(path)
+        ttl = recorded_ttl(data)
     reader = _ClaudeReader(path, ttl, Tally() if tally is None else tally)
-    for doc in _lines(path):
+    for doc in _docs(data.splitlines()):
         reader.line(doc)
     return reader.sessions()
 
@@ -556,6 +562,8 @@ def _began(path: Path) -> float:
     try:
         with open(path, "rb") as stream:
             for line in stream:
+                if first != math.inf and own.startswith("agent-"):
+                    break  # a sub-agent's file has no session of its own, and copies none: read no further
                 if first != math.inf and own.encode() not in line:
                     continue  # only a line of its own session can come before what was found
                 try:
