@@ -25,7 +25,7 @@ from cg.record import transcripts
 from cg.record.pricing import Tokens, prices
 from cg.record.replay import DEFAULT_EXPAND_RATE, Sent, Turn, replay
 from cg.record.report import progress, text_table
-from cg.wire.cache import CACHE_TTLS
+from cg.wire.cache import CACHE_TTLS, TTL_5M
 
 ASSUMPTIONS = (
     "Requests are rebuilt from the transcripts: the system prompt and tools (which transcripts do not "
@@ -189,9 +189,20 @@ def _recorded(simulated: float, recorded: float, requests: int, raw: float) -> d
 
 
 def _keepalive(turns: list[Turn], cost_cg: float, cost_direct: float) -> dict[str, Any]:
-    """What keep-alive would have cost and saved on these requests (``Turn.cost_keepalive``)."""
+    """What keep-alive would have cost and saved on these requests (``Turn.cost_keepalive``), and
+    where its pings went: after the last request (nobody came back), in the breaks over 5 minutes,
+    and how many of those breaks they bridged (the next request read the prefix)."""
     cost = sum(t.cost_keepalive for t in turns)
-    return _saving(sum(t.pings for t in turns), sum(t.ping_cost for t in turns), cost, cost_cg, cost_direct)
+    breaks = [(before, after) for before, after in zip(turns, turns[1:]) if after.time - before.time > TTL_5M]
+    return {**_saving(sum(t.pings for t in turns), sum(t.ping_cost for t in turns), cost, cost_cg, cost_direct),
+            "pings_after_end": turns[-1].pings if turns else 0,
+            "ping_cost_after_end": round(turns[-1].ping_cost, 6) if turns else 0.0,
+            "breaks": len(breaks), "pings_in_breaks": sum(before.pings for before, _ in breaks),
+            "breaks_bridged": sum(after.keepalive is not None and after.keepalive.cache_write < after.cg.cache_write
+                                  for _, after in breaks)}
+
+
+_WHERE_PINGS_WENT = ("pings_after_end", "ping_cost_after_end", "breaks", "pings_in_breaks", "breaks_bridged")
 
 
 def _saving(pings: int, ping_cost: float, cost: float, cost_cg: float, cost_direct: float) -> dict[str, Any]:
@@ -287,8 +298,11 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
     }
     if args.keepalive:
         kept = [s["keepalive"] for s in sessions]
-        total["keepalive"] = _saving(sum(k["pings"] for k in kept), sum(k["ping_cost"] for k in kept),
-                                     sum(k["cost_cg"] for k in kept), cost_cg, cost_direct)
+        total["keepalive"] = {**_saving(sum(k["pings"] for k in kept), sum(k["ping_cost"] for k in kept),
+                                        sum(k["cost_cg"] for k in kept), cost_cg, cost_direct),
+                              **{key: sum(k[key] for k in kept) for key in _WHERE_PINGS_WENT},
+                              "behind": sum(k["net_saving"] < 0 for k in kept)}  # sessions keep-alive cost more
+        total["keepalive"]["ping_cost_after_end"] = round(total["keepalive"]["ping_cost_after_end"], 6)
     return {
         "sessions": sessions,
         "total": total,
@@ -358,6 +372,11 @@ def _counted(t: dict[str, Any], sessions: list[dict[str, Any]]) -> list[str]:
         out.append(f"counted once: {t['counted_once']:,} response(s) a resumed session's file copied from another")
     if t["left_out"]:
         out.append(f"left out: {t['left_out']:,} response(s) without a timestamp")
+    k = t["keepalive"]
+    if k is not None and k["pings"]:
+        out.append(f"pings: {k['pings_after_end']:,} after a session's last request ({_usd(k['ping_cost_after_end'])}), "
+                   f"{k['pings_in_breaks']:,} in {k['breaks']:,} break(s) over 5 min, {k['breaks_bridged']:,} of them "
+                   f"bridged; {k['behind']} of {len(sessions)} session(s) cost more with keep-alive")
     return out
 
 
