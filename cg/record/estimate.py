@@ -165,6 +165,7 @@ def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool =
         "prompt_tokens_simulated_raw": sum(t.direct_raw.prompt for t, _ in recorded),
         "calibration": turns[0].scale,  # what the conversation's later segments were scaled by (1.0: not)
         "client_breaks": sum(t.client_break for t in turns),  # requests whose reads were capped at the recorded
+        "shared_reads": sum(t.shared_read for t in turns),  # requests that read a prefix another conversation cached
         "unseen_tokens": session.requests[0].unseen,  # the envelope's size fitted to the recorded prompt
         "sidechain": session.sidechain,
         "keepalive": _keepalive(turns, cost_cg, cost_direct) if keep_warm else None,
@@ -289,6 +290,7 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
         "prompt_tokens_simulated_raw": sum(s["prompt_tokens_simulated_raw"] for s in sessions),
         "calibrated": sum(s["calibration"] != 1.0 for s in sessions),
         "client_breaks": sum(s["client_breaks"] for s in sessions),
+        "shared_reads": sum(s["shared_reads"] for s in sessions),
         "envelopes_padded": sum(s["unseen_tokens"] > 0 for s in sessions),
         "envelopes_trimmed": sum(s["unseen_tokens"] < 0 for s in sessions),
         "sidechains": sum(s["sidechain"] for s in sessions),
@@ -363,6 +365,10 @@ def _counted(t: dict[str, Any], sessions: list[dict[str, Any]]) -> list[str]:
         out.append(f"client cache breaks: {t['client_breaks']:,} request(s) whose recorded usage read less of the cache "
                    f"than the simulation would (a system prompt that changed, a cache lost): both sides read what "
                    f"the transcript records, the rest written")
+    if t["shared_reads"]:
+        out.append(f"shared cache: {t['shared_reads']:,} request(s) whose recorded usage read more of the cache than "
+                   f"the simulation would (a prefix another conversation had cached: the envelope, a parent's prompt): "
+                   f"both sides read what the transcript records")
     if t["envelopes_padded"] or t["envelopes_trimmed"]:
         out.append(f"fitted: the envelope to the first request's recorded prompt, {t['envelopes_padded']} session(s) "
                    f"padded (a CLAUDE.md, MCP tools, another version), {t['envelopes_trimmed']} with fewer tools")

@@ -119,6 +119,7 @@ class Turn:
     direct_raw: Tokens = Tokens()  # `direct` with every segment sized by cg's estimate alone (no calibration)
     scale: float = 1.0  # the conversation's calibration: what its later segments were scaled by
     client_break: bool = False  # the recorded run read less than the simulation would: its reads capped
+    shared_read: bool = False  # it read more (a prefix another conversation had cached): as much read here
 
     @property
     def cost_direct(self) -> float:
@@ -349,6 +350,34 @@ def _read_at_most(billed: Tokens, read: int) -> Tokens:
     return attrs.evolve(billed, cache_read=read, cache_write_5m=billed.cache_write_5m + missed)
 
 
+def _shared_read(billed: Tokens, recorded: Tokens, min_tokens: int) -> bool:
+    """The recorded run read clearly more of the cache than the simulated one, which gives each
+    conversation a cache of its own: it found a prefix another conversation of the same account had
+    cached (the envelope every session sends, a parent's prompt a sub-agent or a resumed session
+    begins with, a concurrent session's)."""
+    return recorded.cache_read - billed.cache_read >= max(min_tokens, billed.cache_read // 10)
+
+
+def _read_at_least(billed: Tokens, read: int) -> Tokens:
+    """``billed`` reading ``read`` tokens from the cache where it wrote them (no more than it wrote)."""
+    found = min(read - billed.cache_read, billed.cache_write)
+    if found <= 0:
+        return billed
+    from_5m = min(found, billed.cache_write_5m)
+    return attrs.evolve(billed, cache_read=billed.cache_read + found, cache_write_5m=billed.cache_write_5m - from_5m,
+                        cache_write_1h=billed.cache_write_1h - (found - from_5m))
+
+
+def _as_recorded(billed: Tokens, broke: bool, shared: bool, recorded: Tokens | None) -> Tokens:
+    """``billed`` reading what the recorded run read where the simulated cache cannot say (a client
+    cache break: no more; a prefix shared with another conversation: no less)."""
+    if recorded is None:
+        return billed
+    if broke:
+        return _read_at_most(billed, recorded.cache_read)
+    return _read_at_least(billed, recorded.cache_read) if shared else billed
+
+
 def _first_offloads(changes: Iterable[Change], seen: set[str]) -> dict[str, int]:
     """The results offloaded (a lossy rewrite with a marker) for the first time in this request,
     each with its size as the client sent it: the ``tokens_before`` of its first step (a lossless
@@ -462,8 +491,8 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         direct_raw = direct if sizer.scale == 1.0 else raw_cache.bill(request.time, segments(direct_body, shape, raw))
         recorded = request.recorded if fitted else None
         broke = recorded is not None and _client_break(direct, recorded, price.min_cache_tokens)
-        cap = recorded.cache_read if broke and recorded is not None else None
-        direct = (direct if cap is None else _read_at_most(direct, cap)) + output
+        shared = recorded is not None and _shared_read(direct, recorded, price.min_cache_tokens)
+        direct = _as_recorded(direct, broke, shared, recorded) + output
         direct_raw += output
         cg_segments = segments(cg_body, shape, sizer)
         asked = min((seg.breakpoint for seg in cg_segments if seg.breakpoint is not None), default=None)
@@ -472,7 +501,7 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
             cg_segments = [attrs.evolve(seg, breakpoint=ttl) if seg.breakpoint is not None else seg
                            for seg in cg_segments]
         cg = cg_cache.bill(request.time, cg_segments)
-        cg = (cg if cap is None else _read_at_most(cg, cap)) + output
+        cg = _as_recorded(cg, broke, shared, recorded) + output
         changes = rewrite.changes if rewrite else []
         new = _first_offloads(changes, seen)
         seen.update(new)
@@ -485,13 +514,13 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         if warm is not None:
             parsed = incoming.body if incoming is not None else ParsedBody.parse(request.body)
             kept = warm.request(len(turns), request, parsed, model, price, cg_segments, ttl)
-            kept = (kept if cap is None else _read_at_most(kept, cap)) + output
+            kept = _as_recorded(kept, broke, shared, recorded) + output
         turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, sum(costs.values()),
                           bytes_direct=len(request.body),
                           bytes_cg=len(rewrite.body) if rewrite is not None else len(request.body),
                           keepalive=kept, cold=was_cold, cold_offloads=len(by_epoch),
                           cold_expand_cost=sum((costs[i] for i in by_epoch), 0.0), direct_raw=direct_raw,
-                          scale=sizer.scale, client_break=broke))
+                          scale=sizer.scale, client_break=broke, shared_read=shared))
     if warm is None:
         return turns
     warm.until(math.inf)  # after the last request, pings go on to the idle bound or the budget
