@@ -60,6 +60,8 @@ class Conversation:
 
 @attrs.define
 class Stats:
+    """One column's figures, conversation by conversation."""
+
     sessions: int = 0
     sidechains: int = 0
     requests: int = 0
