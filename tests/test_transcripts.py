@@ -66,7 +66,7 @@ def test_each_file_is_read_once(monkeypatch):
     monkeypatch.setattr(transcripts, "open", lambda path, mode: Counted(io.FileIO(path, mode.replace("b", ""))),
                         raising=False)
     sessions = list(transcripts.read(transcripts.find(SHAPES)))
-    assert len(sessions) == 13 and bytes_read
+    assert len(sessions) == 14 and bytes_read
     for name, count in bytes_read.items():
         size = Path(name).stat().st_size
         allowance = size if "resumed" in name else 4096  # the lines before its own session's first
@@ -165,7 +165,7 @@ def test_ttl_on_the_command_line():
 def test_the_recorded_bill_stands_beside_the_simulated_one():
     code, out = run(str(SHAPES), "--json")
     total = json.loads(out)["total"]
-    assert code == 0 and total["requests"] == 32 and total["recorded_requests"] == 32
+    assert code == 0 and total["requests"] == 35 and total["recorded_requests"] == 35
     assert total["sidechains"] == 3 and total["counted_once"] == 2 and total["left_out"] == 0
     assert total["simulated_vs_recorded"] == round(total["cost_direct_simulated"] / total["cost_direct_recorded"], 4)
     assert total["cost_direct_simulated"] == total["cost_direct"]
@@ -175,6 +175,70 @@ def test_the_recorded_bill_stands_beside_the_simulated_one():
     assert any(row.split()[1] == "agent-a4f1e2d" for row in rows if row.startswith("claude-code"))
     assert f"{total['simulated_vs_recorded']:.3f}" in next(row for row in rows if row.startswith("total"))
     assert "included: 3 sub-agent conversation(s)" in out and "counted once: 2 response(s)" in out
+
+
+def _content_tokens(blocks: list[dict]) -> int:
+    return sum(s.tokens for s in segments({"messages": [{"role": "assistant", "content": blocks}]}, MESSAGES_SHAPE))
+
+
+def test_output_a_transcript_never_recorded_the_final_count_of_is_cg_s_estimate_of_the_content():
+    """Claude Code 2.1.12-2.1.49 wrote each line of a response as its block began, its usage as it
+    stood then (1 to 8 output tokens, stop_reason null), never the final count: on a real backup
+    8,360 output tokens recorded where the responses' content was ~637,000 by cg's estimate."""
+    [file] = (SHAPES / "start-counts").glob("*.jsonl")
+    [session], _ = read(file)
+    lines = [json.loads(line) for line in file.read_text().splitlines()]
+    content: dict[str, list[dict]] = {}
+    for line in lines:
+        if line["type"] == "assistant":
+            content.setdefault(line["message"]["id"], []).extend(line["message"]["content"])
+    thought, wrote, thanked = session.requests
+    for request, response, recorded in ((thought, "msg_01StA", 3), (wrote, "msg_01StB", 1)):
+        assert request.output_recorded == recorded and request.output_tokens == _content_tokens(content[response])
+        assert request.billed is not None and request.billed.output == request.output_tokens > 200
+    # a response that wrote little is left as recorded: its count may be final
+    assert thanked.output_tokens == 4 and thanked.output_recorded is None
+    code, out = run(str(file), "--json")
+    estimated = json.loads(out)["total"]["output_estimated"]
+    assert code == 0 and estimated == {"requests": 2, "tokens": thought.output_tokens + wrote.output_tokens,
+                                       "recorded": 4}
+    assert (f"output estimated: 2 response(s) whose transcript recorded only the count their first block began "
+            f"with (4 token(s) in all), priced at cg's estimate of their content, {estimated['tokens']:,} token(s)"
+            in run(str(file))[1])
+
+
+def test_output_a_transcript_records_the_final_count_of_is_kept(tmp_path):
+    """The same responses where their lines record the final count: on the last line with its
+    stop_reason (Claude Code 2.1.81 on), or on lines that say nothing of a stop (1.0.x, and
+    transcripts that write no stop_reason), or a count above what a first block begins with."""
+    [file] = (SHAPES / "start-counts").glob("*.jsonl")
+    lines = [json.loads(line) for line in file.read_text().splitlines()]
+    last = {line["message"]["id"]: at for at, line in enumerate(lines) if line["type"] == "assistant"}
+
+    def written(name: str, change) -> Path:
+        out = [json.loads(json.dumps(line)) for line in lines]
+        for at in last.values():
+            change(out[at]["message"])
+        path = tmp_path / name / file.name
+        path.parent.mkdir()
+        path.write_text("".join(json.dumps(line) + "\n" for line in out))
+        return path
+
+    def stopped(message: dict) -> None:
+        message["stop_reason"], message["usage"]["output_tokens"] = "end_turn", 300
+
+    def counted(message: dict) -> None:
+        message["usage"]["output_tokens"] = 11
+
+    for path, final in ((written("stopped", stopped), [300, 300, 300]), (written("counted", counted), [11, 11, 11]),
+                        (written("silent", lambda message: message.pop("stop_reason")), [3, 1, 4])):
+        [session], _ = read(path)
+        assert [(r.output_tokens, r.output_recorded) for r in session.requests] == [(count, None) for count in final]
+        assert json.loads(run(str(path), "--json")[1])["total"]["output_estimated"]["requests"] == 0
+    # nor does any other transcript the tests read: those the real CLIs wrote, the built ones
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "transcripts"
+    others = [f for f in transcripts.find(fixtures) if "start-counts" not in f[1].parts]
+    assert len(others) > 10 and all(r.output_recorded is None for s in transcripts.read(others) for r in s.requests)
 
 
 def test_images_and_thinking_are_sized_as_billed_not_as_their_base64():

@@ -34,7 +34,10 @@ ASSUMPTIONS = (
     "Tokens are cg's estimate, block by block, what a conversation adds after its first request scaled to "
     "the sizes its transcript recorded (calibrated; via cg alike); cache reads, writes and lifetimes are "
     "simulated from the transcript's own timestamps; each session has a cache of its own.",
-    "Output tokens are the transcript's and the same both ways: cg does not change what the model writes.",
+    "Output tokens are the transcript's and the same both ways: cg does not change what the model writes. "
+    "Where a transcript recorded only the count a response's first block began with (no line of it stopped, "
+    "at most 10 tokens, its content over four times that), its output is cg's estimate of its content, in "
+    "the recorded bill too.",
     "Requests a client does not write to its transcript (Claude Code's titles, summaries, /compact's own "
     "request) are in neither the simulated nor the recorded bill.",
     "Expected expand rounds = offloads x the expand rate; each is priced as one more request via cg.",
@@ -167,12 +170,20 @@ def summarize(session: transcripts.Session, turns: list[Turn], keep_warm: bool =
         "client_breaks": sum(t.client_break for t in turns),  # requests whose reads were capped at the recorded
         "shared_reads": sum(t.shared_read for t in turns),  # requests that read a prefix another conversation cached
         "unseen_tokens": session.requests[0].unseen,  # the envelope's size fitted to the recorded prompt
+        "output_estimated": _output_estimated([r for r in session.requests if r.output_recorded is not None]),
         "sidechain": session.sidechain,
         "keepalive": _keepalive(turns, cost_cg, cost_direct) if keep_warm else None,
         "cumulative_direct": _cumulative(t.cost_direct for t in turns),
         "cumulative_cg": _cumulative(t.cost_cg for t in turns),
         "notes": list(session.notes),
     }
+
+
+def _output_estimated(requests: list[transcripts.Request]) -> dict[str, int]:
+    """The requests whose response's output is cg's estimate of its content (the recorded count was
+    not final): how many, their output so estimated, and what their transcript recorded."""
+    return {"requests": len(requests), "tokens": sum(r.output_tokens for r in requests),
+            "recorded": sum(r.output_recorded or 0 for r in requests)}
 
 
 def _recorded(simulated: float, recorded: float, requests: int, raw: float) -> dict[str, Any]:
@@ -294,6 +305,8 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
         "envelopes_padded": sum(s["unseen_tokens"] > 0 for s in sessions),
         "envelopes_trimmed": sum(s["unseen_tokens"] < 0 for s in sessions),
         "sidechains": sum(s["sidechain"] for s in sessions),
+        "output_estimated": {key: sum(s["output_estimated"][key] for s in sessions)
+                             for key in ("requests", "tokens", "recorded")},
         "counted_once": tally.copies,  # responses met again in a later file (a resumed session's copy)
         "left_out": tally.untimed,  # responses with no timestamp to place them
         "keepalive": None,
@@ -374,6 +387,11 @@ def _counted(t: dict[str, Any], sessions: list[dict[str, Any]]) -> list[str]:
                    f"padded (a CLAUDE.md, MCP tools, another version), {t['envelopes_trimmed']} with fewer tools")
     if t["sidechains"]:
         out.append(f"included: {t['sidechains']} sub-agent conversation(s) (side chains, agent-*.jsonl)")
+    guessed = t["output_estimated"]
+    if guessed["requests"]:
+        out.append(f"output estimated: {guessed['requests']:,} response(s) whose transcript recorded only the count "
+                   f"their first block began with ({guessed['recorded']:,} token(s) in all), priced at cg's estimate "
+                   f"of their content, {guessed['tokens']:,} token(s), in every bill")
     if t["counted_once"]:
         out.append(f"counted once: {t['counted_once']:,} response(s) a resumed session's file copied from another")
     if t["left_out"]:

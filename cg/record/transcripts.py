@@ -70,6 +70,9 @@ class Request:
     output_tokens: int = 0
     billed: Tokens | None = None  # the usage the transcript recorded for it (the direct run's)
     unseen: int = 0  # tokens its prompt held beyond the rebuilt envelope (negative: fewer; claude_body)
+    # Where ``output_tokens`` is cg's estimate of the response's content: the count its transcript
+    # recorded, which was not the final one (see _output_not_final); else None.
+    output_recorded: int | None = None
 
 
 @attrs.frozen
@@ -232,6 +235,9 @@ class _Conversation:
     last_time: float | None = None
     unseen: int | None = None  # measured on its first request: see _ClaudeReader._unseen
     length_at: dict[str, int] = attrs.Factory(dict)  # a line's uuid -> how many messages history had after it
+    # A request -> its response's content blocks so far, while every line of it says it has not
+    # stopped (``stop_reason: null``): its recorded output count may be the one a block began with.
+    unstopped: dict[int, list[dict[str, Any]]] = attrs.Factory(dict)
 
     def restart(self) -> None:
         """A new chain in the same conversation (after a compaction): its prompt starts again."""
@@ -355,7 +361,7 @@ class _ClaudeReader:
     def _assistant(self, conv: _Conversation, doc: dict[str, Any], message: dict[str, Any]) -> None:
         """A line of a response. Claude Code 2.x writes one line per content block, and a tool result
         may come between two of them: a later line adds its block to the same assistant message and
-        its usage (the final output count) to the same request."""
+        its usage (the final output count, where the transcript records one) to the same request."""
         response = _response_id(doc, message)
         blocks = _blocks(message.get("content"))
         usage = _claude_usage(message.get("usage"))
@@ -363,6 +369,11 @@ class _ClaudeReader:
             at = conv.answers[response]
             conv.history[at] = {**conv.history[at], "content": conv.history[at]["content"] + blocks}
             billed = conv.billed_as.get(response)
+            if billed is not None and billed in conv.unstopped:
+                if _unstopped(message):
+                    conv.unstopped[billed] += blocks
+                else:
+                    del conv.unstopped[billed]
             if billed is not None and usage is not None:
                 request = conv.requests[billed]
                 conv.requests[billed] = attrs.evolve(request, output_tokens=max(request.output_tokens, usage.output),
@@ -386,6 +397,8 @@ class _ClaudeReader:
             if conv.unseen is None:
                 conv.unseen = self._unseen(conv, model or "claude-sonnet-4-5", usage)
             body = claude_body(conv.history, model or "claude-sonnet-4-5", self.ttl, conv.unseen)
+            if _unstopped(message):
+                conv.unstopped[len(conv.requests)] = list(blocks)
             conv.requests.append(Request(sent, MESSAGES, serialize(body), model, usage.output if usage else 0, usage,
                                          conv.unseen))
         if response is not None:
@@ -411,9 +424,45 @@ class _ClaudeReader:
         if self.main is not None:
             self.main.id = self.session_id or self.path.stem
         conversations = ([self.main] if self.main else []) + self.sidechains
+        for conv in conversations:
+            for at, blocks in conv.unstopped.items():
+                conv.requests[at] = _output_estimated(conv.requests[at], blocks)
         return [Session(CLAUDE_CODE, c.id, str(self.path), c.project, tuple(c.requests),
                         (SIDECHAIN_NOTE,) if c.sidechain else (), c.sidechain)
                 for c in conversations if c.requests]
+
+
+def _unstopped(message: dict[str, Any]) -> bool:
+    """A line that says its response had not stopped when it was written (``stop_reason: null``)."""
+    return "stop_reason" in message and message["stop_reason"] is None
+
+
+# The most output a response's usage counts when its first block begins (the API's message_start:
+# 1 to 9 on real transcripts).
+START_OUTPUT_TOKENS = 10
+
+
+def _output_not_final(recorded: int, content: int) -> bool:
+    """Whether a response none of whose lines says it stopped recorded the output count its first
+    block began with, not the final one. On real transcripts Claude Code 2.1.12 to 2.1.49 wrote
+    nearly every response's lines as its blocks began, with that count; 1.0.x a third of them
+    (1.0.89-1.0.90; the rest with the final count); 2.1.81 on write the last line with its
+    stop_reason and the final count. A first block's count is far below the content (``content``
+    tokens by cg's estimate), a final one in its range; the margin leaves alone a response that
+    wrote little."""
+    return recorded <= START_OUTPUT_TOKENS and content > 4 * recorded
+
+
+def _output_estimated(request: Request, blocks: list[dict[str, Any]]) -> Request:
+    """``request`` with its output at cg's estimate of its response's content (thinking, text, tool
+    calls, sized as a prompt's blocks are) where the count its transcript recorded was not final."""
+    if request.billed is None:
+        return request  # nothing recorded: nothing to correct
+    content = sum(s.tokens for s in segments({"messages": [{"role": "assistant", "content": blocks}]}, MESSAGES_SHAPE))
+    if not _output_not_final(request.output_tokens, content):
+        return request
+    return attrs.evolve(request, output_tokens=content, billed=attrs.evolve(request.billed, output=content),
+                        output_recorded=request.output_tokens)
 
 
 RECORDED = "recorded"  # a ttl: the lifetime the transcript's own usage shows the client asked for
