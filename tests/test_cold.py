@@ -25,7 +25,7 @@ from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE
 from cg.wire.markers import marker_id
 
 MARKER = re.compile(r"<<cg:([0-9a-f]{16})>>")
-POLICY = ColdPolicy(recent_turns=2, offload_min_tokens=500, views=True)
+POLICY = ColdPolicy(recent_turns=2, offload_min_tokens=500, views=cold.VIEWS_SUPERSEDED)
 CONFIG = rewrite_config(cold=True)
 FIRST_SIGHT = rewrite_config(cold=False)
 
@@ -177,7 +177,7 @@ def test_skipping_the_store_never_changes_whether_a_request_is_cold(skews, reque
     pending: list[list[int]] = []  # [requests to let by, cg] of cold requests that read and will freeze
 
     def freeze(by: int) -> None:
-        epochs.append(Epoch(len(epochs) + 1, "ab" * 16, 500, True))
+        epochs.append(Epoch(len(epochs) + 1, "ab" * 16, 500, cold.VIEWS_SUPERSEDED))
         known[by].set_epochs("t", "k", list(epochs))
 
     for gap, ttl, cg, delay in requests:
@@ -212,7 +212,7 @@ def test_an_epoch_covers_everything_before_the_last_turns():
     # The last 2 assistant messages and what follows them are the recent turns.
     assert [m["role"] for m in messages[epoch.cutoff:]] == ["assistant", "user", "assistant", "user"]
     assert epoch.cutoff == len(messages) - 4
-    assert (epoch.min_tokens, epoch.views) == (500, True)
+    assert (epoch.min_tokens, epoch.views) == (500, cold.VIEWS_SUPERSEDED)
     assert ColdPolicy(recent_turns=7).epoch(parsed(body), MESSAGES_SHAPE) is None  # no older history
 
 
@@ -224,13 +224,26 @@ def test_no_new_epoch_where_the_current_one_covers_as_much():
 
 
 def test_an_epoch_is_frozen_as_text_and_read_back():
-    epoch = Epoch(12, "ab" * 16, 500, True)
+    epoch = Epoch(12, "ab" * 16, 500, cold.VIEWS_SUPERSEDED)
     assert Epoch.loads(epoch.dumps()) == epoch
     assert epoch.dumps() == b'{"cutoff":12,"last":"' + b"ab" * 16 + b'","min_tokens":500,"v":1,"views":true}'
     for other in (b'{"v":2,"cutoff":12,"last":"x","min_tokens":500,"views":true}', b"[]", b"not json",
                   b'{"v":1,"cutoff":"12","last":"x","min_tokens":500,"views":true}',
                   b'{"v":1,"cutoff":12,"last":"x","min_tokens":500,"views":1}'):
         assert Epoch.loads(other) is None
+
+
+def test_an_epoch_that_offloads_every_view_is_frozen_apart_and_older_ones_keep_their_meaning():
+    """Epochs frozen before "all" hold a bool: true still means superseded views only, false none;
+    the new value is frozen as a string an older cg does not read (it then decides at first sight)."""
+    every = Epoch(12, "ab" * 16, 2000, cold.VIEWS_ALL)
+    assert every.dumps() == b'{"cutoff":12,"last":"' + b"ab" * 16 + b'","min_tokens":2000,"v":1,"views":"all"}'
+    assert Epoch.loads(every.dumps()) == every
+    frozen = b'{"cutoff":12,"last":"x","min_tokens":2000,"v":1,"views":%s}'
+    assert Epoch.loads(frozen % b"true") == Epoch(12, "x", 2000, cold.VIEWS_SUPERSEDED)
+    assert Epoch.loads(frozen % b"false") == Epoch(12, "x", 2000, cold.VIEWS_OFF)
+    for other in (b'"superseded"', b'"off"', b'"ALL"', b"null", b"0"):
+        assert Epoch.loads(frozen % other) is None
 
 
 # --- applying epochs: the same bytes on every later turn
@@ -328,8 +341,32 @@ def test_a_file_view_superseded_by_a_later_call_on_the_file_is_offloaded():
         {marker_id(view_c.encode()), marker_id(view_d2.encode())})  # c: edited only after the cutoff
     forwarded = forward(Rewriter(CONFIG), body, [epoch]).decode()
     assert forwarded.count(json.dumps(view_b)) == 1 and forwarded.count(json.dumps(view_d2)) == 1
-    no_views = attrs.evolve(epoch, views=False)
+    no_views = attrs.evolve(epoch, views=cold.VIEWS_OFF)
     assert marker_id(view_a.encode()) not in MARKER.findall(forward(Rewriter(CONFIG), body, [no_views]).decode())
+
+
+def test_an_epoch_of_every_view_offloads_the_old_views_no_later_call_superseded():
+    """views "all": each file view before the cutoff goes, superseded or not; the recent turns'
+    views stay whole, and other results are decided by the threshold as before."""
+    view_a, view_c, view_r = log(110), log(111), log(112)
+    turns = [read_turn("toolu_ra", "/p/a.py", view_a), edit_turn("toolu_ea", "/p/a.py"),
+             read_turn("toolu_rc", "/p/c.py", view_c), *bash_turns(1), read_turn("toolu_rr", "/p/r.py", view_r),
+             *bash_turns(1)]
+    body = conversation(turns)
+    every = attrs.evolve(POLICY, views=cold.VIEWS_ALL)
+    epoch = every.epoch(parsed(body), MESSAGES_SHAPE)
+    assert epoch is not None and epoch.views == cold.VIEWS_ALL
+    found = set(MARKER.findall(forward(Rewriter(CONFIG), body, [epoch]).decode()))
+    assert {marker_id(view_a.encode()), marker_id(view_c.encode())} <= found  # c: never superseded
+    assert marker_id(view_r.encode()) not in found  # in the recent turns
+    superseded = attrs.evolve(epoch, views=cold.VIEWS_SUPERSEDED)
+    found = set(MARKER.findall(forward(Rewriter(CONFIG), body, [superseded]).decode()))
+    assert marker_id(view_a.encode()) in found and marker_id(view_c.encode()) not in found
+    # A later turn sends the covered messages as they were, and a policy of superseded views makes a new epoch.
+    grown = conversation([*turns, *bash_turns(1)])
+    sent = [json.loads(forward(Rewriter(CONFIG), b, [epoch]))["messages"][:epoch.cutoff] for b in (body, grown)]
+    assert sent[0] == sent[1]
+    assert POLICY.epoch(parsed(body), MESSAGES_SHAPE, epoch) is not None
 
 
 def test_openai_and_responses_bodies_get_epochs_too():
@@ -382,6 +419,13 @@ def test_replay_simulates_the_policy_on_the_requests_times():
     assert [t.cold for t in turns] == [False] * 6 + [True] + [False] * 3
     assert turns[6].cold_offloads == 7 - 2 and sum(t.cold_offloads for t in turns) == 5  # counted once
     assert turns[6].cold_expand_cost > 0
+    # Each placed where it is (bench/cold.py follows what the session did next with it): the older
+    # Bash results, the cutoff's messages, their expand costs adding up to the turn's.
+    messages = conversation(bash_turns(7))["messages"]
+    placed = [(m, b) for m, b, _ in turns[6].cold_results]
+    assert len(placed) == 5 and all(messages[m]["content"][b]["type"] == "tool_result" for m, b in placed)
+    assert sum(usd for _, _, usd in turns[6].cold_results) == pytest.approx(turns[6].cold_expand_cost)
+    assert not any(t.cold_results for t in turns[7:])
     first_sight = replay(session(gaps), FIRST_SIGHT)
     assert sum(t.cost_cg for t in turns[7:]) < sum(t.cost_cg for t in first_sight[7:])
     # A gap within the margin is not cold.

@@ -347,7 +347,7 @@ def test_a_warm_turn_reads_only_its_new_messages(monkeypatch):
         assert incoming is not None and incoming.repairs  # the history names the expand tool
         body = incoming.body
         bodies.append(body)
-        epochs.append(cold.Epoch(cutoff, cold.fingerprint(body, MESSAGES_SHAPE, cutoff - 1), 100, True))
+        epochs.append(cold.Epoch(cutoff, cold.fingerprint(body, MESSAGES_SHAPE, cutoff - 1), 100, cold.VIEWS_SUPERSEDED))
         older = cold.older(epochs[0], body, MESSAGES_SHAPE, config)
         assert older is not None and older.superseded  # the Read that the Edit superseded
         rewritten = rewriter.finish(incoming, {repair.tool_use_id: "the original" for repair in incoming.repairs},

@@ -13,9 +13,9 @@ cg forwards is then a pure function of (body, epochs), the same bytes on every l
 restart and on any cg sharing the store.
 
 The stronger policy, for the results of messages older than the last ``recent_turns`` model turns:
-a lower offload threshold, and file views (Claude Code's ``Read``, kept whole at first sight) that
-a later ``Edit``/``Write``/``MultiEdit`` of the same file, or a ``Read`` of it showing other text,
-superseded are offloaded too.
+a lower offload threshold, and file views (Claude Code's ``Read``, kept whole at first sight)
+offloaded too: those a later ``Edit``/``Write``/``MultiEdit`` of the same file, or a ``Read`` of it
+showing other text, superseded (``VIEWS_SUPERSEDED``), or every one of them (``VIEWS_ALL``).
 """
 
 from __future__ import annotations
@@ -44,23 +44,29 @@ _MODEL_ITEMS = frozenset({"function_call", "custom_tool_call", "reasoning"})
 VIEW_TOOLS = frozenset({"Read"})
 FILE_TOOLS = frozenset({"Read", "Edit", "Write", "MultiEdit"})
 MAX_EPOCHS = 64  # per conversation: a bound on the store reads that find them
+# Which of the file views an epoch covers it offloads above the threshold: none, those a later call
+# superseded, or all of them (after a break the model mostly works on what it did last).
+VIEWS_OFF, VIEWS_SUPERSEDED, VIEWS_ALL = "off", "superseded", "all"
+VIEWS = (VIEWS_OFF, VIEWS_SUPERSEDED, VIEWS_ALL)
+# As an epoch is frozen: the two first values as the bools epochs held before "all" (those still mean them).
+_FROZEN_VIEWS: dict[str, bool | str] = {VIEWS_OFF: False, VIEWS_SUPERSEDED: True, VIEWS_ALL: VIEWS_ALL}
 
 
 @attrs.frozen
 class Epoch:
     """A cold request's re-decision: the results of messages ``[0, cutoff)`` get the stronger
-    config (offload above ``min_tokens``; superseded file views too when ``views``), on every
-    later request whose message ``cutoff - 1`` still has the fingerprint ``last``."""
+    config (offload above ``min_tokens``; the file views ``views`` names too, one of ``VIEWS``), on
+    every later request whose message ``cutoff - 1`` still has the fingerprint ``last``."""
 
     cutoff: int
     last: str
     min_tokens: int
-    views: bool
+    views: str
 
     def dumps(self) -> bytes:
         """The text frozen in the store (sorted keys: the same epoch, the same bytes)."""
         return json.dumps({"v": VERSION, "cutoff": self.cutoff, "last": self.last, "min_tokens": self.min_tokens,
-                           "views": self.views}, sort_keys=True, separators=(",", ":")).encode()
+                           "views": _FROZEN_VIEWS[self.views]}, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def loads(cls, text: bytes) -> Epoch | None:
@@ -72,10 +78,10 @@ class Epoch:
         if not isinstance(value, dict) or value.get("v") != VERSION:
             return None
         cutoff, last, min_tokens, views = (value.get(k) for k in ("cutoff", "last", "min_tokens", "views"))
-        if type(cutoff) is not int or not isinstance(last, str) or type(min_tokens) is not int or (
-                not isinstance(views, bool)):
+        read = [name for name, frozen in _FROZEN_VIEWS.items() if type(frozen) is type(views) and frozen == views]
+        if type(cutoff) is not int or not isinstance(last, str) or type(min_tokens) is not int or not read:
             return None
-        return cls(cutoff, last, min_tokens, views)
+        return cls(cutoff, last, min_tokens, read[0])
 
 
 @attrs.frozen
@@ -90,8 +96,8 @@ class ColdPolicy:
     """
 
     recent_turns: int = 2
-    offload_min_tokens: int = 2000  # first sight's: on its own, a cold request only offloads superseded views
-    views: bool = True
+    offload_min_tokens: int = 2000  # first sight's: on its own, a cold request only offloads file views
+    views: str = attrs.field(default=VIEWS_SUPERSEDED, validator=attrs.validators.in_(VIEWS))
     margin: float = 60.0
 
     def is_cold(self, expired: float | None, now: float) -> bool:
@@ -305,28 +311,37 @@ def older(epoch: Epoch | None, body: ParsedBody, shape: Shape, config: CompactCo
     if epoch is None:
         return None
     strong, views = _configs(config, epoch.min_tokens)
-    superseded = shape.select(_superseded_in, _no_views, _no_views)(body, epoch.cutoff) if epoch.views else _NONE
-    return Older(epoch.cutoff, strong, views, superseded)
+    if epoch.views == VIEWS_OFF:
+        offloaded = _NONE
+    else:
+        every = epoch.views == VIEWS_ALL
+        offloaded = shape.select(_views_in, _no_views, _no_views)(body, epoch.cutoff, every)
+    return Older(epoch.cutoff, strong, views, offloaded)
 
 
 _NONE: frozenset[tuple[int, int]] = frozenset()
 
 
-def _no_views(body: ParsedBody, cutoff: int) -> frozenset[tuple[int, int]]:
+def _no_views(body: ParsedBody, cutoff: int, every: bool) -> frozenset[tuple[int, int]]:
     return _NONE
 
 
-# ParsedBody.carried (`ParsedBody.up_to` message cutoff - 1): `_superseded` of the messages before.
+# ParsedBody.carried (`ParsedBody.up_to` message cutoff - 1): `_superseded` of the messages before,
+# and every file view among them.
 _SUPERSEDED = "cold: the file views superseded before a cutoff"
+_EVERY = "cold: the file views before a cutoff"
 
 
-def _superseded_in(body: ParsedBody, cutoff: int) -> frozenset[tuple[int, int]]:
-    """`_superseded` of the body's messages, as the conversation's last body answered it when both
-    hold the same messages up to ``cutoff`` (so a turn does not read its history again:
-    cg.wire.body.Messages)."""
+def _views_in(body: ParsedBody, cutoff: int, every: bool) -> frozenset[tuple[int, int]]:
+    """`_superseded` (or, ``every``, `_views`) of the body's messages, as the conversation's last
+    body answered it when both hold the same messages up to ``cutoff`` (so a turn does not read its
+    history again: cg.wire.body.Messages)."""
     items = body.value.get("messages")
     if not isinstance(items, list):
         return frozenset()
+    if every:
+        return body.up_to(_EVERY, "messages", cutoff - 1,
+                          lambda: frozenset((index, block) for index, block, _, _ in _views(items, cutoff)))
     return body.up_to(_SUPERSEDED, "messages", cutoff - 1, lambda: _superseded(items, cutoff))
 
 
@@ -346,28 +361,8 @@ def _superseded(messages: list[object], cutoff: int) -> frozenset[tuple[int, int
 
     Only the covered messages count: the answer must not change as the history grows.
     """
-    calls: dict[str, tuple[str, str]] = {}  # tool_use id -> (tool, file_path)
     written: dict[str, int] = {}  # file_path -> the last assistant message editing or writing it
-    views: list[tuple[int, int, str, object]] = []  # (message, block, file_path, the result's content)
-    for index, message in enumerate(messages[:cutoff]):
-        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-            continue
-        role = message.get("role")
-        for block_index, block in enumerate(message["content"]):
-            if not isinstance(block, dict):
-                continue
-            if role == "assistant" and block.get("type") == "tool_use" and block.get("name") in FILE_TOOLS:
-                tool_input = block.get("input")
-                path = tool_input.get("file_path") if isinstance(tool_input, dict) else None
-                if isinstance(path, str) and isinstance(block.get("id"), str):
-                    calls[block["id"]] = (block["name"], path)
-                    if block["name"] not in VIEW_TOOLS:
-                        written[path] = index
-            elif role == "user" and block.get("type") == "tool_result":
-                tool_use_id = block.get("tool_use_id")
-                call = calls.get(tool_use_id) if isinstance(tool_use_id, str) else None
-                if call is not None and call[0] in VIEW_TOOLS:
-                    views.append((index, block_index, call[1], block.get("content")))
+    views = _views(messages, cutoff, written)
     superseded = set()
     later: dict[str, tuple[object, bool]] = {}  # file_path -> (a later view's content, whether later ones differ)
     for index, block_index, path, content in reversed(views):  # one pass, whatever the number of views
@@ -381,6 +376,35 @@ def _superseded(messages: list[object], cutoff: int) -> frozenset[tuple[int, int
         if written.get(path, -1) > index:
             superseded.add((index, block_index))
     return frozenset(superseded)
+
+
+def _views(messages: list[object], cutoff: int,
+           written: dict[str, int] | None = None) -> list[tuple[int, int, str, object]]:
+    """(message, block, file_path, the result's content) of each file view among
+    ``messages[:cutoff]``, in order; ``written`` gets, per file_path, the last assistant message
+    among them editing or writing it. Anthropic's tool_use/tool_result."""
+    calls: dict[str, tuple[str, str]] = {}  # tool_use id -> (tool, file_path)
+    views: list[tuple[int, int, str, object]] = []
+    for index, message in enumerate(messages[:cutoff]):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            continue
+        role = message.get("role")
+        for block_index, block in enumerate(message["content"]):
+            if not isinstance(block, dict):
+                continue
+            if role == "assistant" and block.get("type") == "tool_use" and block.get("name") in FILE_TOOLS:
+                tool_input = block.get("input")
+                path = tool_input.get("file_path") if isinstance(tool_input, dict) else None
+                if isinstance(path, str) and isinstance(block.get("id"), str):
+                    calls[block["id"]] = (block["name"], path)
+                    if block["name"] not in VIEW_TOOLS and written is not None:
+                        written[path] = index
+            elif role == "user" and block.get("type") == "tool_result":
+                tool_use_id = block.get("tool_use_id")
+                call = calls.get(tool_use_id) if isinstance(tool_use_id, str) else None
+                if call is not None and call[0] in VIEW_TOOLS:
+                    views.append((index, block_index, call[1], block.get("content")))
+    return views
 
 
 def conversation_key(conversation: str, model: str | None) -> str:

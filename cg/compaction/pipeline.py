@@ -80,8 +80,8 @@ class Older:
     """A stronger config for the tool results of the messages before `cutoff`: the cache-aware
     policy's re-decision of an older history (cg.compaction.cold), a pure input like `config`.
 
-    `views` is the config for the results at `superseded` (message, block) positions: file views a
-    later call on the same file superseded.
+    `views` is the config for the results at `superseded` (message, block) positions: the file views
+    the re-decision offloads (those a later call on the same file superseded, or all of them).
     """
 
     cutoff: int

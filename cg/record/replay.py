@@ -116,6 +116,7 @@ class Turn:
     cold: bool = False  # the cache-aware policy found this request cold and made an epoch
     cold_offloads: int = 0  # of `offloads`, those an epoch's stronger config made
     cold_expand_cost: float = 0.0  # of `expand_cost`, theirs
+    cold_results: tuple[tuple[int, int | None, float], ...] = ()  # theirs: (message, block, expected expand cost)
     direct_raw: Tokens = Tokens()  # `direct` with every segment sized by cg's estimate alone (no calibration)
     scale: float = 1.0  # the conversation's calibration: what its later segments were scaled by
     client_break: bool = False  # the recorded run read less than the simulation would: its reads capped
@@ -508,8 +509,11 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         rounds = expand_rate * len(new)
         prompt = sum(s.tokens for s in cg_segments)
         costs = {i: expand_rate * price.cost(Tokens(input=original, cache_read=prompt)) for i, original in new.items()}
-        by_epoch = [i for i in new if older is not None and any(
-            c.marker_id == i and c.message_index < older.cutoff for c in changes)]
+        at: dict[str, tuple[int, int | None]] = {}  # an epoch's offload: where it first is
+        for c in changes:
+            if older is not None and c.message_index < older.cutoff and c.marker_id in new:
+                at.setdefault(c.marker_id, (c.message_index, c.block_index))
+        by_epoch = [i for i in new if i in at]
         kept = None
         if warm is not None:
             parsed = incoming.body if incoming is not None else ParsedBody.parse(request.body)
@@ -519,7 +523,8 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
                           bytes_direct=len(request.body),
                           bytes_cg=len(rewrite.body) if rewrite is not None else len(request.body),
                           keepalive=kept, cold=was_cold, cold_offloads=len(by_epoch),
-                          cold_expand_cost=sum((costs[i] for i in by_epoch), 0.0), direct_raw=direct_raw,
+                          cold_expand_cost=sum((costs[i] for i in by_epoch), 0.0),
+                          cold_results=tuple((*at[i], costs[i]) for i in by_epoch), direct_raw=direct_raw,
                           scale=sizer.scale, client_break=broke, shared_read=shared))
     if warm is None:
         return turns
