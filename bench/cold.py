@@ -358,8 +358,9 @@ def run_transcripts(root: Path, quick: bool) -> dict:
     started = time.monotonic()
     files = transcripts.find(root)
     n_sessions = unaligned = 0
+    counted = transcripts.Tally()  # shared, as cg-estimate's: a response in more than one file counts once
     for client, path in files:
-        for session in transcripts.read([(client, path)], transcripts.RECORDED):
+        for session in transcripts.read([(client, path)], transcripts.RECORDED, counted):
             sent = [Sent(r.time, r.path, r.body, r.output_tokens, r.billed) for r in session.requests]
             if not sent:
                 continue
