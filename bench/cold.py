@@ -3,7 +3,7 @@ cg's rewrite with first-sight decisions only, and with the policy at each settin
 provider's prompt cache (issue 13, §2).
 
     python bench/cold.py [--quick] [--json PATH] [--sessions N]
-    python bench/cold.py --transcripts PATH [--quick] [--json PATH]
+    python bench/cold.py --transcripts PATH [--turns N,N] [--quick] [--json PATH]
 
 In-process and pure: no sockets, no store. ``cg.record.replay.replay`` (what ``cg-estimate`` runs)
 simulates the policy on the requests' own times: a request that comes more than the cache lifetime
@@ -94,9 +94,10 @@ def settings(quick: bool) -> list[Setting]:
     return [None, *grid]
 
 
-def transcript_settings(quick: bool) -> list[Setting]:
-    """On real sessions, first sight's threshold (a lower one is out: above), the views it offloads."""
-    recent = (2,) if quick else (2, 4, 8)
+def transcript_settings(quick: bool, turns: tuple[int, ...] | None = None) -> list[Setting]:
+    """On real sessions, first sight's threshold (a lower one is out: above), the views it offloads,
+    at these turns kept (default: 2, 4 and 8; 2 with ``quick``)."""
+    recent = turns or ((2,) if quick else (2, 4, 8))
     return [None, *[(n, 2000, v) for n in recent for v in (VIEWS_SUPERSEDED, VIEWS_ALL)]]
 
 
@@ -349,9 +350,9 @@ class RealTally:
         return first * self.tally.first_offloads + sum((rates[kind] or 0.0) for _, kind, _, _ in self.offloads)
 
 
-def run_transcripts(root: Path, quick: bool) -> dict:
+def run_transcripts(root: Path, quick: bool, turns: tuple[int, ...] | None = None) -> dict:
     """The grid on real sessions (``--transcripts``), with the measured expand rates."""
-    grid = transcript_settings(quick)
+    grid = transcript_settings(quick, turns)
     configs = [config(s) for s in grid]
     tallies = [RealTally() for _ in grid]
     table = prices()
@@ -492,17 +493,29 @@ def report_transcripts(r: dict) -> str:
     return "\n".join(out)
 
 
+def _turns(text: str) -> tuple[int, ...]:
+    try:
+        turns = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        turns = ()
+    if not turns or min(turns) < 1:
+        raise argparse.ArgumentTypeError(f"not turns to keep, such as 2,4,8: {text!r}")
+    return turns
+
+
 def main(argv: list[str] | None = None) -> int:
     """The generated sessions; or, with ``--transcripts PATH``, real ones."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--transcripts", type=Path, metavar="PATH")
+    parser.add_argument("--turns", type=_turns, metavar="N,N", help="--transcripts: the turns kept to try")
     known, rest = parser.parse_known_args(argv)
     if known.transcripts is None:
         return bench_main(rest, __doc__, run, report, "3 short sessions, 5 settings: a smoke run", sessions=SESSIONS)
     if not known.transcripts.is_dir():
         print(f"--transcripts: not a directory: {known.transcripts}", file=sys.stderr)
         return 2
-    return bench_main(rest, __doc__, lambda quick: run_transcripts(known.transcripts, quick), report_transcripts,
+    return bench_main(rest, __doc__, lambda quick: run_transcripts(known.transcripts, quick, known.turns),
+                      report_transcripts,
                       "2 turns kept only: 3 settings")
 
 
