@@ -69,6 +69,7 @@ from cg.compaction.cold import (  # noqa: E402
 )
 from cg.compaction.components import Offload  # noqa: E402
 from cg.compaction.options import rewrite_config  # noqa: E402
+from cg.compaction.repair import result_text  # noqa: E402
 from cg.compaction.rewrite import RewriteConfig  # noqa: E402
 from cg.record import transcripts  # noqa: E402
 from cg.record.pricing import prices  # noqa: E402
@@ -241,8 +242,7 @@ def _name(policy) -> str:
 
 def report(r: dict) -> str:
     g = r["generated"]
-    out = [f"{r['when']}, {r['machine']['cpu']} ({r['machine']['nproc']} cores), Python {r['machine']['python']}, "
-           f"{r['seconds']} s" + (" (--quick)" if r["quick"] else ""),
+    out = [_when(r),
            f"generated: {g['sessions']} sessions ({g['turns'][0]}-{g['turns'][1]} requests each), {g['requests']} "
            f"requests, {g['gaps_over_5m']} gaps over 5 min; the same sessions revisiting files; fixtures: "
            + ", ".join(r["fixtures"]), ""]
@@ -269,6 +269,12 @@ def report(r: dict) -> str:
                "off under either rule: " + ("none" if r["cheapest_within_bound"] is None
                                              else _name(r["cheapest_within_bound"])))
     return "\n".join(out)
+
+
+def _when(r: dict) -> str:
+    """A run's first line: when, where, how long."""
+    return (f"{r['when']}, {r['machine']['cpu']} ({r['machine']['nproc']} cores), Python {r['machine']['python']}, "
+            f"{r['seconds']} s" + (" (--quick)" if r["quick"] else ""))
 
 
 def _pct(x: float | None) -> str:
@@ -313,15 +319,9 @@ class Calls:
                 if tool not in VIEW_TOOLS:
                     return "edit"
                 result = self.results.get(call_id)
-                return "same read" if result == shown or _text(result).startswith(UNCHANGED) else "fresh read"
+                return "same read" if result == shown or result_text(result).startswith(UNCHANGED) else "fresh read"
             mentioned = mentioned or path in json.dumps(tool_input, ensure_ascii=False)
         return "other" if mentioned else "nothing"
-
-
-def _text(content: object) -> str:
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and isinstance(b.get("text"), str))
-    return content if isinstance(content, str) else ""
 
 
 @attrs.define
@@ -457,8 +457,7 @@ def _follow_ups(real: RealTally) -> dict:
 def report_transcripts(r: dict) -> str:
     t = r["transcripts"]
     off = r["settings"][0]
-    out = [f"{r['when']}, {r['machine']['cpu']} ({r['machine']['nproc']} cores), Python {r['machine']['python']}, "
-           f"{r['seconds']} s" + (" (--quick)" if r["quick"] else ""),
+    out = [_when(r),
            f"real sessions: {t['files']} files, {t['conversations']} conversations, {off['requests']} requests; "
            f"direct ${off['cost_direct']:,.2f}", ""]
     head = ("recent / min tokens / views", "cold", "epoch offloads", "ratio", "rounds", "ratio", "rounds",

@@ -173,10 +173,10 @@ def _error_answer(answered: dict[str, object], call_id_key: str) -> _Seen:
 
 def _is_error_answer(call_id: object, answered: dict[str, object]) -> bool:
     content = answered.get("output") if "output" in answered else answered.get("content")
-    return isinstance(call_id, str) and looks_like_error(_text(content), answered.get("is_error"))
+    return isinstance(call_id, str) and looks_like_error(result_text(content), answered.get("is_error"))
 
 
-def _text(content: object) -> str:
+def result_text(content: object) -> str:
     """The text of a result's content: a string, or its text parts joined."""
     if isinstance(content, str):
         return content
