@@ -14,7 +14,7 @@ from cg.compaction.options import rewrite_config
 from cg.exchange import keepalive
 from cg.record import estimate, plot, report, transcripts
 from cg.record.pricing import TTL_1H, TTL_5M, PriceTable, PromptCache, Segment, Tokens, digest, prices
-from cg.record.replay import Sent, replay, segments
+from cg.record.replay import Forwarded, Hindsight, Sent, Turn, keep_warm_session, replay, segments
 from cg.testing import JSONReply, anthropic_message
 from cg.wire.dialect import MESSAGES_SHAPE
 
@@ -377,6 +377,38 @@ def test_keepalive_bounds_and_what_it_leaves_alone():
                   keepalive_session(0.0, 610.0, path="/v1/chat/completions")):
         turns = replay(alone, rewrite_config(), keep_warm=keepalive.Policy())
         assert sum(t.pings for t in turns) == 0 and [t.cost_keepalive for t in turns] == [t.cost_cg for t in turns]
+
+
+def _session_kept(policy: keepalive.Policy, *conversations: list[Sent]) -> list[list[Turn]]:
+    replayed = []
+    for sent in conversations:
+        forwarded: list[Forwarded] = []
+        replayed.append((replay(sent, rewrite_config(), forwarded=forwarded), forwarded))
+    return keep_warm_session(replayed, policy)
+
+
+def test_keepalive_keys_a_session_by_model_as_twistd_cg_does():
+    """Claude Code's sub-agents send their session's id: one on the session's model shares the main
+    conversation's timer, so the ping after it re-sends the sub-agent's body and the main
+    conversation's prefix expires; one on another model has a timer of its own."""
+    policy = keepalive.Policy(forecast=None)
+    main = keepalive_session(0.0, 610.0)
+    alone = replay(main, rewrite_config(), keep_warm=policy)
+    assert alone[0].pings == 2 and alone[1].keepalive.cache_write_5m < 200  # bridged
+    same, agent = _session_kept(policy, main, keepalive_session(100.0))
+    assert same[0].pings == 0 and agent[0].pings == 1  # at 370 s, the sub-agent's body; 610 s comes before the next
+    assert agent[0].ping_tokens.cache_read > 1900 and same[1].keepalive.cache_write_5m > 1900  # main's expired
+    other, haiku = _session_kept(policy, main, keepalive_session(100.0, model="claude-haiku-4-5"))
+    assert other[0].pings == 2 and other[1].keepalive == alone[1].keepalive  # its own timer: bridged
+    assert haiku[0].pings > 0  # the sub-agent's own, after its only request
+
+
+def test_hindsight_pings_only_through_the_breaks_it_bridges_for_less():
+    """The bound on any ping rule: two pings bridge a 10-minute break (0.2 of the prefix read against
+    1.15 spared); a 70-minute one would need 15 (more than the write), the end any number."""
+    turns = replay(keepalive_session(0.0, 610.0, 610.0 + 4200), rewrite_config(),
+                   keep_warm=keepalive.Policy(max_idle=14_400.0, budget=100, forecast=Hindsight()))
+    assert [t.pings for t in turns] == [2, 0, 0] and turns[1].keepalive.cache_write_5m < 200
 
 
 def test_keepalive_on_the_command_line():

@@ -47,7 +47,7 @@ import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import attrs
 
@@ -148,6 +148,13 @@ class Forecast:
         return False
 
 
+class Rule(Protocol):
+    """What decides whether a ping pays (``Forecast``; cg.record.replay's ``Hindsight`` bounds it)."""
+
+    def pays(self, ages: list[float], step: float, lifetime: float, prefix_tokens: int | None,
+             seen: tuple[float, ...]) -> bool: ...
+
+
 @attrs.frozen
 class Policy:
     """The bounds on what keep-alive spends (see the module docstring), and the rule within them
@@ -157,7 +164,7 @@ class Policy:
     budget: int = DEFAULT_BUDGET
     max_conversations: int = DEFAULT_MAX_CONVERSATIONS
     margin: float = MARGIN
-    forecast: Forecast | None = Forecast()
+    forecast: Rule | None = Forecast()
 
 
 def check_policy(max_idle: float, budget: int, max_conversations: int = 1) -> None:

@@ -23,7 +23,7 @@ from cg.compaction import options
 from cg.exchange import keepalive
 from cg.record import transcripts
 from cg.record.pricing import Tokens, prices
-from cg.record.replay import DEFAULT_EXPAND_RATE, Sent, Turn, replay
+from cg.record.replay import DEFAULT_EXPAND_RATE, Forwarded, Sent, Turn, keep_warm_session, replay
 from cg.record.report import progress, text_table
 from cg.wire.cache import CACHE_TTLS, TTL_5M
 
@@ -43,7 +43,8 @@ ASSUMPTIONS = (
     "Expected expand rounds = offloads x the expand rate; each is priced as one more request via cg.",
 )
 KEEPALIVE_ASSUMPTION = (
-    "Keep-alive: cg's own scheduler run on the transcript's timestamps; each ping is the last request read "
+    "Keep-alive: cg's own scheduler run on the transcript's timestamps, keyed as cg keys it (a session and a model: "
+    "a sub-agent on the session's model shares its timer); each ping is the last request read "
     "from the cache plus one output token; pings after a session's last request run on while its rule "
     "finds them worth their price, within the idle bound and the budget."
 )
@@ -254,6 +255,8 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
     notes: set[str] = set()
     unreadable: list[str] = []
     tally = transcripts.Tally()
+    # With --keepalive, a session's conversations and what they forwarded: cg keys keep-alive by session
+    by_session: dict[str, list[tuple[transcripts.Session, list[Turn], list[Forwarded]]]] = {}
     bar = progress(files, "transcript", stderr, quiet=args.json)
     for client, path in bar:
         bar.set_postfix_str(path.name, refresh=False)
@@ -267,13 +270,21 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
                 continue
             if args.since is not None and (session.ended or 0) < args.since:
                 continue
+            forwarded: list[Forwarded] | None = [] if keep_warm is not None else None
             turns = replay([Sent(r.time, r.path, r.body, r.output_tokens, r.billed)
-                            for r in session.requests], config, table, args.expand_rate, session.id, keep_warm,
-                           args.cache_ttl, args.calibrate == "on")
+                            for r in session.requests], config, table, args.expand_rate, session.id, None,
+                           args.cache_ttl, args.calibrate == "on", forwarded)
             if not turns:
                 continue
             notes.update(t.price.note for t in turns if t.price.note)
-            sessions.append(summarize(session, turns, args.keepalive))
+            if forwarded is None:
+                sessions.append(summarize(session, turns))
+            else:  # priced once every conversation of its session is read (sub-agents come in files of their own)
+                by_session.setdefault(session.session_id or session.id, []).append((session, turns, forwarded))
+    if keep_warm is not None:
+        for conversations in by_session.values():
+            priced = keep_warm_session([(turns, forwarded) for _, turns, forwarded in conversations], keep_warm)
+            sessions += [summarize(session, turns, True) for (session, _, _), turns in zip(conversations, priced)]
     if not sessions:
         where = ", ".join(str(r) for r in roots)
         what = "matching --since/--project " if args.since is not None or args.project else ""

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import json
 import math
 import struct
@@ -75,7 +76,7 @@ from cg.record.pricing import (
     prices,
 )
 from cg.wire.body import ParsedBody
-from cg.wire.cache import CACHE_TTLS, TTL_1H, breakpoint_ttl
+from cg.wire.cache import CACHE_TTLS, OUTPUT_PRICE, READ_PRICE, TTL_1H, WRITE_PRICE, breakpoint_ttl
 from cg.wire.dialect import CHAT_SHAPE, MESSAGES_SHAPE, RESPONSES_SHAPE, Shape
 
 DEFAULT_EXPAND_RATE = 0.1
@@ -441,13 +442,17 @@ class _Lifetime:
 
 def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table: PriceTable | None = None,
            expand_rate: float = DEFAULT_EXPAND_RATE, conversation: str = "",
-           keep_warm: keepalive.Policy | None = None, cache_ttl: str = "keep", calibrate: bool = True) -> list[Turn]:
+           keep_warm: keepalive.Policy | None = None, cache_ttl: str = "keep", calibrate: bool = True,
+           forwarded: list[Forwarded] | None = None) -> list[Turn]:
     """Each request of one conversation priced direct and via cg (``config``: cg's rewrite
-    options; None: its defaults), in order; with ``keep_warm``, via cg with keep-alive too;
+    options; None: its defaults), in order; with ``keep_warm``, via cg with keep-alive too (the
+    conversation alone: ``keep_warm_session`` prices a session's conversations together);
     ``cache_ttl``: the lifetime cg's breakpoints ask for (``CACHE_TTLS``); ``calibrate``: sized
-    with the conversation's calibration (``calibration``) where its requests recorded their size."""
+    with the conversation's calibration (``calibration``) where its requests recorded their size;
+    ``forwarded``: appended, what each turn forwarded, for ``keep_warm_session``."""
     table = table or prices()
-    warm = _KeepWarm(keep_warm) if keep_warm is not None else None
+    if forwarded is None and keep_warm is not None:
+        forwarded = []
     config = config or RewriteConfig()
     lifetimes = _Lifetime(cache_ttl, config.cold or cold.ColdPolicy())
     rewriter = Rewriter(config)
@@ -466,9 +471,8 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
     caches: dict[tuple[str, str], tuple[PromptCache, PromptCache, PromptCache]] = {}
     seen: set[str] = set()
     turns: list[Turn] = []
+    interned: dict[Segment, Segment] = {}  # forwarded prompts share their segments, not copies
     for request, shape, direct_body in _parsed(requests):
-        if warm is not None:
-            warm.until(request.time)
         model = direct_body.get("model") if isinstance(direct_body.get("model"), str) else None
         price = table.price(model, shape.route)
         incoming = rewriter.parse(request.body, request.path.encode(), conversation)
@@ -514,23 +518,20 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
             if older is not None and c.message_index < older.cutoff and c.marker_id in new:
                 at.setdefault(c.marker_id, (c.message_index, c.block_index))
         by_epoch = [i for i in new if i in at]
-        kept = None
-        if warm is not None:
+        if forwarded is not None:
             parsed = incoming.body if incoming is not None else ParsedBody.parse(request.body)
-            kept = warm.request(len(turns), request, parsed, model, price, cg_segments, ttl)
-            kept = _as_recorded(kept, broke, shared, recorded) + output
+            forwarded.append(Forwarded(request.time, model, price, tuple(interned.setdefault(s, s) for s in cg_segments),
+                                       _keepalive_lifetime(request, parsed, ttl), broke, shared, recorded, output))
         turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, sum(costs.values()),
                           bytes_direct=len(request.body),
                           bytes_cg=len(rewrite.body) if rewrite is not None else len(request.body),
-                          keepalive=kept, cold=was_cold, cold_offloads=len(by_epoch),
+                          cold=was_cold, cold_offloads=len(by_epoch),
                           cold_expand_cost=sum((costs[i] for i in by_epoch), 0.0),
                           cold_results=tuple((*at[i], costs[i]) for i in by_epoch), direct_raw=direct_raw,
                           scale=sizer.scale, client_break=broke, shared_read=shared))
-    if warm is None:
+    if keep_warm is None or forwarded is None:
         return turns
-    warm.until(math.inf)  # after the last request, pings go on to the idle bound or the budget
-    return [attrs.evolve(turn, pings=len(warm.pings[i]), ping_tokens=sum(warm.pings[i], Tokens()))
-            if i in warm.pings else turn for i, turn in enumerate(turns)]
+    return keep_warm_session([(turns, forwarded)], keep_warm)[0]
 
 
 def _parsed(requests: Iterable[Sent]) -> Iterator[tuple[Sent, Shape, dict[str, Any]]]:
@@ -545,25 +546,110 @@ def _parsed(requests: Iterable[Sent]) -> Iterator[tuple[Sent, Shape, dict[str, A
             yield request, shape, body
 
 
-# What a keep-alive ping re-sends, in the replay: the turn it follows, that turn's price and prompt.
-_Last = tuple[int, Price, list[Segment]]
+_NOT_KEPT = -1.0  # a request keep-alive ignores (``keepalive.concerns``: not a Messages request with a breakpoint)
+
+
+def _keepalive_lifetime(request: Sent, body: ParsedBody | None, ttl: float | None) -> float | None:
+    """The lifetime keep-alive keeps a request's prefix warm for (``ttl``: the one cg gave its
+    breakpoints, None: the client's); None: it ends its conversation's keep-alive; ``_NOT_KEPT``."""
+    if not keepalive.concerns(request.path, request.body) or body is None:
+        return _NOT_KEPT
+    lifetime = keepalive.lifetime(body)
+    return lifetime if ttl is None or lifetime is None else ttl
+
+
+@attrs.frozen
+class Forwarded:
+    """What keep-alive needs of one replayed request: when, its model (cg keys a session's
+    keep-alive by it), the prompt as cg forwarded it, the lifetime keep-alive keeps it warm for
+    (``_keepalive_lifetime``), and how its bill was set to the recorded one (``_as_recorded``)."""
+
+    time: float
+    model: str | None
+    price: Price
+    prompt: tuple[Segment, ...]
+    lifetime: float | None
+    broke: bool
+    shared: bool
+    recorded: Tokens | None
+    output: Tokens
+
+
+def keep_warm_session(conversations: list[tuple[list[Turn], list[Forwarded]]],
+                      policy: keepalive.Policy) -> list[list[Turn]]:
+    """The turns of one session's conversations (``replay``'s, with what each forwarded) priced via
+    cg with keep-alive, as twistd cg keys it: by the session (Claude Code's sub-agents send their
+    session's id) and the model, so that a sub-agent on the session's model shares its conversation's
+    timer and pings whichever body went last, and one on another model has its own. Each conversation
+    keeps a prompt cache of its own, as ``replay`` prices it without keep-alive."""
+    warm = _KeepWarm(policy, [[f.time for f in records] for _, records in conversations],
+                     [[f.model for f in records] for _, records in conversations])
+    kept: dict[tuple[int, int], Tokens] = {}
+    events = sorted((f.time, c, i) for c, (_, records) in enumerate(conversations) for i, f in enumerate(records))
+    for when, c, i in events:
+        warm.until(when)
+        kept[c, i] = warm.request(c, i, conversations[c][1][i])
+    warm.until(math.inf)  # after the last request, pings go on to the idle bound or the budget
+    return [[attrs.evolve(turn, keepalive=kept[c, i], pings=len(warm.pings.get((c, i), ())),
+                          ping_tokens=sum(warm.pings.get((c, i), ()), Tokens()))
+             for i, turn in enumerate(turns)] for c, (turns, _) in enumerate(conversations)]
+
+
+@attrs.define
+class Hindsight:
+    """The best any ping rule could do: it knows when each idle period ends (``ends``, by
+    ``keep_warm_session``) and pings only through one it bridges for less than the write it spares,
+    never after a session's last request. A bound, not a rule cg can run."""
+
+    gap: float = math.inf  # seconds from the last real request to the next one of its key
+
+    def pays(self, ages: list[float], step: float, lifetime: float, prefix_tokens: int | None,
+             seen: tuple[float, ...]) -> bool:
+        if not ages or self.gap <= ages[0]:
+            return False  # the next request comes before this ping: it would bridge nothing
+        needed = sum(1 for age in ages if age < self.gap)
+        if ages[needed - 1] + lifetime < self.gap:
+            return False  # the bounds end the pings before the return
+        price = READ_PRICE + (OUTPUT_PRICE / prefix_tokens if prefix_tokens else 0.0)
+        return needed * price < WRITE_PRICE[lifetime] - READ_PRICE
+
+
+# What a keep-alive ping re-sends, in the replay: the conversation and turn it follows.
+_Last = tuple[int, int]
 
 
 class _KeepWarm:
     """cg's keep-alive over one session's timestamps: the scheduler cg runs (cg.exchange.keepalive),
     its pings billed on prompt caches of their own, where the session's requests are billed too."""
 
-    def __init__(self, policy: keepalive.Policy):
+    def __init__(self, policy: keepalive.Policy, times: list[list[float]], models: list[list[str | None]]):
         self.scheduler: keepalive.Scheduler[_Last] = keepalive.Scheduler(policy)
-        self.caches: dict[tuple[str, str], PromptCache] = {}
+        self.hindsight = policy.forecast if isinstance(policy.forecast, Hindsight) else None
+        # Each key's request times, for the hindsight bound: when an idle period ends.
+        self.times: dict[keepalive.Key, list[float]] = {}
+        for conv_times, conv_models in zip(times, models):
+            for when, model in zip(conv_times, conv_models):
+                self.times.setdefault(model, []).append(when)
+        for key_times in self.times.values():
+            key_times.sort()
+        self.caches: dict[tuple[int, str, str], PromptCache] = {}
         self.armed: dict[keepalive.Key, float] = {}
-        self.pings: dict[int, list[Tokens]] = {}  # by the index of the turn they follow
+        self.last: dict[keepalive.Key, float] = {}  # each key's last real request
+        self.forwarded: dict[_Last, Forwarded] = {}
+        self.pings: dict[_Last, list[Tokens]] = {}  # by the turn they follow
 
-    def _cache(self, price: Price) -> PromptCache:
-        key = (price.key, price.provider)
+    def _cache(self, conversation: int, price: Price) -> PromptCache:
+        key = (conversation, price.key, price.provider)
         if key not in self.caches:
             self.caches[key] = PromptCache(price.explicit_cache, price.min_cache_tokens, price.cache_ttl)
         return self.caches[key]
+
+    def _foresee(self, key: keepalive.Key) -> None:
+        """Tell the hindsight bound when ``key``'s idle period ends."""
+        if self.hindsight is not None:
+            times, last = self.times.get(key, []), self.last[key]
+            later = bisect.bisect_right(times, last)
+            self.hindsight.gap = times[later] - last if later < len(times) else math.inf
 
     def until(self, now: float) -> None:
         """Send every ping due before ``now``, in time order."""
@@ -574,19 +660,20 @@ class _KeepWarm:
             del self.armed[key]
             self._do(self.scheduler.due(key, at), at)
 
-    def request(self, index: int, request: Sent, body: ParsedBody | None, model: str | None, price: Price,
-                prompt: list[Segment], ttl: float | None = None) -> Tokens:
-        """A real request, billed on the kept-warm cache; it moves its conversation's pings as in cg
-        (``ttl``: the lifetime cg gave its breakpoints, None: the client's)."""
-        billed = self._cache(price).bill(request.time, prompt)
-        if keepalive.concerns(request.path, request.body) and body is not None:
-            lifetime = keepalive.lifetime(body)
-            generation, commands = self.scheduler.sent(model, request.time, lifetime if ttl is None or lifetime is None
-                                                       else ttl, (index, price, prompt))
-            self._do(commands, request.time)
+    def request(self, conversation: int, index: int, forwarded: Forwarded) -> Tokens:
+        """A real request, billed on the kept-warm cache (as ``replay`` bills it without keep-alive);
+        it moves its key's pings as in cg."""
+        billed = self._cache(conversation, forwarded.price).bill(forwarded.time, forwarded.prompt)
+        if forwarded.lifetime != _NOT_KEPT:
+            key = forwarded.model
+            self.forwarded[conversation, index] = forwarded
+            self.last[key] = forwarded.time
+            generation, commands = self.scheduler.sent(key, forwarded.time, forwarded.lifetime, (conversation, index))
+            self._do(commands, forwarded.time)
             if generation is not None:
-                self._do(self.scheduler.answered(model, generation, True), request.time)
-        return billed
+                self._foresee(key)
+                self._do(self.scheduler.answered(key, generation, True), forwarded.time)
+        return _as_recorded(billed, forwarded.broke, forwarded.shared, forwarded.recorded) + forwarded.output
 
     def _do(self, commands: list[keepalive.Command[_Last]], now: float) -> None:
         for command in commands:
@@ -595,8 +682,9 @@ class _KeepWarm:
             elif isinstance(command, (keepalive.Disarm, keepalive.End)):
                 self.armed.pop(command.key, None)
             elif isinstance(command, keepalive.Ping):
-                index, price, prompt = command.payload
-                billed = self._cache(price).bill(now, prompt) + Tokens(output=1)
-                self.pings.setdefault(index, []).append(billed)
+                conversation, index = command.payload
+                forwarded = self.forwarded[conversation, index]
+                billed = self._cache(conversation, forwarded.price).bill(now, forwarded.prompt) + Tokens(output=1)
+                self.pings.setdefault(command.payload, []).append(billed)
+                self._foresee(command.key)
                 self._do(self.scheduler.pinged(command.key, command.generation, True, billed.cache_read), now)
-

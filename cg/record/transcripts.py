@@ -84,6 +84,7 @@ class Session:
     requests: tuple[Request, ...]
     notes: tuple[str, ...] = ()
     sidechain: bool = False  # a sub-agent's conversation
+    session_id: str = ""  # the client's session it belongs to (a sub-agent's: its parent's; what cg keys keep-alive by)
 
     @property
     def started(self) -> float | None:
@@ -428,7 +429,7 @@ class _ClaudeReader:
             for at, blocks in conv.unstopped.items():
                 conv.requests[at] = _output_estimated(conv.requests[at], blocks)
         return [Session(CLAUDE_CODE, c.id, str(self.path), c.project, tuple(c.requests),
-                        (SIDECHAIN_NOTE,) if c.sidechain else (), c.sidechain)
+                        (SIDECHAIN_NOTE,) if c.sidechain else (), c.sidechain, self.session_id or self.path.stem)
                 for c in conversations if c.requests]
 
 
