@@ -32,7 +32,8 @@ What it states rather than measures:
   textclean). Bytes: each body as sent and as cg would forward it.
 - Keep-alive (``keep_warm``, a ``cg.exchange.keepalive.Policy``): the via-cg side is priced once
   more on a prompt cache of its own, with the pings cg's keep-alive would have sent in each idle
-  gap, at the times its own scheduler (the one cg runs) picks from the transcript's timestamps.
+  gap, at the times its own scheduler (the one cg runs) picks from the transcript's timestamps,
+  keyed as cg keys it (``keep_warm_session``: a session's conversations share a timer per model).
   A ping is billed as the conversation's last forwarded prompt read again (cache reads, the tail
   after the last breakpoint as input) plus one output token; every real request is taken to have
   been answered 2xx when it was sent, and every ping to read what the cache holds.
@@ -471,7 +472,7 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
     caches: dict[tuple[str, str], tuple[PromptCache, PromptCache, PromptCache]] = {}
     seen: set[str] = set()
     turns: list[Turn] = []
-    interned: dict[Segment, Segment] = {}  # forwarded prompts share their segments, not copies
+    previous: dict[str | None, list[Segment]] = {}  # per model, the prompt forwarded last
     for request, shape, direct_body in _parsed(requests):
         model = direct_body.get("model") if isinstance(direct_body.get("model"), str) else None
         price = table.price(model, shape.route)
@@ -520,7 +521,10 @@ def replay(requests: Iterable[Sent], config: RewriteConfig | None = None, table:
         by_epoch = [i for i in new if i in at]
         if forwarded is not None:
             parsed = incoming.body if incoming is not None else ParsedBody.parse(request.body)
-            forwarded.append(Forwarded(request.time, model, price, tuple(interned.setdefault(s, s) for s in cg_segments),
+            before = previous.get(model, [])
+            same = next((k for k, (a, b) in enumerate(zip(before, cg_segments)) if a != b), min(len(before), len(cg_segments)))
+            previous[model] = cg_segments
+            forwarded.append(Forwarded(request.time, model, price, same, tuple(cg_segments[same:]),
                                        _keepalive_lifetime(request, parsed, ttl), broke, shared, recorded, output))
         turns.append(Turn(request.time, model, price, direct, cg, len(new), rounds, sum(costs.values()),
                           bytes_direct=len(request.body),
@@ -561,13 +565,15 @@ def _keepalive_lifetime(request: Sent, body: ParsedBody | None, ttl: float | Non
 @attrs.frozen
 class Forwarded:
     """What keep-alive needs of one replayed request: when, its model (cg keys a session's
-    keep-alive by it), the prompt as cg forwarded it, the lifetime keep-alive keeps it warm for
+    keep-alive by it), the prompt as cg forwarded it (as it differs from the one before it on the
+    same model: a session's prompts are never all held), the lifetime keep-alive keeps it warm for
     (``_keepalive_lifetime``), and how its bill was set to the recorded one (``_as_recorded``)."""
 
     time: float
     model: str | None
     price: Price
-    prompt: tuple[Segment, ...]
+    same: int  # leading segments it shares with the conversation's previous prompt to this model
+    tail: tuple[Segment, ...]  # the rest
     lifetime: float | None
     broke: bool
     shared: bool
@@ -597,7 +603,7 @@ def keep_warm_session(conversations: list[tuple[list[Turn], list[Forwarded]]],
 
 @attrs.define
 class Hindsight:
-    """The best any ping rule could do: it knows when each idle period ends (``ends``, by
+    """The best any ping rule could do: it knows when each idle period ends (``gap``, set by
     ``keep_warm_session``) and pings only through one it bridges for less than the write it spares,
     never after a session's last request. A bound, not a rule cg can run."""
 
@@ -635,7 +641,8 @@ class _KeepWarm:
         self.caches: dict[tuple[int, str, str], PromptCache] = {}
         self.armed: dict[keepalive.Key, float] = {}
         self.last: dict[keepalive.Key, float] = {}  # each key's last real request
-        self.forwarded: dict[_Last, Forwarded] = {}
+        self.prompts: dict[tuple[int, str | None], list[Segment]] = {}  # each conversation's last, per model
+        self.forwarded: dict[_Last, Forwarded] = {}  # the turns a ping may re-send: each key's last
         self.pings: dict[_Last, list[Tokens]] = {}  # by the turn they follow
 
     def _cache(self, conversation: int, price: Price) -> PromptCache:
@@ -663,9 +670,12 @@ class _KeepWarm:
     def request(self, conversation: int, index: int, forwarded: Forwarded) -> Tokens:
         """A real request, billed on the kept-warm cache (as ``replay`` bills it without keep-alive);
         it moves its key's pings as in cg."""
-        billed = self._cache(conversation, forwarded.price).bill(forwarded.time, forwarded.prompt)
+        prompt = self.prompts.get((conversation, forwarded.model), [])[:forwarded.same] + list(forwarded.tail)
+        self.prompts[conversation, forwarded.model] = prompt
+        billed = self._cache(conversation, forwarded.price).bill(forwarded.time, prompt)
         if forwarded.lifetime != _NOT_KEPT:
             key = forwarded.model
+            self.forwarded = {last: f for last, f in self.forwarded.items() if f.model != key}
             self.forwarded[conversation, index] = forwarded
             self.last[key] = forwarded.time
             generation, commands = self.scheduler.sent(key, forwarded.time, forwarded.lifetime, (conversation, index))
@@ -683,8 +693,9 @@ class _KeepWarm:
                 self.armed.pop(command.key, None)
             elif isinstance(command, keepalive.Ping):
                 conversation, index = command.payload
-                forwarded = self.forwarded[conversation, index]
-                billed = self._cache(conversation, forwarded.price).bill(now, forwarded.prompt) + Tokens(output=1)
+                forwarded = self.forwarded[conversation, index]  # its conversation's last on this model
+                prompt = self.prompts[conversation, forwarded.model]
+                billed = self._cache(conversation, forwarded.price).bill(now, prompt) + Tokens(output=1)
                 self.pings.setdefault(command.payload, []).append(billed)
                 self._foresee(command.key)
                 self._do(self.scheduler.pinged(command.key, command.generation, True, billed.cache_read), now)
