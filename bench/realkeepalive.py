@@ -15,7 +15,8 @@ under each rule (``keep_warm_session``: the session's conversations keyed by mod
 keys them; "alone": every conversation on a keep-alive of its own, as cg-estimate priced it
 before):
 
-- alone: cg's default rule (``Forecast``, issue 25's prior), every conversation keyed apart;
+- alone: ``Forecast`` with issue 25's prior (``ISSUE_25``: cg's until this bench fitted one), every
+  conversation keyed apart;
 - forecast: the same rule, keyed by session and model;
 - fitted: ``Forecast`` with a prior fitted (``fit``) to the other sources' idle periods;
 - hindsight: ``Hindsight``, which knows when each idle period ends: the bound on any rule (no
@@ -41,6 +42,7 @@ import attrs
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's cg, whatever is installed
 
+from cg.compaction.options import rewrite_config  # noqa: E402
 from cg.exchange import keepalive  # noqa: E402
 from cg.exchange.keepalive import MARGIN, Band, Forecast, Policy  # noqa: E402
 from cg.record import transcripts  # noqa: E402
@@ -50,12 +52,14 @@ from cg.wire.cache import READ_PRICE, TTL_1H, TTL_5M, WRITE_PRICE  # noqa: E402
 FIRST_PING = TTL_5M - MARGIN  # an idle period the prior counts outlasted the first ping (4.5 min)
 # The fitted prior's bands: one a ping step apart up to the 30-minute idle bound, then two wide ones.
 EDGES = (*(FIRST_PING * k for k in range(1, 8)), 3600.0, 14_400.0, 86_400.0)
+# Issue 25's 70 sessions: of their idle periods past 4.5 min, 118 ended in 5-30 min, 33 later, 70 never.
+ISSUE_25 = Forecast(prior=(Band(118.0, 300.0, 1800.0), Band(33.0, 1800.0, 14_400.0)), prior_ends=70.0)
 UNBOUNDED = {"max_idle": 86_400.0, "budget": 1000}
 PACING_PREFIX = 20_000  # tokens a gap-only ping is taken to read (its output token's share of the price)
 
 
 def rules(fitted: Forecast | None) -> dict[str, Policy]:
-    out = {"forecast": Policy(), "hindsight": Policy(**UNBOUNDED, forecast=Hindsight())}  # type: ignore[arg-type]
+    out = {"forecast": Policy(forecast=ISSUE_25), "hindsight": Policy(**UNBOUNDED, forecast=Hindsight())}  # type: ignore[arg-type]
     if fitted is not None:
         out["fitted"] = Policy(forecast=fitted)
     return out
@@ -99,11 +103,12 @@ def sessions(path: Path) -> Iterator[list[Conversation]]:
     """Each session under ``path``: its conversations replayed as cg-estimate replays them (the
     session's sub-agents' files read before it is yielded: every file is read first, bodies dropped)."""
     files = transcripts.find(path)
+    config = rewrite_config()  # cg-estimate's defaults (the cold policy on)
     grouped: dict[str, list[Conversation]] = {}
     for session in transcripts.read(files, transcripts.RECORDED):
         forwarded: list[Forwarded] = []
         turns = replay([Sent(r.time, r.path, r.body, r.output_tokens, r.billed) for r in session.requests],
-                       conversation=session.id, forwarded=forwarded)
+                       config, conversation=session.id, forwarded=forwarded)
         if turns:
             grouped.setdefault(session.session_id or session.id, []).append(
                 Conversation(session.sidechain, turns, forwarded))
@@ -132,7 +137,7 @@ def idle_periods(times: Iterable[list[float]]) -> tuple[list[float], int]:
 
 def fit(gaps: list[float], ends: int) -> Forecast:
     """A prior from real idle periods: how many ended in each band of ``EDGES`` (log-uniform within),
-    and the ends; counted as issue 25's prior is (worth ``PRIOR_WEIGHT`` idle periods)."""
+    and the ends; counted as ``ISSUE_25`` is (worth ``PRIOR_WEIGHT`` idle periods)."""
     bands = tuple(Band(float(sum(1 for g in gaps if low < g <= high)), low, high)
                   for low, high in zip(EDGES, EDGES[1:]))
     longer = sum(1 for g in gaps if g > EDGES[-1])
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 sub_agent_ends += sidechain[-1]
             priced = {rule: keep_warm_session([(c.turns, c.forwarded) for c in session], policy)
                       for rule, policy in policies.items()}
-            priced["alone"] = [keep_warm_session([(c.turns, c.forwarded)], Policy())[0] for c in session]
+            priced["alone"] = [keep_warm_session([(c.turns, c.forwarded)], Policy(forecast=ISSUE_25))[0] for c in session]
             for rule, turns_of in priced.items():
                 for conv, turns in zip(session, turns_of):
                     kind = "one-hour" if conv.one_hour else "five-minute"

@@ -4,7 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from cg.exchange.keepalive import Forecast, Policy
+from cg.exchange.keepalive import Policy
 from cg.record.replay import Hindsight
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def test_a_prior_fitted_to_gaps_counts_them_by_band():
     assert fitted.prior_ends == 4.0  # the ends, and the gap longer than the last band
     # mostly short breaks: a first ping pays, a late one does not
     assert fitted.pays([270.0], 270.0, 300.0, 20_000, ()) and not fitted.pays([1350.0], 270.0, 300.0, 20_000, ())
-    assert Forecast().pays([1350.0], 270.0, 300.0, 20_000, ())  # issue 25's prior still would
+    assert realkeepalive.ISSUE_25.pays([1350.0], 270.0, 300.0, 20_000, ())  # issue 25's prior still would
 
 
 def test_on_transcripts(tmp_path):
