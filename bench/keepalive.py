@@ -13,7 +13,7 @@ cost without it, from the same replay. The rules:
 - ski rental: ping until the pings spent in this idle period reach the re-write they would spare
   (1.15 / 0.1: 11 pings), with no idle bound below 4 h;
 - forecast, prior only: ``cg.exchange.keepalive.Forecast`` without the conversation's own gaps;
-- forecast: ``Forecast`` as cg runs it (issue 25's prior and the conversation's own long gaps);
+- forecast: ``Forecast`` as cg runs it (its prior and the conversation's own long gaps);
 - 1h, forecast and auto, forecast: with ``cg-estimate --cache-ttl 1h`` (every breakpoint of the
   forwarded prompt asks for an hour) and ``auto`` (an hour from the conversation's first expired
   cache on), pinged by the forecast with no idle bound below 4 h.

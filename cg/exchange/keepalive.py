@@ -34,7 +34,7 @@ The rules:
 - Within those bounds, a ping is armed only when it pays (``Forecast``): its price (a cache read
   of the prefix and an output token) against what it is expected to spare (the prefix's re-write
   above a read, if the next request comes before the ping after it), weighed by how likely the
-  idle period is to end in that window, from issue 25's gaps of 70 real sessions and the gaps cg
+  idle period is to end in that window, from the gaps of real sessions (``PRIOR``) and the gaps cg
   has seen in this conversation, counting what later pings would add (optimal stopping over the
   remaining pings). Where no ping pays, the keep-alive ends ("forecast").
 - A conversation whose client is gone (``gone``: the client itself closed every connection its
@@ -104,11 +104,19 @@ class Band:
         return self.weight * math.log(self.high / age) / math.log(self.high / self.low)
 
 
-# Issue 25, 70 real Claude Code sessions: of their idle periods past the first ping (4.5 min),
-# 118 ended 5-30 min later, 33 later than that (bounded here at 4 hours), and 70 never (each
-# session's last request). Log-uniform within a band: the issue gives only the bands.
-PRIOR = (Band(118.0, 300.0, 1800.0), Band(33.0, 1800.0, 14_400.0))
-PRIOR_ENDS = 70.0
+# Fitted (bench/realkeepalive.py, 2026-12-06) to the idle periods of 191 public Claude Code sessions
+# and their 273 sub-agent conversations (four backups, Claude Code 1.0.80-2.1.150), keyed as cg keys
+# them (a session and a model: 272 keys): of the idle periods past the first ping (4.5 min), how
+# many ended in each band, a ping step apart to 31.5 min, then wider; the ends are the 272 keys'
+# last requests and 2 gaps over a day. Log-uniform within a band. Out of sample (fitted on three
+# backups, priced by cg-estimate's replay on the fourth) it netted more than issue 25's 70-session
+# prior (118 idle periods ending in 5-30 min, 33 later, 70 ends) on each of the four: +0.63% of the
+# via-cg bill in all against -0.52%, with 405 pings instead of 851; and on a fifth backup's gaps
+# alone (docs/performance.md, "Keep-alive on real sessions, keyed as cg keys it").
+PRIOR = (Band(179.0, 270.0, 540.0), Band(65.0, 540.0, 810.0), Band(31.0, 810.0, 1080.0),
+         Band(20.0, 1080.0, 1350.0), Band(15.0, 1350.0, 1620.0), Band(10.0, 1620.0, 1890.0),
+         Band(22.0, 1890.0, 3600.0), Band(47.0, 3600.0, 14_400.0), Band(20.0, 14_400.0, 86_400.0))
+PRIOR_ENDS = 274.0
 PRIOR_WEIGHT = 4.0  # the prior counts as this many idle periods against a conversation's own
 SEEN_GAPS = 32  # a conversation's long gaps kept, the latest (its habits of the day, bounded memory)
 
