@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import attrs
 import ujson
 
 from cg.compaction import options
@@ -279,8 +280,10 @@ def estimate(args: argparse.Namespace, stderr: TextIO) -> dict[str, Any]:
             notes.update(t.price.note for t in turns if t.price.note)
             if forwarded is None:
                 sessions.append(summarize(session, turns))
-            else:  # priced once every conversation of its session is read (sub-agents come in files of their own)
-                by_session.setdefault(session.session_id or session.id, []).append((session, turns, forwarded))
+            else:  # priced once every conversation of its session is read (sub-agents come in files of their own):
+                # held till then without its bodies (each request's is the whole history so far)
+                held = attrs.evolve(session, requests=tuple(attrs.evolve(r, body=b"") for r in session.requests))
+                by_session.setdefault(session.session_id or session.id, []).append((held, turns, forwarded))
     if keep_warm is not None:
         for conversations in by_session.values():
             priced = keep_warm_session([(turns, forwarded) for _, turns, forwarded in conversations], keep_warm)
