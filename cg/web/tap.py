@@ -106,10 +106,6 @@ def _plugin_endpoint_types() -> set[str]:
             or type(parser).__module__.startswith("twisted.plugins.")}
 
 
-# The options that take a size: --help shows their defaults as a person types them (64MiB).
-_SIZES = ("max-body", "max-held")
-
-
 class Options(usage.Options):
     synopsis = "[options]"
     longdesc = (
@@ -119,7 +115,7 @@ class Options(usage.Options):
         "GET /metrics the same for Prometheus."
     )
 
-    optParameters = [
+    optParameters: list[list[object]] = [
         [
             "anthropic-upstream",
             None,
@@ -324,9 +320,10 @@ class Options(usage.Options):
     def postOptions(self) -> None:
         if not self["listen"]:
             self["listen"] = [DEFAULT_LISTEN]
-        for size in _SIZES:  # not given: its default, as --help shows it (64MiB), read as given ones are
-            if isinstance(self[size], str):
-                self[size] = parse_size(self[size])
+        for parameter in self.optParameters:  # a typed option not given: its default as --help shows it (64MiB)
+            name, typed = str(parameter[0]), parameter[4] if len(parameter) > 4 else None
+            if callable(typed) and isinstance(self[name], str):
+                self[name] = typed(self[name])
         for option, allowed in (("expand", ("on", "off")), ("cold-policy", ("on", "off")),
                                 ("mode", ("forward", "observe")), ("cache-ttl", tuple(CACHE_TTLS))):
             if self[option] not in allowed:
