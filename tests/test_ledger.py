@@ -431,6 +431,48 @@ def test_held_rows_are_tried_again_less_and_less_often_until_a_write_succeeds():
     assert clock.getDelayedCalls() == []
 
 
+def test_queries_do_not_hurry_held_rows_and_a_failure_not_for_room_sets_the_pace_back():
+    """The dashboard polls every 2 s: while held rows back off (the store full), a query does not
+    try them again; once there is room they land at the next try. A write that fails for another
+    reason loses its rows and leaves nothing to back off for: the next batch goes a second later."""
+    clock, jobs = Clock(), []
+    room = [False]
+
+    def submit(fn, *args):
+        if fn == "read":
+            return succeed(None)
+        jobs.append([op[0].seq for op in args[0]])
+        if not room[0]:
+            return fail(as_store_error(sqlite3.OperationalError("database or disk is full")))
+        return succeed(None) if room[0] is True else fail(as_store_error(room[0]))
+
+    ledger = ThreadedLedger(submit, SimpleNamespace(ledger_write="write", ledger_read="read"), clock,
+                            failed=lambda failure, lost: None)
+    ledger.record(turn(T0, seq=1), [])
+    clock.advance(LEDGER_BATCH_DELAY)
+    assert jobs == [[1]]
+    for _ in range(5):  # the dashboard polling while the rows wait 2 s, then 4
+        ledger.totals(None, None)
+        clock.advance(1)
+    assert jobs == [[1], [1]]  # the backoff's tries only
+    room[0] = True
+    clock.advance(4)
+    assert jobs == [[1], [1], [1]]  # landed at the next try
+    ledger.record(turn(T0 + 1, seq=2), [])
+    ledger.totals(None, None)  # the pace back: a query sends what is pending first
+    assert jobs[-1] == [2]
+    room[0] = False
+    ledger.record(turn(T0 + 2, seq=3), [])
+    clock.advance(LEDGER_BATCH_DELAY)
+    room[0] = sqlite3.DatabaseError("file is not a database")
+    ledger.record(turn(T0 + 3, seq=4), [])  # held with 3, tried in 2 s
+    clock.advance(2)
+    assert jobs[-1] == [3, 4]  # lost: not for want of room
+    ledger.record(turn(T0 + 4, seq=5), [])
+    clock.advance(LEDGER_BATCH_DELAY)
+    assert jobs[-1] == [5]  # a batch a second again, not 4 s after
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_redis_at_its_maxmemory_keeps_the_ledger_rows_until_it_has_room(redis_server, closing):
     store = RedisStore(redis_server.url)
@@ -443,6 +485,7 @@ async def test_a_redis_at_its_maxmemory_keeps_the_ledger_rows_until_it_has_room(
         assert store.stats.ledger_write_errors >= 1 and store.stats.ledger_rows_lost == 0
     finally:
         redis_server.admin.config_set("maxmemory", "0")
+    store.ledger.flush()  # the next try, without its backoff's wait (a query alone does not hurry it)
     assert (await store.ledger.totals(None, None)).requests == 1
 
 

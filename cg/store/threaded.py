@@ -584,6 +584,11 @@ class ThreadedLedger:
                 self._wrote, self._write_failed, errbackArgs=(ops,))
 
     def _wrote(self, _: object) -> None:
+        self._pace_back()
+
+    def _pace_back(self) -> None:
+        """A batch a second again: the store took a write, or failed one for a reason other than
+        want of room (its rows are lost, not held, so nothing is left to back off for)."""
         if self._delay == LEDGER_BATCH_DELAY:
             return
         self._delay = LEDGER_BATCH_DELAY
@@ -592,6 +597,7 @@ class ThreadedLedger:
 
     def _write_failed(self, failure: Failure, ops: list[Op]) -> None:
         if self._closed or not no_room(failure.value):
+            self._pace_back()
             self.failed(failure, len(ops))
             return
         held = ops + self._pending
@@ -608,7 +614,10 @@ class ThreadedLedger:
         self.flush()
 
     def _read(self, query: str, *args: object) -> Deferred[Any]:
-        self.flush()
+        """A query sends the pending rows first (it sees them), but not held ones backing off: the
+        dashboard polls every 2 s and would try a full store that often."""
+        if self._delay == LEDGER_BATCH_DELAY:
+            self.flush()
         return self.submit(self.connection.ledger_read, query, *args)
 
     def totals(self, tenant: str | None, since: float | None) -> Deferred[Totals]:
