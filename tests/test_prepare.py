@@ -77,11 +77,11 @@ def repair_body(ref: str) -> bytes:
 
 
 def preparation(raw: bytes, *, conversation=b"", index=None, bypass=False, target=b"/v1/messages",
-                known=None, **options) -> Preparation:
+                known=None, now=NOW, **options) -> Preparation:
     headers = {"x-claude-code-session-id": conversation.decode()} if conversation else {}
     request = Request(raw, target, 7, "tenant-a", conversation, headers.get, bypass=bypass)
     return Preparation(request, rewriter=Rewriter(rewrite_config()), known=known or cold.Known(),
-                       index=Index() if index is None else index, now=NOW, **options)
+                       index=Index() if index is None else index, now=now, **options)
 
 
 def ready(commands) -> Ready:
@@ -225,6 +225,34 @@ def test_a_cold_request_freezes_an_epoch_before_it_forwards():
     assert report.cold.cold == 1 and report.cold.epochs == 1 and report.cold.applied == 1
 
 
+def test_epochs_applied_from_memory_are_touched():
+    """A purge (or an LRU) must spare a live conversation's epochs, or a restart or another worker
+    decides at first sight and sends other bytes: those this process applies without a read are
+    touched, whether the store is asked about later ones or nothing."""
+    known = cold.Known()
+    machine = preparation(body(tool_turns(4)), conversation=b"s1", index=Index({REF}), known=known)
+    record, read = machine.start()
+    machine.feed(Answered(record, NOW - 3600))
+    (freeze,) = machine.feed(Answered(read, None))
+    machine.feed(Answered(freeze, freeze.text))
+    key = cold.conversation_key("s1", "claude-opus-4-8")
+    epoch = cold.epoch_key(key, 0)
+
+    def touched(commands) -> list:
+        return [c.frozen for c in commands if isinstance(c, Touch) and c.frozen]
+
+    later = preparation(body(tool_turns(5)), conversation=b"s1", index=Index({REF}), known=known)
+    commands = later.start()  # its expiry recorded, and the epochs after the one known read
+    assert touched(commands) == [{epoch}]
+    record, read = [c for c in commands if isinstance(c, RecordCache | ReadFrozen)]
+    assert read.key == cold.epoch_key(key, 1)
+    later.feed(Answered(read, None))  # none since: the epochs settled
+    later.feed(Answered(record, NOW + 300))
+    warm = preparation(body(tool_turns(5)), conversation=b"s1", index=Index({REF}), known=known).start()
+    assert not any(isinstance(c, ReadFrozen | RecordCache) for c in warm)  # known warm: nothing asked
+    assert touched(warm) == [{epoch}]
+
+
 def test_epochs_the_store_cannot_read_leave_the_request_as_known():
     known = cold.Known()
     machine = preparation(body(tool_turns(4)), conversation=b"s1", index=Index({REF}), known=known)
@@ -271,7 +299,8 @@ def test_a_conversation_at_its_epoch_bound_reads_no_more_and_is_still_compacted(
     key = cold.conversation_key("s1", "claude-opus-4-8")
     known.set_epochs("tenant-a", key, [None] * cold.MAX_EPOCHS)
     machine = preparation(body(tool_turns(4)), conversation=b"s1", known=known)
-    (record,) = machine.start()
+    record, touch = machine.start()  # the epochs known: touched, none read
+    assert isinstance(touch, Touch) and len(touch.frozen) == cold.MAX_EPOCHS
     assert isinstance(record, RecordCache)
     (put,) = machine.feed(Answered(record, NOW - 3600))  # cold, but no room for another epoch
     assert isinstance(put, PutOriginals) and REF in put.originals

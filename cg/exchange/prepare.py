@@ -587,7 +587,9 @@ class Preparation:
         if self._known.warm(tenant, key, now, until, policy.margin):
             tally.known_warm += 1
             self._seen, self._expired = True, self._known.until(tenant, key)
-            self._apply(cold.latest(self._known.epochs(tenant, key), body, incoming.dialect))
+            epochs = self._known.epochs(tenant, key)
+            self._touch_epochs(len(epochs))
+            self._apply(cold.latest(epochs, body, incoming.dialect))
             return
         if until is not None:
             self._expiry_out = True
@@ -607,7 +609,18 @@ class Preparation:
             self._ask(RecordCache(tenant, key, until), recorded, unrecorded)
         self._cold_open = True
         self._epochs = self._known.epochs(tenant, key)
+        self._touch_epochs(len(self._epochs))  # the store reads only those after them
         self._read_epoch()
+
+    def _touch_epochs(self, count: int) -> None:
+        """Epochs applied from memory are used as much as those read: touched (as --cache-ttl auto's
+        choice), so `cg-store purge --older-than` or an LRU spares them while the conversation goes
+        on, and a restart or another worker applies the same ones."""
+        incoming = self._incoming
+        assert incoming is not None
+        if count and incoming.stash:
+            keys = frozenset(cold.epoch_key(self._key, index) for index in range(count))
+            self._out.append(Touch(self._request.tenant, frozenset(), keys))
 
     def _read_epoch(self) -> None:
         """The conversation's epochs: those read before, then any another cg (or this one, before
