@@ -261,6 +261,28 @@ async def test_cache_until_keeps_the_later_expiry_and_says_the_one_before(make_s
     assert await store.cache_until("t", "conv", now + 500) == now + 500
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_cache_record_waits_for_another_processs_write_and_reads_what_it_wrote(sqlite_store, db_path):
+    """cache_until reads before it writes. A transaction that read first could not take the write
+    lock once another process committed (SQLite fails that at once, busy_timeout or not): the
+    store takes the lock first, waits for the other writer, then reads what it committed."""
+    store = sqlite_store()
+    now = time.time()
+    assert await store.cache_until("t", "conv", now + 100) is None
+    other = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the store file's write lock
+    other.execute("UPDATE caches SET until = ? WHERE tenant = 't' AND key = 'conv'", (now + 500,))
+    committing = threading.Timer(0.3, other.execute, ("COMMIT",))
+    committing.start()
+    try:
+        assert await store.cache_until("t", "conv", now + 200) == now + 500
+    finally:
+        committing.join()
+        other.close()
+    assert store.stats.write_errors == 0
+    assert await store.cache_until("t", "conv", now + 300) == now + 500  # the later one kept, not ours
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "memory"])
 @pytest_twisted.ensureDeferred
 async def test_a_cache_record_goes_days_after_it_expired(sqlite_store, backend):
