@@ -228,29 +228,38 @@ def test_a_cold_request_freezes_an_epoch_before_it_forwards():
 def test_epochs_applied_from_memory_are_touched():
     """A purge (or an LRU) must spare a live conversation's epochs, or a restart or another worker
     decides at first sight and sends other bytes: those this process applies without a read are
-    touched, whether the store is asked about later ones or nothing."""
-    known = cold.Known()
-    machine = preparation(body(tool_turns(4)), conversation=b"s1", index=Index({REF}), known=known)
-    record, read = machine.start()
-    machine.feed(Answered(record, NOW - 3600))
-    (freeze,) = machine.feed(Answered(read, None))
-    machine.feed(Answered(freeze, freeze.text))
+    touched, whether the store is asked about later ones or nothing, in the one Touch of frozen
+    texts a request sends."""
+    known, index = cold.Known(), Index({REF})
     key = cold.conversation_key("s1", "claude-opus-4-8")
-    epoch = cold.epoch_key(key, 0)
 
-    def touched(commands) -> list:
-        return [c.frozen for c in commands if isinstance(c, Touch) and c.frozen]
+    def run(messages: int, expired: float) -> tuple[list, list]:
+        """A request prepared to Ready, the store's answers made up: what it asked, what it touched."""
+        machine = preparation(body(tool_turns(messages)), conversation=b"s1", index=index, known=known)
+        asked, touched, commands = [], [], machine.start()
+        while not isinstance(commands[-1], Ready):
+            command = commands.pop(0)
+            if isinstance(command, Touch):
+                touched += [command.frozen] if command.frozen else []
+                continue
+            asked.append(command)
+            if isinstance(command, PutOriginals):
+                index.held.update(command.originals)
+                answer: object = set(command.originals)
+            else:
+                answer = {RecordCache: expired, ReadFrozen: None}.get(type(command), getattr(command, "text", None))
+            commands += machine.feed(Answered(command, answer))
+        touched += [c.frozen for c in commands if isinstance(c, Touch) and c.frozen]
+        return asked, touched
 
-    later = preparation(body(tool_turns(5)), conversation=b"s1", index=Index({REF}), known=known)
-    commands = later.start()  # its expiry recorded, and the epochs after the one known read
-    assert touched(commands) == [{epoch}]
-    record, read = [c for c in commands if isinstance(c, RecordCache | ReadFrozen)]
-    assert read.key == cold.epoch_key(key, 1)
-    later.feed(Answered(read, None))  # none since: the epochs settled
-    later.feed(Answered(record, NOW + 300))
-    warm = preparation(body(tool_turns(5)), conversation=b"s1", index=Index({REF}), known=known).start()
-    assert not any(isinstance(c, ReadFrozen | RecordCache) for c in warm)  # known warm: nothing asked
-    assert touched(warm) == [{epoch}]
+    asked, touched = run(4, NOW - 3600)  # cold: epoch 0 frozen
+    assert cold.epoch_key(key, 0) in [c.key for c in asked if isinstance(c, Freeze)] and touched == []
+    asked, touched = run(5, NOW + 300)  # its expiry recorded, the epochs after the one known read
+    assert [c.key for c in asked if isinstance(c, ReadFrozen)] == [cold.epoch_key(key, 1)]
+    assert touched == [{cold.epoch_key(key, 0)}]
+    asked, touched = run(5, NOW + 300)  # known warm now (a second read found the same)
+    assert not any(isinstance(c, ReadFrozen | RecordCache) for c in asked)
+    assert touched == [{cold.epoch_key(key, 0)}]
 
 
 def test_epochs_the_store_cannot_read_leave_the_request_as_known():
@@ -299,8 +308,7 @@ def test_a_conversation_at_its_epoch_bound_reads_no_more_and_is_still_compacted(
     key = cold.conversation_key("s1", "claude-opus-4-8")
     known.set_epochs("tenant-a", key, [None] * cold.MAX_EPOCHS)
     machine = preparation(body(tool_turns(4)), conversation=b"s1", known=known)
-    record, touch = machine.start()  # the epochs known: touched, none read
-    assert isinstance(touch, Touch) and len(touch.frozen) == cold.MAX_EPOCHS
+    (record,) = machine.start()
     assert isinstance(record, RecordCache)
     (put,) = machine.feed(Answered(record, NOW - 3600))  # cold, but no room for another epoch
     assert isinstance(put, PutOriginals) and REF in put.originals

@@ -304,6 +304,9 @@ class Preparation:
         self._lifetime: float | None = None  # as decided for this request (None: the client's)
         self._hidden = hidden if hidden is not None else Seen()
         self._restored: list[tuple[Span, str]] = []  # hidden turns put back (cg.stream.hidden)
+        # Frozen texts used from memory, with no read (a hidden turn, the lifetime, the epochs):
+        # touched in one Touch when ready, so a purge or an LRU spares them while they are used.
+        self._used_frozen: set[str] = set()
         self._rewriter = rewriter
         self._known = known
         self._index = index
@@ -472,8 +475,8 @@ class Preparation:
                 elif isinstance(known, Record):
                     self._restore(body, message, block, known)
                     replayed.add(key)
-        if replayed and self._incoming is not None and self._incoming.stash:
-            self._out.append(Touch(tenant, frozenset(), frozenset(replayed)))
+        if self._incoming is not None and self._incoming.stash:
+            self._used_frozen |= replayed
 
     def _restore(self, body: ParsedBody, message: int, block: int, found: Record) -> None:
         edits = restore(body, message, block, found)
@@ -515,7 +518,7 @@ class Preparation:
             # asked nothing; a frozen choice is touched (the store writes that at most once a
             # minute, TOUCH_EVERY), so `cg-store purge --older-than` spares it while it is used.
             if self._lifetime is not None and until is not None:
-                self._out.append(Touch(tenant, frozenset(), frozenset({key})))
+                self._used_frozen.add(key)
             self._start_cold(conversation)
             return
         answers: dict[str, object] = {}
@@ -588,7 +591,7 @@ class Preparation:
             tally.known_warm += 1
             self._seen, self._expired = True, self._known.until(tenant, key)
             epochs = self._known.epochs(tenant, key)
-            self._touch_epochs(len(epochs))
+            self._used_epochs(len(epochs), until)
             self._apply(cold.latest(epochs, body, incoming.dialect))
             return
         if until is not None:
@@ -609,18 +612,16 @@ class Preparation:
             self._ask(RecordCache(tenant, key, until), recorded, unrecorded)
         self._cold_open = True
         self._epochs = self._known.epochs(tenant, key)
-        self._touch_epochs(len(self._epochs))  # the store reads only those after them
+        self._used_epochs(len(self._epochs), until)  # the store reads only those after them
         self._read_epoch()
 
-    def _touch_epochs(self, count: int) -> None:
+    def _used_epochs(self, count: int, until: float | None) -> None:
         """Epochs applied from memory are used as much as those read: touched (as --cache-ttl auto's
         choice), so `cg-store purge --older-than` or an LRU spares them while the conversation goes
-        on, and a restart or another worker applies the same ones."""
-        incoming = self._incoming
-        assert incoming is not None
-        if count and incoming.stash:
-            keys = frozenset(cold.epoch_key(self._key, index) for index in range(count))
-            self._out.append(Touch(self._request.tenant, frozenset(), keys))
+        on, and a restart or another worker applies the same ones. count_tokens (no `until`: it
+        records nothing) touches nothing."""
+        if until is not None:
+            self._used_frozen.update(cold.epoch_key(self._key, index) for index in range(count))
 
     def _read_epoch(self) -> None:
         """The conversation's epochs: those read before, then any another cg (or this one, before
@@ -803,6 +804,8 @@ class Preparation:
     def _ready(self, forward: Forward) -> None:
         self.state = State.READY
         self._incoming = self._rewrite = None
+        if self._used_frozen:
+            self._out.append(Touch(self._request.tenant, frozenset(), frozenset(self._used_frozen)))
         self._out.append(Ready(forward, self._report))
 
 
