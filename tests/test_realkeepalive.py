@@ -1,18 +1,14 @@
 """bench/realkeepalive.py: keep-alive's rules on request times alone, and a prior fitted to gaps."""
 
-import importlib.util
 import json
-from pathlib import Path
+
+from helpers.bench import ROOT, bench_module
 
 from cg.exchange.keepalive import Policy
 from cg.record.replay import Hindsight
 
-ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ROOT / "tests" / "fixtures" / "transcripts" / "shapes"
-_spec = importlib.util.spec_from_file_location("realkeepalive", ROOT / "bench" / "realkeepalive.py")
-assert _spec is not None and _spec.loader is not None
-realkeepalive = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(realkeepalive)
+realkeepalive = bench_module("realkeepalive")
 
 
 def test_gap_only_counts_pings_and_the_breaks_they_bridge():

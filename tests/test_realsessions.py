@@ -1,15 +1,11 @@
 """bench/realsessions.py, issue 25's statistics of a set of transcripts, on the transcript shapes."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers.bench import ROOT, bench_module
+
 SHAPES = ROOT / "tests" / "fixtures" / "transcripts" / "shapes"
-_spec = importlib.util.spec_from_file_location("realsessions", ROOT / "bench" / "realsessions.py")
-assert _spec is not None and _spec.loader is not None
-realsessions = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(realsessions)
+realsessions = bench_module("realsessions")
 
 
 def test_gaps_and_what_the_first_request_after_one_costs(tmp_path, capsys):
