@@ -620,8 +620,10 @@ class Hindsight:
         return needed * price < WRITE_PRICE[lifetime] - READ_PRICE
 
 
-# What a keep-alive ping re-sends, in the replay: the conversation and turn it follows.
+# A turn of the replay: its conversation and index; what a keep-alive ping follows.
 _Last = tuple[int, int]
+# What the scheduler keeps of a key's last request: that turn, and what it forwarded (a ping re-sends it).
+_Payload = tuple[int, int, Forwarded]
 
 
 class _KeepWarm:
@@ -629,7 +631,7 @@ class _KeepWarm:
     its pings billed on prompt caches of their own, where the session's requests are billed too."""
 
     def __init__(self, policy: keepalive.Policy, times: list[list[float]], models: list[list[str | None]]):
-        self.scheduler: keepalive.Scheduler[_Last] = keepalive.Scheduler(policy)
+        self.scheduler: keepalive.Scheduler[_Payload] = keepalive.Scheduler(policy)
         self.hindsight = policy.forecast if isinstance(policy.forecast, Hindsight) else None
         # Each key's request times, for the hindsight bound: when an idle period ends.
         self.times: dict[keepalive.Key, list[float]] = {}
@@ -642,7 +644,6 @@ class _KeepWarm:
         self.armed: dict[keepalive.Key, float] = {}
         self.last: dict[keepalive.Key, float] = {}  # each key's last real request
         self.prompts: dict[tuple[int, str | None], list[Segment]] = {}  # each conversation's last, per model
-        self.forwarded: dict[_Last, Forwarded] = {}  # the turns a ping may re-send: each key's last
         self.pings: dict[_Last, list[Tokens]] = {}  # by the turn they follow
 
     def _cache(self, conversation: int, price: Price) -> PromptCache:
@@ -675,27 +676,25 @@ class _KeepWarm:
         billed = self._cache(conversation, forwarded.price).bill(forwarded.time, prompt)
         if forwarded.lifetime != _NOT_KEPT:
             key = forwarded.model
-            self.forwarded = {last: f for last, f in self.forwarded.items() if f.model != key}
-            self.forwarded[conversation, index] = forwarded
             self.last[key] = forwarded.time
-            generation, commands = self.scheduler.sent(key, forwarded.time, forwarded.lifetime, (conversation, index))
+            generation, commands = self.scheduler.sent(key, forwarded.time, forwarded.lifetime,
+                                                          (conversation, index, forwarded))
             self._do(commands, forwarded.time)
             if generation is not None:
                 self._foresee(key)
                 self._do(self.scheduler.answered(key, generation, True), forwarded.time)
         return _as_recorded(billed, forwarded.broke, forwarded.shared, forwarded.recorded) + forwarded.output
 
-    def _do(self, commands: list[keepalive.Command[_Last]], now: float) -> None:
+    def _do(self, commands: list[keepalive.Command[_Payload]], now: float) -> None:
         for command in commands:
             if isinstance(command, keepalive.Arm):
                 self.armed[command.key] = command.at
             elif isinstance(command, (keepalive.Disarm, keepalive.End)):
                 self.armed.pop(command.key, None)
             elif isinstance(command, keepalive.Ping):
-                conversation, index = command.payload
-                forwarded = self.forwarded[conversation, index]  # its conversation's last on this model
+                conversation, index, forwarded = command.payload  # the key's last: a ping re-sends it
                 prompt = self.prompts[conversation, forwarded.model]
                 billed = self._cache(conversation, forwarded.price).bill(now, prompt) + Tokens(output=1)
-                self.pings.setdefault(command.payload, []).append(billed)
+                self.pings.setdefault((conversation, index), []).append(billed)
                 self._foresee(command.key)
                 self._do(self.scheduler.pinged(command.key, command.generation, True, billed.cache_read), now)
