@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's cg, whatever is installed
 sys.path.insert(0, str(REPO / "bench"))  # bench/ is not a package: its scripts import each other
 
+from realsessions import ISSUE_25_PRIOR as ISSUE_25  # noqa: E402
 from realsessions import PING_AGES, PING_STEP  # noqa: E402
 
 from cg.compaction.options import rewrite_config  # noqa: E402
@@ -55,8 +56,6 @@ from cg.wire.cache import READ_PRICE, TTL_1H, TTL_5M, WRITE_PRICE  # noqa: E402
 FIRST_PING = PING_STEP  # an idle period the prior counts outlasted the first ping (4.5 min)
 # The fitted prior's bands: one a ping step apart up to the 30-minute idle bound, then two wide ones.
 EDGES = (*PING_AGES, 3600.0, 14_400.0, 86_400.0)
-# Issue 25's 70 sessions: of their idle periods past 4.5 min, 118 ended in 5-30 min, 33 later, 70 never.
-ISSUE_25 = Forecast(prior=(Band(118.0, 300.0, 1800.0), Band(33.0, 1800.0, 14_400.0)), prior_ends=70.0)
 UNBOUNDED = {"max_idle": 86_400.0, "budget": 1000}
 PACING_PREFIX = 20_000  # tokens a gap-only ping is taken to read (its output token's share of the price)
 
